@@ -1,0 +1,76 @@
+// posenc/attention.h — attention with a positional encoding applied inside it.
+//
+//   out = softmax(scale·q·kᵀ + encoding terms + mask) · v
+//
+// q: [B, M, Hq, D]; k, v: [B, N, Hkv, D]; Hq a multiple of Hkv (grouped-query heads: query head h
+// reads key/value head h / (Hq/Hkv)); out: [B, M, Hq, D]. scale defaults to 1/√D.
+// Query i sits at q_offset + i, key j at k_offset + j (by default k_offset = 0 and
+// q_offset = k_offset + N − M: a prefill and a decode step are one code path; a shard of a long
+// sequence passes its global offsets). causal masks keys whose position exceeds the query's.
+// A row whose keys are all masked yields out = 0 and lse = −inf.
+//
+// Encodings and their terms (h is the query head):
+//   nope   nothing.
+//   rope   q and k rotated by their positions before the product (see rope.h).
+//   alibi  + alibi bias (see bias.h); variants symmetric, nonsymmetric, learned.
+//   t5     + W[bucket(key − query), h] (see bias.h).
+//   xl     Transformer-XL (Dai et al. 2019, arXiv 1901.02860, §3.3):
+//            logit_ij = ((q_i + u_h)·k_j + (q_i + v_h)·r_h(i−j))·scale,  r_h(δ) = W_h·s(δ)
+//          s(δ) the sinusoid of even dimension R (base 10000, layout as sinusoidal) of
+//          δ = query position − key position; u, v: [Hq, D]; W: [Hq, D, R]. The scale multiplies the
+//          whole logit here, as in the paper's implementation.
+//   cope   Contextual Position Encoding (Golovneva et al. 2024, arXiv 2405.18719):
+//            a_ij = scale·q_i·k_j + mask_ij,  g_ij = σ(a_ij)  (0 where masked),
+//            p_ij = min(Σ_{t ≥ j} g_it, npos − 1),
+//            z_ij = (1 − (p − ⌊p⌋))·q_i·e[⌊p⌋] + (p − ⌊p⌋)·q_i·e[⌈p⌉],   logit_ij = a_ij + z_ij;
+//          table e: [npos, D].
+// Absolute encodings (learned, sinusoidal) act on embeddings before the first layer, not here.
+#pragma once
+
+#include <optional>
+
+#include "posenc/bias.h"
+#include "posenc/registry.h"
+#include "posenc/rope.h"
+#include "posenc/view.h"
+
+namespace posenc {
+
+struct AttentionParams {
+  Encoding encoding = Encoding::kNope;
+  bool causal = false;
+  std::optional<double> scale;             // default 1/√D
+  std::optional<std::int64_t> q_offset;    // default k_offset + N − M
+  std::int64_t k_offset = 0;
+  RopeParams rope;
+  AlibiParams alibi;
+  T5Params t5;
+};
+
+// The learned or caller-given tensors an encoding reads (absent unless the encoding needs them).
+struct EncodingTensors {
+  View slopes;    // alibi: optional [Hq]
+  View weights;   // alibi learned: [2, Hq]; t5: [num_buckets, Hq]
+  View u, v;      // xl: [Hq, D] each
+  View rel_proj;  // xl: [Hq, D, R]
+  View table;     // cope: [npos, D]
+};
+
+// Gradients of those tensors (each optional; when present, overwritten).
+struct EncodingGrads {
+  View weights;   // alibi learned [2, Hq] / t5 [num_buckets, Hq]
+  View u, v;      // xl
+  View rel_proj;  // xl
+  View table;     // cope
+};
+
+// lse (optional, float64 [B, Hq, M]): log Σ_j exp(logit_ij), so shards over keys can be combined.
+Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                         const EncodingTensors& t, const View& out, const View& lse = View{});
+
+// dout: [B, M, Hq, D]; dq, dk, dv optional (shapes of q, k, v); g: parameter gradients.
+Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                          const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
+                          const View& dv, const EncodingGrads& g);
+
+}  // namespace posenc

@@ -1,0 +1,48 @@
+// posenc/registry.h — the one catalogue of encodings. The CLI, the tests and the benchmarks walk this
+// list; adding an encoding is a folder under src/enc plus one entry in src/core/registry.cc.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "posenc/status.h"
+
+namespace posenc {
+
+enum class Encoding { kNope, kLearned, kSinusoidal, kRope, kAlibi, kT5, kXL, kCope };
+
+// Where an encoding acts.
+enum class Kind {
+  kNone,        // nope: the baseline
+  kAbsolute,    // added to token embeddings once, before the first layer
+  kRotary,      // applied to q and k inside every attention layer
+  kLogitBias,   // added to scale·q·kᵀ inside attention
+  kContextual,  // a bias that depends on the attention logits themselves
+};
+
+const char* kind_name(Kind k);  // "none", "absolute", "rotary", "logit_bias", "contextual"
+
+// One parameter of an encoding, as the CLI spells it (flag --<name>).
+struct ParamSpec {
+  std::string name;       // "rotary-dim"
+  std::string type;       // "float", "int", "bool", "choice", "tensor"
+  std::string default_;   // "" when required or absent by default
+  std::vector<std::string> choices;  // for "choice"
+  std::string help;
+  bool learned = false;   // a trainable tensor (has a gradient)
+};
+
+struct EncodingInfo {
+  Encoding id;
+  std::string name;     // "rope"
+  Kind kind;
+  std::string summary;  // one line
+  std::string paper;    // citation
+  std::vector<ParamSpec> params;
+};
+
+const std::vector<EncodingInfo>& registry();
+Expected<EncodingInfo> find_encoding(const std::string& name);
+const EncodingInfo& encoding_info(Encoding id);
+
+}  // namespace posenc

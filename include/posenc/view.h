@@ -1,0 +1,84 @@
+// posenc/view.h — non-owning tensor views and the conventions every entry point shares.
+//
+// A View is a pointer, a dtype, a shape and strides (in elements, not bytes). Views never own memory;
+// the caller keeps the buffer alive for the duration of the call. A default-constructed View (null
+// data) means "absent" for optional arguments.
+//
+// Conventions (tested in tests/test_conventions.cc and throughout):
+//   * q/k/v and rotary inputs are tokens-major [B, L, H, D] (the articles' layout);
+//     absolute encodings act on embeddings [B, L, D]; biases are [H, Lq, Lk].
+//   * positions are int32 or int64, shape [L] (shared by the batch) or [B, L]; when no positions are
+//     given, token l sits at position offset + l.
+//   * relative distance is key position − query position.
+//   * in attention, query i of M sits at q_offset + i and key j at k_offset + j; by default
+//     k_offset = 0 and q_offset = k_offset + N − M, so a prefill and a decode step are one code path
+//     and a shard of a long sequence, given its global offsets, computes exactly its piece.
+//   * ALiBi's bias is −m·|i−j| and is not divided by √d; the attention scale multiplies q·kᵀ only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "posenc/status.h"
+
+namespace posenc {
+
+enum class DType : std::uint8_t { kF32, kF64, kI32, kI64 };
+
+const char* dtype_name(DType t);         // "float32", "float64", "int32", "int64"
+std::size_t dtype_size(DType t);         // bytes per element
+inline bool is_float(DType t) { return t == DType::kF32 || t == DType::kF64; }
+inline bool is_int(DType t) { return t == DType::kI32 || t == DType::kI64; }
+
+constexpr int kMaxDims = 6;
+
+struct View {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int ndim = 0;
+  std::array<std::int64_t, kMaxDims> shape{};
+  std::array<std::int64_t, kMaxDims> strides{};  // in elements
+
+  // A C-order (row-major, contiguous) view of `data`.
+  static View contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
+  static View contiguous(const void* data, DType dtype, const std::vector<std::int64_t>& shape);
+
+  bool present() const { return data != nullptr; }
+  std::int64_t dim(int i) const { return shape[static_cast<std::size_t>(i)]; }
+  std::int64_t numel() const;
+  bool is_contiguous() const;
+  std::string shape_str() const;  // "[2, 3, 4]"
+  std::vector<std::int64_t> shape_vec() const { return {shape.begin(), shape.begin() + ndim}; }
+
+  // Element access by flat C-order index (slow; for references, tests and I/O).
+  double get(std::int64_t flat) const;
+  void set(std::int64_t flat, double value) const;
+  std::int64_t get_int(std::int64_t flat) const;
+  std::int64_t offset_of(std::int64_t flat) const;  // element offset of a C-order index
+};
+
+// ---- validation helpers: each returns a Status naming `arg` --------------------------------------
+// Require a present float view with exactly `ndim` dimensions.
+Status require_float(const char* arg, const View& v, int ndim);
+// Require the shape to equal `want`; entries < 0 match anything.
+Status require_shape(const char* arg, const View& v, std::initializer_list<std::int64_t> want);
+// Require two views to hold the same dtype (outputs keep the input's dtype).
+Status require_same_dtype(const char* arg, const View& v, const View& ref, const char* ref_arg);
+
+// ---- copies between views and contiguous double buffers (the reference works on the latter) -----
+std::vector<double> to_doubles(const View& v);
+void from_doubles(const std::vector<double>& src, const View& dst);
+
+// Positions for L tokens of a batch of B: explicit ids ([L] or [B, L], int32/int64) or an offset.
+struct Positions {
+  View ids;                 // absent: token l sits at offset + l
+  std::int64_t offset = 0;
+};
+// Expands positions to a [B, L] table, validating shape and dtype (arg names the ids argument).
+Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Positions& p,
+                                                     std::int64_t B, std::int64_t L);
+
+}  // namespace posenc

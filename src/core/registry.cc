@@ -1,0 +1,92 @@
+#include "posenc/registry.h"
+
+namespace posenc {
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kNone: return "none";
+    case Kind::kAbsolute: return "absolute";
+    case Kind::kRotary: return "rotary";
+    case Kind::kLogitBias: return "logit_bias";
+    case Kind::kContextual: return "contextual";
+  }
+  return "?";
+}
+
+namespace {
+
+std::vector<EncodingInfo> build() {
+  return {
+      {Encoding::kNope, "nope", Kind::kNone, "no position information: the baseline",
+       "Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization "
+       "(arXiv 2305.19466)",
+       {}},
+      {Encoding::kLearned, "learned", Kind::kAbsolute,
+       "learned absolute table E[max_len, d] added to the embeddings: y = x + E[pos]",
+       "Devlin et al. 2019, BERT (arXiv 1810.04805); Gehring et al. 2017 (arXiv 1705.03122)",
+       {{"table", "tensor", "", {}, "E [max_len, d]; a position >= max_len is an error", true}}},
+      {Encoding::kSinusoidal, "sinusoidal", Kind::kAbsolute,
+       "fixed sinusoids added to the embeddings: PE[p,2i]=sin(p/base^(2i/d)), PE[p,2i+1]=cos(...)",
+       "Vaswani et al. 2017, Attention Is All You Need (arXiv 1706.03762), section 3.5",
+       {{"base", "float", "10000", {}, "wavelength base", false}}},
+      {Encoding::kRope, "rope", Kind::kRotary,
+       "rotary: pairs of q/k dimensions rotated by position x theta^(-2k/r)",
+       "Su et al. 2021, RoFormer (arXiv 2104.09864)",
+       {{"layout", "choice", "interleaved", {"interleaved", "half"},
+         "pairs (2k,2k+1) as RoFormer/Llama-complex, or (k,k+r/2) as GPT-NeoX/HF Llama", false},
+        {"rotary-dim", "int", "0", {}, "dimensions that rotate (even, <= d; 0 = all)", false},
+        {"theta", "float", "10000", {}, "frequency base", false}}},
+      {Encoding::kAlibi, "alibi", Kind::kLogitBias,
+       "linear biases: -m_h*|i-j| added to the logits, slopes by the paper's geometric rule",
+       "Press et al. 2022, Train Short, Test Long (arXiv 2108.12409)",
+       {{"variant", "choice", "symmetric", {"symmetric", "nonsymmetric", "learned"},
+         "symmetric -m|i-j|; nonsymmetric: half the heads look back, half forward; learned slopes",
+         false},
+        {"slopes", "tensor", "", {}, "optional caller-given slopes [H] (default: the paper's rule)",
+         false},
+        {"weights", "tensor", "", {}, "learned variant: raw parameters [2, H], slope -sigmoid(w)",
+         true}}},
+      {Encoding::kT5, "t5", Kind::kLogitBias,
+       "learned scalar per head and log-spaced relative-distance bucket",
+       "Raffel et al. 2020, T5 (arXiv 1910.10683); Shaw et al. 2018 (arXiv 1803.02155)",
+       {{"weights", "tensor", "", {}, "bias table [num_buckets, H]", true},
+        {"bidirectional", "bool", "true", {}, "separate buckets for keys after the query", false},
+        {"num-buckets", "int", "32", {}, "number of buckets", false},
+        {"max-distance", "int", "128", {}, "distance beyond which all share the last bucket",
+         false}}},
+      {Encoding::kXL, "xl", Kind::kLogitBias,
+       "Transformer-XL relative attention: (q+u).k + (q+v).W s(i-j), s a sinusoid of the distance",
+       "Dai et al. 2019, Transformer-XL (arXiv 1901.02860), section 3.3",
+       {{"u", "tensor", "", {}, "content bias u [H, d]", true},
+        {"v-bias", "tensor", "", {}, "position bias v [H, d]", true},
+        {"rel-proj", "tensor", "", {}, "projection W [H, d, R] of the R-dim sinusoid", true}}},
+      {Encoding::kCope, "cope", Kind::kContextual,
+       "contextual positions: counts of sigmoid gates, interpolated into a learned table",
+       "Golovneva et al. 2024, Contextual Position Encoding (arXiv 2405.18719)",
+       {{"table", "tensor", "", {}, "position embeddings e [npos, d]", true}}},
+  };
+}
+
+}  // namespace
+
+const std::vector<EncodingInfo>& registry() {
+  static const std::vector<EncodingInfo> r = build();
+  return r;
+}
+
+Expected<EncodingInfo> find_encoding(const std::string& name) {
+  std::string known;
+  for (const EncodingInfo& e : registry()) {
+    if (e.name == name) return e;
+    known += (known.empty() ? "" : ", ") + e.name;
+  }
+  return Status::Invalid("ENC", "unknown encoding '" + name + "', expected one of: " + known);
+}
+
+const EncodingInfo& encoding_info(Encoding id) {
+  for (const EncodingInfo& e : registry())
+    if (e.id == id) return e;
+  return registry().front();
+}
+
+}  // namespace posenc

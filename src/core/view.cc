@@ -1,0 +1,177 @@
+#include "posenc/view.h"
+
+#include <sstream>
+
+namespace posenc {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kF64: return "float64";
+    case DType::kI32: return "int32";
+    case DType::kI64: return "int64";
+  }
+  return "?";
+}
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: case DType::kI32: return 4;
+    case DType::kF64: case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+View View::contiguous(const void* data, DType dtype, const std::vector<std::int64_t>& shape) {
+  View v;
+  v.data = const_cast<void*>(data);
+  v.dtype = dtype;
+  v.ndim = static_cast<int>(shape.size());
+  std::int64_t stride = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) {
+    v.shape[i] = shape[static_cast<std::size_t>(i)];
+    v.strides[i] = stride;
+    stride *= v.shape[i];
+  }
+  return v;
+}
+
+View View::contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+  return contiguous(data, dtype, std::vector<std::int64_t>(shape));
+}
+
+std::int64_t View::numel() const {
+  std::int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+bool View::is_contiguous() const {
+  std::int64_t stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != stride) return false;
+    stride *= shape[i];
+  }
+  return true;
+}
+
+std::string View::shape_str() const {
+  std::ostringstream os;
+  os << '[';
+  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+std::int64_t View::offset_of(std::int64_t flat) const {
+  std::int64_t off = 0;
+  for (int i = ndim - 1; i >= 0; --i) {
+    const std::int64_t idx = flat % shape[i];
+    flat /= shape[i];
+    off += idx * strides[i];
+  }
+  return off;
+}
+
+double View::get(std::int64_t flat) const {
+  const std::int64_t o = offset_of(flat);
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[o];
+    case DType::kF64: return static_cast<const double*>(data)[o];
+    case DType::kI32: return static_cast<const std::int32_t*>(data)[o];
+    case DType::kI64: return static_cast<double>(static_cast<const std::int64_t*>(data)[o]);
+  }
+  return 0;
+}
+
+void View::set(std::int64_t flat, double value) const {
+  const std::int64_t o = offset_of(flat);
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(data)[o] = static_cast<float>(value); break;
+    case DType::kF64: static_cast<double*>(data)[o] = value; break;
+    case DType::kI32: static_cast<std::int32_t*>(data)[o] = static_cast<std::int32_t>(value); break;
+    case DType::kI64: static_cast<std::int64_t*>(data)[o] = static_cast<std::int64_t>(value); break;
+  }
+}
+
+std::int64_t View::get_int(std::int64_t flat) const {
+  const std::int64_t o = offset_of(flat);
+  switch (dtype) {
+    case DType::kI32: return static_cast<const std::int32_t*>(data)[o];
+    case DType::kI64: return static_cast<const std::int64_t*>(data)[o];
+    case DType::kF32: return static_cast<std::int64_t>(static_cast<const float*>(data)[o]);
+    case DType::kF64: return static_cast<std::int64_t>(static_cast<const double*>(data)[o]);
+  }
+  return 0;
+}
+
+Status require_float(const char* arg, const View& v, int ndim) {
+  if (!v.present()) return Status::Invalid(arg, "is required");
+  if (!is_float(v.dtype))
+    return Status::Invalid(arg, std::string("expected float32 or float64, got ") + dtype_name(v.dtype));
+  if (v.ndim != ndim)
+    return Status::Invalid(arg, "expected " + std::to_string(ndim) + " dimensions, got shape " +
+                                    v.shape_str());
+  for (int i = 0; i < v.ndim; ++i)
+    if (v.shape[i] < 0) return Status::Invalid(arg, "negative extent in shape " + v.shape_str());
+  return Status::Ok();
+}
+
+Status require_shape(const char* arg, const View& v, std::initializer_list<std::int64_t> want) {
+  bool match = static_cast<int>(want.size()) == v.ndim;
+  std::string ws = "[";
+  int i = 0;
+  for (std::int64_t w : want) {
+    ws += (i ? ", " : "") + (w < 0 ? std::string("*") : std::to_string(w));
+    if (match && w >= 0 && v.shape[i] != w) match = false;
+    ++i;
+  }
+  ws += "]";
+  if (!match) return Status::Invalid(arg, "expected shape " + ws + ", got " + v.shape_str());
+  return Status::Ok();
+}
+
+Status require_same_dtype(const char* arg, const View& v, const View& ref, const char* ref_arg) {
+  if (v.dtype != ref.dtype)
+    return Status::Invalid(arg, std::string("expected ") + dtype_name(ref.dtype) + " like " + ref_arg +
+                                    ", got " + dtype_name(v.dtype));
+  return Status::Ok();
+}
+
+std::vector<double> to_doubles(const View& v) {
+  std::vector<double> out(static_cast<std::size_t>(v.numel()));
+  for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = v.get(i);
+  return out;
+}
+
+void from_doubles(const std::vector<double>& src, const View& dst) {
+  for (std::int64_t i = 0; i < dst.numel(); ++i) dst.set(i, src[static_cast<std::size_t>(i)]);
+}
+
+Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Positions& p,
+                                                     std::int64_t B, std::int64_t L) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(B * L));
+  if (!p.ids.present()) {
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t l = 0; l < L; ++l) out[static_cast<std::size_t>(b * L + l)] = p.offset + l;
+    return out;
+  }
+  const View& ids = p.ids;
+  if (!is_int(ids.dtype))
+    return Status::Invalid(arg, std::string("expected int32 or int64 positions, got ") +
+                                    dtype_name(ids.dtype));
+  const bool flat = ids.ndim == 1 && ids.shape[0] == L;
+  const bool batched = ids.ndim == 2 && ids.shape[0] == B && ids.shape[1] == L;
+  if (!flat && !batched)
+    return Status::Invalid(arg, "expected shape [" + std::to_string(L) + "] or [" + std::to_string(B) +
+                                    ", " + std::to_string(L) + "], got " + ids.shape_str());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t l = 0; l < L; ++l) {
+      const std::int64_t v = ids.get_int(flat ? l : b * L + l) + p.offset;
+      if (v < 0) return Status::OutOfRange(arg, "positions must be >= 0, got " + std::to_string(v));
+      out[static_cast<std::size_t>(b * L + l)] = v;
+    }
+  return out;
+}
+
+}  // namespace posenc
