@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what posenc needs from Debian 12's packages. Idempotent: installs only what is missing.
+#   scripts/deps.sh            build + run dependencies
+#   scripts/deps.sh --tests    plus what the tests use (GoogleTest; numpy and torch as test oracles)
+set -euo pipefail
+
+pkgs=(g++ cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev)
+if [[ "${1:-}" == "--tests" ]]; then
+  pkgs+=(libgtest-dev python3 python3-numpy python3-torch)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  echo "posenc: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

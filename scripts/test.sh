@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: install what the tests need, build, run every test (unit, CLI end-to-end, and the
+# articles' own code as an oracle).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh --tests
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j2
