@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --tests
-scripts/build.sh
+scripts/build.sh -DPOSENC_BUILD_TESTS=ON
 ctest --test-dir build --output-on-failure -j2
