@@ -26,11 +26,14 @@
 
 namespace posenc {
 
-enum class DType : std::uint8_t { kF32, kF64, kI32, kI64 };
+// Floating storage: float32, float64, and the 16-bit storage types bfloat16 and float16 (see half.h).
+enum class DType : std::uint8_t { kF32, kF64, kI32, kI64, kBF16, kF16 };
 
-const char* dtype_name(DType t);         // "float32", "float64", "int32", "int64"
+const char* dtype_name(DType t);  // "float32", "float64", "int32", "int64", "bfloat16", "float16"
 std::size_t dtype_size(DType t);         // bytes per element
-inline bool is_float(DType t) { return t == DType::kF32 || t == DType::kF64; }
+inline bool is_float(DType t) {
+  return t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
+}
 inline bool is_int(DType t) { return t == DType::kI32 || t == DType::kI64; }
 
 constexpr int kMaxDims = 6;

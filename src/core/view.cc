@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "posenc/half.h"
+
 namespace posenc {
 
 const char* dtype_name(DType t) {
@@ -10,6 +12,8 @@ const char* dtype_name(DType t) {
     case DType::kF64: return "float64";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
   }
   return "?";
 }
@@ -18,6 +22,7 @@ std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF32: case DType::kI32: return 4;
     case DType::kF64: case DType::kI64: return 8;
+    case DType::kBF16: case DType::kF16: return 2;
   }
   return 0;
 }
@@ -80,6 +85,8 @@ double View::get(std::int64_t flat) const {
     case DType::kF64: return static_cast<const double*>(data)[o];
     case DType::kI32: return static_cast<const std::int32_t*>(data)[o];
     case DType::kI64: return static_cast<double>(static_cast<const std::int64_t*>(data)[o]);
+    case DType::kBF16: return to_float(static_cast<const bf16*>(data)[o]);
+    case DType::kF16: return to_float(static_cast<const f16*>(data)[o]);
   }
   return 0;
 }
@@ -91,6 +98,8 @@ void View::set(std::int64_t flat, double value) const {
     case DType::kF64: static_cast<double*>(data)[o] = value; break;
     case DType::kI32: static_cast<std::int32_t*>(data)[o] = static_cast<std::int32_t>(value); break;
     case DType::kI64: static_cast<std::int64_t*>(data)[o] = static_cast<std::int64_t>(value); break;
+    case DType::kBF16: static_cast<bf16*>(data)[o] = to_bf16(static_cast<float>(value)); break;
+    case DType::kF16: static_cast<f16*>(data)[o] = to_f16(static_cast<float>(value)); break;
   }
 }
 
@@ -101,6 +110,7 @@ std::int64_t View::get_int(std::int64_t flat) const {
     case DType::kI64: return static_cast<const std::int64_t*>(data)[o];
     case DType::kF32: return static_cast<std::int64_t>(static_cast<const float*>(data)[o]);
     case DType::kF64: return static_cast<std::int64_t>(static_cast<const double*>(data)[o]);
+    case DType::kBF16: case DType::kF16: return static_cast<std::int64_t>(get(flat));
   }
   return 0;
 }
@@ -108,7 +118,7 @@ std::int64_t View::get_int(std::int64_t flat) const {
 Status require_float(const char* arg, const View& v, int ndim) {
   if (!v.present()) return Status::Invalid(arg, "is required");
   if (!is_float(v.dtype))
-    return Status::Invalid(arg, std::string("expected float32 or float64, got ") + dtype_name(v.dtype));
+    return Status::Invalid(arg, std::string("expected a floating-point dtype, got ") + dtype_name(v.dtype));
   if (v.ndim != ndim)
     return Status::Invalid(arg, "expected " + std::to_string(ndim) + " dimensions, got shape " +
                                     v.shape_str());
