@@ -1,13 +1,634 @@
-// PLACEHOLDER until the reference lands.
+// The reference attention with a positional encoding inside it: scalar, readable, double accumulation.
+// It is the oracle the fused kernels are tested against, so clarity wins over speed.
+//
+// Shape letters: B batch, M queries, N keys, Hq query heads, Hkv key/value heads (G = Hq/Hkv query
+// heads share one), D head dimension. q [B, M, Hq, D]; k, v [B, N, Hkv, D]; out [B, M, Hq, D];
+// lse [B, Hq, M]. Query i sits at position qp = q_offset + i, key j at kp = k_offset + j.
+//
+// Arguments: q, k, v share one dtype (float32 or float64, any strides); out, dq, dk, dv have it too;
+// lse is float64; encoding tensors and their gradients may be either float type. Everything is
+// validated before anything is written, and a Status names the argument at fault (gradient views as
+// dweights, du, dv_bias, drel_proj, dtable). A tensor in EncodingTensors, or a gradient in
+// EncodingGrads, that the chosen encoding does not read is an error rather than silently ignored.
+//
+// ---- forward, for one row (b, h, i), h reading kv head h / G ----------------------------------------
+//   l_j   = scale·q_i·k_j + term_j        (−inf where masked: causal kp > qp, or the ALiBi mask)
+//   P_j   = exp(l_j − lse),  lse = log Σ_j exp(l_j)
+//   out_i = Σ_j P_j v_j                   (a row with every key masked: out = 0, lse = −inf)
+//
+// ---- backward, with dO = ∂L/∂out_i -----------------------------------------------------------------
+//   dv_j += P_j dO;   dP_j = dO·v_j;   dl_j = P_j (dP_j − Σ_t P_t dP_t)   (Σ_t P_t dP_t = dO·out_i)
+//   The plain product gives dq_i += scale·da_j·k_j and dk_j += scale·da_j·q_i where da_j = ∂L/∂(a_j),
+//   a_j = scale·q_i·k_j; for every encoding but CoPE, da_j = dl_j. Masked entries have P = 0, dl = 0
+//   and contribute nothing (no −inf is ever multiplied).
+//
+// ---- the encodings' terms and their derivatives ----------------------------------------------------
+// rope (Su et al. 2021, arXiv 2104.09864): q_i ↦ R(qp)q_i, k_j ↦ R(kp)k_j, R(m) rotating pair k of the
+//   first r dimensions by m·θ_k, θ_k = theta^(−2k/r) (rope_math.h). The product uses the rotated
+//   vectors; the gradients computed for them are rotated back, dq = R(qp)ᵀ dq̃ = R(−qp) dq̃ (R is
+//   orthogonal), the same for dk.
+// alibi (Press et al. 2022, arXiv 2108.12409): term = −m_h·|qp − kp| (symmetric, nonsymmetric);
+//   nonsymmetric masks kp > qp for heads h < Hq/2 and kp < qp for the others, its slopes being the
+//   rule's for Hq/2 heads, shared by h and h + Hq/2. Caller-given slopes [Hq] are used per head as
+//   they are. learned: term = −σ(w[0,h])·(qp − kp) for kp < qp, −σ(w[1,h])·(kp − qp) for kp > qp,
+//   0 on the diagonal; ∂term/∂w[0,h] = −σ(w)(1 − σ(w))·|qp − kp| on the past side (likewise w[1,h]
+//   on the future side), so dw[·,h] = Σ dl_ij·∂term_ij/∂w.
+// t5 (Raffel et al. 2020): term = W[bucket(kp − qp), h] (t5_math.h); dW[bucket, h] = Σ dl over the
+//   (i, j) of that bucket.
+// xl (Dai et al. 2019, arXiv 1901.02860, §3.3; xl_math.h): the whole logit is
+//     l_ij = scale·((q_i + u_h)·k_j + (q_i + v_h)·r_h(δ)),  r_h(δ) = W_h s(δ),  δ = qp − kp,
+//   so with c = scale·dl_ij:
+//     dq_i += c (k_j + r_h(δ));   dk_j += c (q_i + u_h);   du_h += c k_j;   dv_h += c r_h(δ);
+//     dW_h += c (q_i + v_h) s(δ)ᵀ  — gathered per distance first: G_h(δ) = Σ_{δ_ij = δ} c (q_i + v_h),
+//     then dW_h = Σ_δ G_h(δ) s(δ)ᵀ.
+// cope (Golovneva et al. 2024, arXiv 2405.18719; cope_math.h):
+//     a_ij = scale·q_i·k_j (−inf masked), g_ij = σ(a_ij) (0 masked), S_ij = Σ_{t ≥ j} g_it,
+//     p_ij = min(S_ij, npos − 1), f = ⌊p⌋, c = ⌈p⌉, w = p − f,
+//     z_ij = (1 − w)·q_i·e_f + w·q_i·e_c,   l_ij = a_ij + z_ij.
+//   z depends on q_i directly, on e_f and e_c, and on p through w:
+//     dq_i += dl_ij ((1 − w) e_f + w e_c);   de_f += dl_ij (1 − w) q_i;   de_c += dl_ij w q_i;
+//     dp_ij = dl_ij (q_i·e_c − q_i·e_f), and 0 where p was clamped (∂min/∂S = 0 there; at an integer
+//     p, f = c and the term vanishes: the one-sided derivatives differ at that kink).
+//   p_ij depends on g_it for every t ≥ j, so dg_it = Σ_{j ≤ t} dp_ij (a prefix sum over j), and
+//     da_it = dl_it (the direct path) + dg_it·g_it(1 − g_it)   (unmasked t only),
+//   after which the plain product carries da into dq and dk like every other encoding.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "enc/alibi/alibi_math.h"
+#include "enc/cope/cope_math.h"
+#include "enc/rope/rope_math.h"
+#include "enc/t5/t5_math.h"
+#include "enc/xl/xl_math.h"
 #include "posenc/attention.h"
+
 namespace posenc {
-Status attention_forward(const AttentionParams&, const View&, const View&, const View&,
-                         const EncodingTensors&, const View&, const View&) {
-  return Status::Internal("not implemented yet");
+namespace {
+
+using I = std::int64_t;
+using Vec = std::vector<double>;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+inline std::string str(I x) { return std::to_string(x); }
+
+double dot(const double* a, const double* b, I n) {
+  double s = 0;
+  for (I d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
 }
-Status attention_backward(const AttentionParams&, const View&, const View&, const View&,
-                          const EncodingTensors&, const View&, const View&, const View&,
-                          const View&, const EncodingGrads&) {
-  return Status::Internal("not implemented yet");
+void axpy(double c, const double* x, double* y, I n) {  // y += c·x
+  for (I d = 0; d < n; ++d) y[d] += c * x[d];
 }
+
+// Sizes and options, known once the arguments are validated.
+struct Dims {
+  I B = 0, M = 0, N = 0, Hq = 0, Hkv = 0, D = 0, G = 1;
+  double scale = 1;
+  I q_off = 0, k_off = 0;
+  I rdim = 0;  // rope: rotary dimensions
+  I R = 0;     // xl: sinusoid dimension
+  I npos = 0;  // cope: table rows
+};
+
+// ---- validation --------------------------------------------------------------------------------
+Status require_tensor(const char* arg, const View& t, std::initializer_list<std::int64_t> shape) {
+  POSENC_RETURN_IF_ERROR(require_float(arg, t, static_cast<int>(shape.size())));
+  return require_shape(arg, t, shape);
+}
+
+// Which encoding tensors (and so which gradients) an encoding reads.
+struct Reads {
+  bool slopes = false, weights = false, xl = false, table = false;
+};
+Reads reads(const AttentionParams& p) {
+  Reads r;
+  const bool alibi = p.encoding == Encoding::kAlibi;
+  r.slopes = alibi && p.alibi.variant != AlibiVariant::kLearned;
+  r.weights = (alibi && p.alibi.variant == AlibiVariant::kLearned) || p.encoding == Encoding::kT5;
+  r.xl = p.encoding == Encoding::kXL;
+  r.table = p.encoding == Encoding::kCope;
+  return r;
+}
+std::string describe(const AttentionParams& p) {
+  std::string s = encoding_info(p.encoding).name;
+  if (p.encoding == Encoding::kAlibi) s += std::string(" (") + alibi_variant_name(p.alibi.variant) + ")";
+  return s;
+}
+
+// Checks everything forward and backward share; fills d.
+Status check_common(const AttentionParams& p, const View& q, const View& k, const View& v,
+                    const EncodingTensors& t, Dims* d) {
+  switch (p.encoding) {
+    case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5:
+    case Encoding::kXL: case Encoding::kCope:
+      break;
+    case Encoding::kLearned: case Encoding::kSinusoidal:
+      return Status::Invalid("encoding", encoding_info(p.encoding).name +
+                                             " is absolute: add it to the embeddings (posenc apply), "
+                                             "not inside attention");
+    default:
+      return Status::Invalid("encoding", "unknown encoding id " + str(static_cast<int>(p.encoding)));
+  }
+  POSENC_RETURN_IF_ERROR(require_float("q", q, 4));
+  POSENC_RETURN_IF_ERROR(require_float("k", k, 4));
+  POSENC_RETURN_IF_ERROR(require_float("v", v, 4));
+  d->B = q.dim(0);
+  d->M = q.dim(1);
+  d->Hq = q.dim(2);
+  d->D = q.dim(3);
+  d->N = k.dim(1);
+  d->Hkv = k.dim(2);
+  if (d->Hq < 1) return Status::Invalid("q", "expected at least one head, got shape " + q.shape_str());
+  if (d->D < 1)
+    return Status::Invalid("q", "expected head dimension D >= 1, got shape " + q.shape_str());
+  POSENC_RETURN_IF_ERROR(require_shape("k", k, {d->B, -1, -1, d->D}));
+  if (d->Hkv < 1) return Status::Invalid("k", "expected at least one head, got shape " + k.shape_str());
+  if (d->Hq % d->Hkv != 0)
+    return Status::Invalid("k", "query heads Hq = " + str(d->Hq) +
+                                    " must be a multiple of key/value heads Hkv = " + str(d->Hkv));
+  d->G = d->Hq / d->Hkv;
+  POSENC_RETURN_IF_ERROR(require_shape("v", v, {d->B, d->N, d->Hkv, d->D}));
+  POSENC_RETURN_IF_ERROR(require_same_dtype("k", k, q, "q"));
+  POSENC_RETURN_IF_ERROR(require_same_dtype("v", v, q, "q"));
+
+  d->scale = 1.0 / std::sqrt(static_cast<double>(d->D));
+  if (p.scale) {
+    if (!std::isfinite(*p.scale) || *p.scale <= 0)
+      return Status::Invalid("scale", "expected a finite value > 0, got " + std::to_string(*p.scale));
+    d->scale = *p.scale;
+  }
+  constexpr I kMaxOffset = I{1} << 53;  // positions stay exact in double and far from overflow
+  d->k_off = p.k_offset;
+  if (d->k_off > kMaxOffset || d->k_off < -kMaxOffset)
+    return Status::OutOfRange("k_offset", "expected |k_offset| <= 2^53, got " + str(d->k_off));
+  d->q_off = p.q_offset ? *p.q_offset : d->k_off + d->N - d->M;
+  if (d->q_off > kMaxOffset || d->q_off < -kMaxOffset)
+    return Status::OutOfRange("q_offset", "expected |q_offset| <= 2^53, got " + str(d->q_off));
+
+  switch (p.encoding) {
+    case Encoding::kRope: {
+      const I r = p.rope.rotary_dim == 0 ? d->D : p.rope.rotary_dim;
+      if (r < 0 || r % 2 != 0 || r > d->D)
+        return Status::Invalid("rotary_dim", "expected an even value in [0, D = " + str(d->D) +
+                                                  "] (0 = D), got " + str(p.rope.rotary_dim));
+      if (!std::isfinite(p.rope.theta) || p.rope.theta <= 0)
+        return Status::Invalid("theta", "expected a finite value > 0, got " + std::to_string(p.rope.theta));
+      d->rdim = r;
+      break;
+    }
+    case Encoding::kAlibi: {
+      const AlibiVariant var = p.alibi.variant;
+      if (var != AlibiVariant::kSymmetric && var != AlibiVariant::kNonsymmetric &&
+          var != AlibiVariant::kLearned)
+        return Status::Invalid("variant", "unknown ALiBi variant id " + str(static_cast<int>(var)));
+      if (var == AlibiVariant::kNonsymmetric && d->Hq % 2 != 0)
+        return Status::Invalid("q", "nonsymmetric ALiBi gives half the heads the past and half the "
+                                    "future: expected an even number of query heads, got " + str(d->Hq));
+      if (var == AlibiVariant::kLearned) {
+        POSENC_RETURN_IF_ERROR(require_tensor("weights", t.weights, {2, d->Hq}));
+      } else if (t.slopes.present()) {
+        POSENC_RETURN_IF_ERROR(require_tensor("slopes", t.slopes, {d->Hq}));
+        const Vec m = to_doubles(t.slopes);
+        for (std::size_t h = 0; h < m.size(); ++h)
+          if (!std::isfinite(m[h]))
+            return Status::Invalid("slopes", "expected finite values, got " + std::to_string(m[h]) +
+                                                 " at head " + std::to_string(h));
+      }
+      break;
+    }
+    case Encoding::kT5: {
+      const I nb = p.t5.num_buckets;
+      const I min_nb = p.t5.bidirectional ? 4 : 2;
+      if (nb < min_nb)
+        return Status::Invalid("num_buckets", "expected >= " + str(min_nb) +
+                                                  (p.t5.bidirectional ? " (bidirectional)" : "") +
+                                                  ", got " + str(nb));
+      const I max_exact = (p.t5.bidirectional ? nb / 2 : nb) / 2;
+      if (p.t5.max_distance <= max_exact)
+        return Status::Invalid("max_distance", "expected > " + str(max_exact) +
+                                                   " (the exact buckets), got " + str(p.t5.max_distance));
+      POSENC_RETURN_IF_ERROR(require_tensor("weights", t.weights, {nb, d->Hq}));
+      break;
+    }
+    case Encoding::kXL: {
+      POSENC_RETURN_IF_ERROR(require_tensor("u", t.u, {d->Hq, d->D}));
+      POSENC_RETURN_IF_ERROR(require_tensor("v_bias", t.v, {d->Hq, d->D}));
+      POSENC_RETURN_IF_ERROR(require_tensor("rel_proj", t.rel_proj, {d->Hq, d->D, -1}));
+      d->R = t.rel_proj.dim(2);
+      if (d->R < 2 || d->R % 2 != 0)
+        return Status::Invalid("rel_proj", "expected an even sinusoid dimension R >= 2 in [Hq, D, R], "
+                                           "got shape " + t.rel_proj.shape_str());
+      break;
+    }
+    case Encoding::kCope: {
+      POSENC_RETURN_IF_ERROR(require_tensor("table", t.table, {-1, d->D}));
+      d->npos = t.table.dim(0);
+      if (d->npos < 1)
+        return Status::Invalid("table", "expected at least one row in [npos, D], got shape " +
+                                            t.table.shape_str());
+      break;
+    }
+    default:
+      break;
+  }
+  // A tensor the encoding does not read is a mistake worth reporting, not silently ignoring.
+  const Reads r = reads(p);
+  const std::pair<const char*, std::pair<bool, const View*>> given[] = {
+      {"slopes", {r.slopes, &t.slopes}}, {"weights", {r.weights, &t.weights}}, {"u", {r.xl, &t.u}},
+      {"v_bias", {r.xl, &t.v}},          {"rel_proj", {r.xl, &t.rel_proj}},     {"table", {r.table, &t.table}}};
+  for (const auto& [arg, use] : given)
+    if (use.second->present() && !use.first)
+      return Status::Invalid(arg, "not read by " + describe(p) + "; expected an absent view");
+  return Status::Ok();
+}
+
+// A present output (or gradient) view: float, the given shape and, when `like` is given, its dtype.
+Status check_output(const char* arg, const View& o, std::initializer_list<std::int64_t> shape,
+                    const View* like, const char* like_arg) {
+  POSENC_RETURN_IF_ERROR(require_tensor(arg, o, shape));
+  if (like) POSENC_RETURN_IF_ERROR(require_same_dtype(arg, o, *like, like_arg));
+  return Status::Ok();
+}
+
+// ---- the computation ---------------------------------------------------------------------------
+// One query row (b, h, i): what forward writes and backward differentiates.
+struct Row {
+  Vec a;          // [N] scale·q̃_i·k̃_j, −inf where masked
+  Vec l;          // [N] logits, −inf where masked
+  Vec P;          // [N] softmax
+  double lse = kNegInf;
+  Vec g;                              // cope: [N] gates
+  std::vector<cope::Interp> pos;      // cope: [N] positions
+};
+
+class Problem {
+ public:
+  Problem(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
+          const EncodingTensors& t)
+      : p_(p), d_(d), q_(to_doubles(q)), k_(to_doubles(k)), v_(to_doubles(v)) {
+    if (p.encoding == Encoding::kRope) {
+      rotate(&q_, d.M, d.Hq, d.q_off, +1);
+      rotate(&k_, d.N, d.Hkv, d.k_off, +1);
+    }
+    if (p.encoding == Encoding::kAlibi) {
+      if (p.alibi.variant == AlibiVariant::kLearned) {
+        w_ = to_doubles(t.weights);
+      } else if (t.slopes.present()) {
+        slopes_ = to_doubles(t.slopes);
+      } else if (p.alibi.variant == AlibiVariant::kSymmetric) {
+        slopes_ = alibi::slopes(d.Hq);
+      } else {  // nonsymmetric: the rule for Hq/2 heads, shared by h and h + Hq/2
+        const Vec half = alibi::slopes(d.Hq / 2);
+        slopes_ = half;
+        slopes_.insert(slopes_.end(), half.begin(), half.end());
+      }
+    }
+    if (p.encoding == Encoding::kT5) w_ = to_doubles(t.weights);
+    if (p.encoding == Encoding::kXL) {
+      u_ = to_doubles(t.u);
+      vb_ = to_doubles(t.v);
+      W_ = to_doubles(t.rel_proj);
+      // Distances δ = qp − kp range over [dmin, dmin + M + N − 2]; s(δ) [R] and r_h(δ) [D] per δ.
+      dmin_ = d.q_off - (d.k_off + d.N - 1);
+      const I nd = d.M + d.N - 1 > 0 ? d.M + d.N - 1 : 0;
+      s_.assign(ix(nd * d.R), 0.0);
+      r_.assign(ix(d.Hq * nd * d.D), 0.0);
+      for (I e = 0; e < nd; ++e) {
+        xl::relative_sinusoid(static_cast<double>(dmin_ + e), d.R, &s_[ix(e * d.R)]);
+        for (I h = 0; h < d.Hq; ++h)
+          xl::project(&W_[ix(h * d.D * d.R)], &s_[ix(e * d.R)], d.D, d.R, &r_[ix((h * nd + e) * d.D)]);
+      }
+      nd_ = nd;
+    }
+    if (p.encoding == Encoding::kCope) table_ = to_doubles(t.table);
+  }
+
+  const double* q(I b, I i, I h) const { return &q_[ix(((b * d_.M + i) * d_.Hq + h) * d_.D)]; }
+  const double* k(I b, I j, I kh) const { return &k_[ix(((b * d_.N + j) * d_.Hkv + kh) * d_.D)]; }
+  const double* v(I b, I j, I kh) const { return &v_[ix(((b * d_.N + j) * d_.Hkv + kh) * d_.D)]; }
+  const double* r(I h, I delta) const { return &r_[ix((h * nd_ + (delta - dmin_)) * d_.D)]; }
+  const double* s(I delta) const { return &s_[ix((delta - dmin_) * d_.R)]; }
+  const double* e(I row) const { return &table_[ix(row * d_.D)]; }
+
+  bool masked(I h, I qp, I kp) const {
+    if (p_.causal && kp > qp) return true;
+    if (p_.encoding == Encoding::kAlibi && p_.alibi.variant == AlibiVariant::kNonsymmetric)
+      return h < d_.Hq / 2 ? kp > qp : kp < qp;
+    return false;
+  }
+
+  // ALiBi's term for head h (and, for the learned variant, its derivative by w[side, h]).
+  double alibi_term(I h, I qp, I kp, int* side = nullptr, double* dterm = nullptr) const {
+    const double dist = static_cast<double>(qp > kp ? qp - kp : kp - qp);
+    if (p_.alibi.variant != AlibiVariant::kLearned) return -slopes_[ix(h)] * dist;
+    if (qp == kp) {
+      if (side) *side = -1;
+      return 0.0;
+    }
+    const int sd = kp < qp ? 0 : 1;  // 0: the key is in the past; 1: in the future
+    const double sg = alibi::sigmoid(w_[ix(sd * d_.Hq + h)]);
+    if (side) *side = sd;
+    if (dterm) *dterm = -sg * (1 - sg) * dist;
+    return -sg * dist;
+  }
+
+  I bucket(I qp, I kp) const {
+    return t5::bucket(kp - qp, p_.t5.bidirectional, p_.t5.num_buckets, p_.t5.max_distance);
+  }
+
+  void compute_row(I b, I h, I i, Row* row) const {
+    const I N = d_.N, D = d_.D, kh = h / d_.G, qp = d_.q_off + i;
+    const double* qi = q(b, i, h);
+    row->a.assign(ix(N), kNegInf);
+    row->l.assign(ix(N), kNegInf);
+    row->P.assign(ix(N), 0.0);
+    for (I j = 0; j < N; ++j) {
+      const I kp = d_.k_off + j;
+      if (masked(h, qp, kp)) continue;
+      const double* kj = k(b, j, kh);
+      const double a = d_.scale * dot(qi, kj, D);
+      double l = a;
+      switch (p_.encoding) {
+        case Encoding::kAlibi: l += alibi_term(h, qp, kp); break;
+        case Encoding::kT5: l += w_[ix(bucket(qp, kp) * d_.Hq + h)]; break;
+        case Encoding::kXL: {
+          const double* rr = r(h, qp - kp);
+          const double* u = &u_[ix(h * D)];
+          const double* vb = &vb_[ix(h * D)];
+          l += d_.scale * (dot(u, kj, D) + dot(qi, rr, D) + dot(vb, rr, D));
+          break;
+        }
+        default: break;
+      }
+      row->a[ix(j)] = a;
+      row->l[ix(j)] = l;
+    }
+    if (p_.encoding == Encoding::kCope) {
+      row->g.assign(ix(N), 0.0);
+      row->pos.assign(ix(N), cope::Interp{});
+      for (I j = 0; j < N; ++j) row->g[ix(j)] = cope::gate(row->a[ix(j)]);
+      double count = 0;  // Σ_{t ≥ j} g_t, built from the right
+      for (I j = N - 1; j >= 0; --j) {
+        count += row->g[ix(j)];
+        row->pos[ix(j)] = cope::interpolate(count, d_.npos);
+      }
+      for (I j = 0; j < N; ++j) {
+        if (row->a[ix(j)] == kNegInf) continue;
+        const cope::Interp& c = row->pos[ix(j)];
+        row->l[ix(j)] += (1 - c.w) * dot(qi, e(c.lo), D) + c.w * dot(qi, e(c.hi), D);
+      }
+    }
+    double mx = kNegInf;
+    for (I j = 0; j < N; ++j) mx = std::max(mx, row->l[ix(j)]);
+    if (mx == kNegInf) {  // every key masked: P = 0, out = 0, lse = −inf
+      row->lse = kNegInf;
+      return;
+    }
+    double sum = 0;
+    for (I j = 0; j < N; ++j) {
+      row->P[ix(j)] = std::exp(row->l[ix(j)] - mx);  // exp(−inf) = 0 for masked keys
+      sum += row->P[ix(j)];
+    }
+    for (I j = 0; j < N; ++j) row->P[ix(j)] /= sum;
+    row->lse = mx + std::log(sum);
+  }
+
+  // out [B, M, Hq, D] and lse [B, Hq, M] as contiguous doubles.
+  void forward(Vec* out, Vec* lse) const {
+    const I D = d_.D;
+    out->assign(ix(d_.B * d_.M * d_.Hq * D), 0.0);
+    lse->assign(ix(d_.B * d_.Hq * d_.M), kNegInf);
+    Row row;
+    for (I b = 0; b < d_.B; ++b)
+      for (I h = 0; h < d_.Hq; ++h)
+        for (I i = 0; i < d_.M; ++i) {
+          compute_row(b, h, i, &row);
+          double* o = &(*out)[ix(((b * d_.M + i) * d_.Hq + h) * D)];
+          for (I j = 0; j < d_.N; ++j)
+            if (row.P[ix(j)] != 0) axpy(row.P[ix(j)], v(b, j, h / d_.G), o, D);
+          (*lse)[ix((b * d_.Hq + h) * d_.M + i)] = row.lse;
+        }
+  }
+
+  struct Grads {
+    Vec dq, dk, dv;      // shapes of q, k, v (dq, dk for the rotated vectors until unrotated)
+    Vec dw;              // alibi learned [2, Hq] / t5 [num_buckets, Hq]
+    Vec du, dvb, dW;     // xl [Hq, D], [Hq, D], [Hq, D, R]
+    Vec de;              // cope [npos, D]
+  };
+
+  void backward(const Vec& dout, Grads* gr) const {
+    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D;
+    const double sc = d_.scale;
+    gr->dq.assign(q_.size(), 0.0);
+    gr->dk.assign(k_.size(), 0.0);
+    gr->dv.assign(v_.size(), 0.0);
+    if (p_.encoding == Encoding::kAlibi && p_.alibi.variant == AlibiVariant::kLearned)
+      gr->dw.assign(w_.size(), 0.0);
+    if (p_.encoding == Encoding::kT5) gr->dw.assign(w_.size(), 0.0);
+    Vec G;  // xl: G_h(δ) [Hq, nd, D]
+    if (p_.encoding == Encoding::kXL) {
+      gr->du.assign(u_.size(), 0.0);
+      gr->dvb.assign(vb_.size(), 0.0);
+      gr->dW.assign(W_.size(), 0.0);
+      G.assign(ix(Hq * nd_ * D), 0.0);
+    }
+    if (p_.encoding == Encoding::kCope) gr->de.assign(table_.size(), 0.0);
+
+    Row row;
+    Vec dl(ix(N)), da(ix(N)), dp(ix(N));
+    for (I b = 0; b < B; ++b)
+      for (I h = 0; h < Hq; ++h)
+        for (I i = 0; i < M; ++i) {
+          compute_row(b, h, i, &row);
+          if (row.lse == kNegInf) continue;  // every key masked: nothing depends on the inputs
+          const I kh = h / d_.G, qp = d_.q_off + i;
+          const double* qi = q(b, i, h);
+          const double* dO = &dout[ix(((b * M + i) * Hq + h) * D)];
+          double* dqi = &gr->dq[ix(((b * M + i) * Hq + h) * D)];
+          // softmax: dl_j = P_j (dP_j − Σ_t P_t dP_t), dP_j = dO·v_j
+          double rowsum = 0;
+          for (I j = 0; j < N; ++j) {
+            dl[ix(j)] = 0;
+            if (row.P[ix(j)] == 0) continue;
+            dl[ix(j)] = dot(dO, v(b, j, kh), D);
+            rowsum += row.P[ix(j)] * dl[ix(j)];
+            axpy(row.P[ix(j)], dO, &gr->dv[ix(((b * N + j) * d_.Hkv + kh) * D)], D);
+          }
+          for (I j = 0; j < N; ++j) dl[ix(j)] = row.P[ix(j)] * (dl[ix(j)] - rowsum);
+
+          // the encoding's own terms; da_j = ∂L/∂(scale·q·k) starts as dl_j
+          for (I j = 0; j < N; ++j) da[ix(j)] = row.a[ix(j)] == kNegInf ? 0.0 : dl[ix(j)];
+          switch (p_.encoding) {
+            case Encoding::kAlibi:
+              if (p_.alibi.variant == AlibiVariant::kLearned)
+                for (I j = 0; j < N; ++j) {
+                  if (dl[ix(j)] == 0) continue;
+                  int side = -1;
+                  double dterm = 0;
+                  alibi_term(h, qp, d_.k_off + j, &side, &dterm);
+                  if (side >= 0) gr->dw[ix(side * Hq + h)] += dl[ix(j)] * dterm;
+                }
+              break;
+            case Encoding::kT5:
+              for (I j = 0; j < N; ++j)
+                if (row.a[ix(j)] != kNegInf) gr->dw[ix(bucket(qp, d_.k_off + j) * Hq + h)] += dl[ix(j)];
+              break;
+            case Encoding::kXL:
+              for (I j = 0; j < N; ++j) {
+                if (row.a[ix(j)] == kNegInf) continue;
+                const double c = sc * dl[ix(j)];
+                const I delta = qp - (d_.k_off + j);
+                const double* kj = k(b, j, kh);
+                const double* rr = r(h, delta);
+                axpy(c, rr, dqi, D);                                   // q·r
+                double* dkj = &gr->dk[ix(((b * N + j) * d_.Hkv + kh) * D)];
+                axpy(c, &u_[ix(h * D)], dkj, D);                       // u·k
+                axpy(c, kj, &gr->du[ix(h * D)], D);
+                axpy(c, rr, &gr->dvb[ix(h * D)], D);                   // v·r
+                double* Gd = &G[ix((h * nd_ + (delta - dmin_)) * D)];  // (q + v)·W s
+                axpy(c, qi, Gd, D);
+                axpy(c, &vb_[ix(h * D)], Gd, D);
+              }
+              break;
+            case Encoding::kCope: {
+              for (I j = 0; j < N; ++j) {
+                dp[ix(j)] = 0;
+                if (row.a[ix(j)] == kNegInf) continue;
+                const cope::Interp& c = row.pos[ix(j)];
+                const double* ef = e(c.lo);
+                const double* ec = e(c.hi);
+                axpy(dl[ix(j)] * (1 - c.w), ef, dqi, D);
+                axpy(dl[ix(j)] * c.w, ec, dqi, D);
+                axpy(dl[ix(j)] * (1 - c.w), qi, &gr->de[ix(c.lo * D)], D);
+                axpy(dl[ix(j)] * c.w, qi, &gr->de[ix(c.hi * D)], D);
+                if (!c.clamped) dp[ix(j)] = dl[ix(j)] * (dot(qi, ec, D) - dot(qi, ef, D));
+              }
+              double dg = 0;  // dg_t = Σ_{j ≤ t} dp_j
+              for (I t = 0; t < N; ++t) {
+                dg += dp[ix(t)];
+                if (row.a[ix(t)] == kNegInf) continue;
+                const double g = row.g[ix(t)];
+                da[ix(t)] += dg * g * (1 - g);
+              }
+              break;
+            }
+            default: break;
+          }
+          // the product a_j = scale·q_i·k_j
+          for (I j = 0; j < N; ++j) {
+            if (da[ix(j)] == 0) continue;
+            axpy(sc * da[ix(j)], k(b, j, kh), dqi, D);
+            axpy(sc * da[ix(j)], qi, &gr->dk[ix(((b * N + j) * d_.Hkv + kh) * D)], D);
+          }
+        }
+
+    if (p_.encoding == Encoding::kXL)  // dW_h = Σ_δ G_h(δ) s(δ)ᵀ
+      for (I h = 0; h < Hq; ++h)
+        for (I e = 0; e < nd_; ++e) {
+          const double* Gd = &G[ix((h * nd_ + e) * D)];
+          const double* sd = &s_[ix(e * d_.R)];
+          for (I dd = 0; dd < D; ++dd)
+            for (I c = 0; c < d_.R; ++c) gr->dW[ix((h * D + dd) * d_.R + c)] += Gd[dd] * sd[c];
+        }
+    if (p_.encoding == Encoding::kRope) {  // back from the rotated vectors: R(−m)
+      rotate(&gr->dq, M, Hq, d_.q_off, -1);
+      rotate(&gr->dk, N, d_.Hkv, d_.k_off, -1);
+    }
+  }
+
+ private:
+  // Rotates x [B, L, H, D] (token l at offset + l) by +angle (dir = +1) or −angle (dir = −1).
+  void rotate(Vec* x, I L, I H, I offset, int dir) const {
+    const I D = d_.D, r = d_.rdim;
+    for (I b = 0; b < d_.B; ++b)
+      for (I l = 0; l < L; ++l)
+        for (I kk = 0; kk < r / 2; ++kk) {
+          const double ang = dir * rope::angle(offset + l, kk, r, p_.rope.theta);
+          const double c = std::cos(ang), sn = std::sin(ang);
+          I ia = 0, ib = 0;
+          rope::pair(p_.rope.layout, kk, r, &ia, &ib);
+          for (I h = 0; h < H; ++h) {
+            double* xv = &(*x)[ix(((b * L + l) * H + h) * D)];
+            const double xa = xv[ia], xb = xv[ib];
+            xv[ia] = xa * c - xb * sn;
+            xv[ib] = xa * sn + xb * c;
+          }
+        }
+  }
+
+  const AttentionParams& p_;
+  Dims d_;
+  Vec q_, k_, v_;          // gathered; q_, k_ rotated for rope
+  Vec slopes_, w_;         // alibi slopes [Hq]; alibi learned [2, Hq] / t5 [num_buckets, Hq]
+  Vec u_, vb_, W_;         // xl
+  Vec s_, r_;              // xl: s(δ) [nd, R]; r_h(δ) [Hq, nd, D]
+  I dmin_ = 0, nd_ = 0;    // xl: smallest distance, number of distances
+  Vec table_;              // cope [npos, D]
+};
+
+}  // namespace
+
+Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                         const EncodingTensors& t, const View& out, const View& lse) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(check_common(p, q, k, v, t, &d));
+  POSENC_RETURN_IF_ERROR(check_output("out", out, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  if (lse.present()) {
+    POSENC_RETURN_IF_ERROR(require_tensor("lse", lse, {d.B, d.Hq, d.M}));
+    if (lse.dtype != DType::kF64)
+      return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
+  }
+  const Problem prob(p, d, q, k, v, t);
+  Vec o, l;
+  prob.forward(&o, &l);
+  from_doubles(o, out);
+  if (lse.present()) from_doubles(l, lse);
+  return Status::Ok();
+}
+
+Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                          const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
+                          const View& dv, const EncodingGrads& g) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(check_common(p, q, k, v, t, &d));
+  POSENC_RETURN_IF_ERROR(check_output("dout", dout, {d.B, d.M, d.Hq, d.D}, nullptr, nullptr));
+  if (dq.present()) POSENC_RETURN_IF_ERROR(check_output("dq", dq, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  if (dk.present()) POSENC_RETURN_IF_ERROR(check_output("dk", dk, {d.B, d.N, d.Hkv, d.D}, &q, "q"));
+  if (dv.present()) POSENC_RETURN_IF_ERROR(check_output("dv", dv, {d.B, d.N, d.Hkv, d.D}, &q, "q"));
+  // Gradients: each present one must belong to a tensor the encoding reads (else it would go
+  // unwritten) and have that tensor's shape.
+  const Reads r = reads(p);
+  const std::pair<const char*, std::pair<bool, const View*>> grads[] = {
+      {"dweights", {r.weights, &g.weights}}, {"du", {r.xl, &g.u}}, {"dv_bias", {r.xl, &g.v}},
+      {"drel_proj", {r.xl, &g.rel_proj}},   {"dtable", {r.table, &g.table}}};
+  for (const auto& [arg, use] : grads)
+    if (use.second->present() && !use.first)
+      return Status::Invalid(arg, describe(p) + " has no such learned tensor; expected an absent view");
+  if (g.weights.present())
+    POSENC_RETURN_IF_ERROR(check_output("dweights", g.weights, {t.weights.dim(0), d.Hq}, nullptr, nullptr));
+  if (g.u.present()) POSENC_RETURN_IF_ERROR(check_output("du", g.u, {d.Hq, d.D}, nullptr, nullptr));
+  if (g.v.present()) POSENC_RETURN_IF_ERROR(check_output("dv_bias", g.v, {d.Hq, d.D}, nullptr, nullptr));
+  if (g.rel_proj.present())
+    POSENC_RETURN_IF_ERROR(check_output("drel_proj", g.rel_proj, {d.Hq, d.D, d.R}, nullptr, nullptr));
+  if (g.table.present()) POSENC_RETURN_IF_ERROR(check_output("dtable", g.table, {d.npos, d.D}, nullptr, nullptr));
+
+  const Problem prob(p, d, q, k, v, t);
+  Problem::Grads gr;
+  prob.backward(to_doubles(dout), &gr);
+  if (dq.present()) from_doubles(gr.dq, dq);
+  if (dk.present()) from_doubles(gr.dk, dk);
+  if (dv.present()) from_doubles(gr.dv, dv);
+  if (g.weights.present()) from_doubles(gr.dw, g.weights);
+  if (g.u.present()) from_doubles(gr.du, g.u);
+  if (g.v.present()) from_doubles(gr.dvb, g.v);
+  if (g.rel_proj.present()) from_doubles(gr.dW, g.rel_proj);
+  if (g.table.present()) from_doubles(gr.de, g.table);
+  return Status::Ok();
+}
+
 }  // namespace posenc
