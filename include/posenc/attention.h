@@ -8,6 +8,14 @@
 // q_offset = k_offset + N − M: a prefill and a decode step are one code path; a shard of a long
 // sequence passes its global offsets). causal masks keys whose position exceeds the query's.
 // A row whose keys are all masked yields out = 0 and lse = −inf.
+// q, k and v share one dtype, and out/dq/dk/dv keep it. A tensor of EncodingTensors or a gradient of
+// EncodingGrads that the chosen encoding does not read is an error (so that a gradient buffer is
+// never silently left unwritten). Positions here are query/key positions (offset + index): "i − j"
+// below means query position − key position.
+// The scale multiplies q·kᵀ only, with two exceptions taken from the papers: XL scales its whole
+// logit (content and position terms), and CoPE's z term is added unscaled.
+// Key shards: forward over key shards combines through lse for every encoding but CoPE (whose gate
+// count runs over all keys of a row); backward runs on whole rows of keys.
 //
 // Encodings and their terms (h is the query head):
 //   nope   nothing.
@@ -21,7 +29,8 @@
 //          whole logit here, as in the paper's implementation.
 //   cope   Contextual Position Encoding (Golovneva et al. 2024, arXiv 2405.18719):
 //            a_ij = scale·q_i·k_j + mask_ij,  g_ij = σ(a_ij)  (0 where masked),
-//            p_ij = min(Σ_{t ≥ j} g_it, npos − 1),
+//            p_ij = min(Σ_{t ≥ j} g_it, npos − 1)  (over all keys t of the row; masked ones give 0;
+//                   the paper defines the causal case, where this runs from j to i),
 //            z_ij = (1 − (p − ⌊p⌋))·q_i·e[⌊p⌋] + (p − ⌊p⌋)·q_i·e[⌈p⌉],   logit_ij = a_ij + z_ij;
 //          table e: [npos, D].
 // Absolute encodings (learned, sinusoidal) act on embeddings before the first layer, not here.
@@ -56,7 +65,7 @@ struct EncodingTensors {
   View table;     // cope: [npos, D]
 };
 
-// Gradients of those tensors (each optional; when present, overwritten).
+// Gradients of those tensors (each optional, but only for a tensor the encoding reads; overwritten).
 struct EncodingGrads {
   View weights;   // alibi learned [2, Hq] / t5 [num_buckets, Hq]
   View u, v;      // xl

@@ -1,7 +1,98 @@
-// PLACEHOLDER until the CLI lands.
+// posenc — positional encodings for transformers over .npy files.
+//
+// Each subcommand lives in its own file (cmd_<name>.cc). Every failure, from CLI11's parser or from
+// the library, ends here as exactly one line on stderr, "posenc: <flag>: <what was expected>", with
+// exit status 2 for usage and input errors (1 for an internal error); no output file is written then.
 #include <cstdio>
-#include "posenc/registry.h"
-int main() {
-  for (const auto& e : posenc::registry()) std::printf("%s\n", e.name.c_str());
-  return 0;
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "cli/cli_common.h"
+
+namespace {
+
+int print_error(const std::string& msg, int code) {
+  std::fprintf(stderr, "posenc: %s\n", posenc::cli::one_line(msg).c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace posenc::cli;
+  CLI::App app{"posenc: positional encodings for transformers (NumPy .npy in, .npy out)", "posenc"};
+  app.set_version_flag("--version", "posenc 0.1.0");
+  app.require_subcommand(1, 1);
+  app.fallthrough(false);
+
+  std::vector<Command> commands;
+  try {
+    commands = {add_list_command(app), add_table_command(app),     add_apply_command(app),
+                add_bias_command(app), add_attention_command(app), add_tour_command(app)};
+  } catch (const std::exception& e) {
+    return print_error(std::string("internal error while declaring flags: ") + e.what(), 1);
+  }
+
+  // An unknown command gets a clearer line than CLI11's "argument was not expected".
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string name = argv[1];
+    bool known = false;
+    std::string names;
+    for (const Command& c : commands) {
+      known = known || c.app->get_name() == name;
+      names += (names.empty() ? "" : ", ") + c.app->get_name();
+    }
+    if (!known) return print_error("unknown command '" + name + "', expected one of: " + names, 2);
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::string msg = e.what();
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && msg.rfind("A subcommand", 0) == 0) {
+      std::string names;
+      for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
+      msg = "expected a command: " + names + " (see posenc --help)";
+    }
+    return print_error(msg, 2);
+  }
+
+  for (const Command& c : commands) {
+    if (!c.app->parsed()) continue;
+    try {
+      // Unknown flags and stray words are collected (allow_extras) so that they get one clear line.
+      const std::vector<std::string> extras = c.app->remaining();
+      if (!extras.empty()) {
+        const std::string& x = extras.front();
+        if (x.rfind("-", 0) == 0) {
+          const std::string flag = x.substr(0, x.find('='));
+          std::string owners;  // a parameter of an encoding this command does not take?
+          for (const posenc::EncodingInfo& e : posenc::registry())
+            for (const posenc::ParamSpec& p : e.params)
+              if ("--" + p.name == flag) owners += (owners.empty() ? "" : " and ") + e.name;
+          if (!owners.empty())
+            return print_error(flag + ": is a parameter of " + owners + ", which posenc " +
+                                   c.app->get_name() + " does not take",
+                               2);
+          return print_error(flag + ": unknown flag for posenc " + c.app->get_name() + " (see posenc " +
+                                 c.app->get_name() + " --help)",
+                             2);
+        }
+        return print_error("unexpected argument '" + x + "' (see posenc " + c.app->get_name() + " --help)",
+                           2);
+      }
+      c.run();
+      return 0;
+    } catch (const Failure& f) {
+      return print_error(f.status.message(), f.status.code() == posenc::Code::kInternal ? 1 : 2);
+    } catch (const std::bad_alloc&) {
+      return print_error("out of memory", 1);
+    } catch (const std::exception& e) {
+      return print_error(std::string("internal error: ") + e.what(), 1);
+    }
+  }
+  return print_error("expected a command (see posenc --help)", 2);
 }

@@ -22,6 +22,7 @@
 #include "enc/alibi/alibi_math.h"
 #include "enc/alibi/bias_geometry.h"
 #include "posenc/bias.h"
+#include "posenc/reference.h"
 
 namespace posenc {
 namespace {
@@ -77,6 +78,8 @@ Expected<AlibiVariant> parse_alibi_variant(const std::string& s) {
 }
 
 std::vector<double> alibi_slopes(std::int64_t heads) { return alibi::slopes(heads); }
+
+namespace reference {
 
 Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slopes, const View& weights,
                   const View& out) {
@@ -166,5 +169,7 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
   from_doubles(dw, dweights);
   return Status::Ok();
 }
+
+}  // namespace reference
 
 }  // namespace posenc

@@ -10,9 +10,11 @@
 #include <string>
 
 #include "posenc/absolute.h"
+#include "posenc/reference.h"
+#include "enc/learned/learned_check.h"
 
 namespace posenc {
-namespace {
+namespace learned {
 
 // Validates the positions against the table's rows and returns them expanded to [B, L].
 Expected<std::vector<std::int64_t>> checked_positions(const Positions& pos, std::int64_t B, std::int64_t L,
@@ -30,7 +32,11 @@ Expected<std::vector<std::int64_t>> checked_positions(const Positions& pos, std:
   return ids;
 }
 
-}  // namespace
+}  // namespace learned
+
+namespace reference {
+
+using learned::checked_positions;
 
 Status learned_forward(const LearnedParams&, const View& x, const View& table, const Positions& pos,
                        const View& y) {
@@ -86,5 +92,7 @@ Status learned_backward(const LearnedParams&, const View& dy, const View& table,
   if (dx.present()) from_doubles(g, dx);
   return Status::Ok();
 }
+
+}  // namespace reference
 
 }  // namespace posenc

@@ -18,7 +18,9 @@
 #include <sstream>
 
 #include "enc/rope/rope_math.h"
+#include "posenc/reference.h"
 #include "posenc/rope.h"
+#include "enc/rope/rope_check.h"
 
 namespace posenc {
 namespace {
@@ -29,7 +31,10 @@ std::string num(double v) {
   return os.str();
 }
 
-// Validates (in, out, p) and returns the rotary dimension r.
+}  // namespace
+
+namespace rope {
+// Validates (in, out, p) and returns the rotary dimension r (shared with the fast path, rope_cpu.cc).
 Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View& in, const char* out_arg,
                              const View& out) {
   POSENC_RETURN_IF_ERROR(require_float(in_arg, in, 4));
@@ -51,11 +56,14 @@ Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View
     return Status::Invalid("theta", "expected a finite number > 0, got " + num(p.theta));
   return r;
 }
+}  // namespace rope
+
+namespace {
 
 // out = R(sign·m) in, token by token; sign = +1 forward, −1 backward.
 Status rotate(const RopeParams& p, const char* in_arg, const View& in, const Positions& pos,
               const char* out_arg, const View& out, double sign) {
-  auto rr = check(p, in_arg, in, out_arg, out);
+  auto rr = rope::check(p, in_arg, in, out_arg, out);
   if (!rr.ok()) return rr.status();
   const std::int64_t r = *rr;
   const std::int64_t B = in.dim(0), L = in.dim(1), H = in.dim(2), D = in.dim(3);
@@ -97,6 +105,8 @@ Expected<RopeLayout> parse_rope_layout(const std::string& s) {
   return Status::Invalid("layout", "expected interleaved or half, got '" + s + "'");
 }
 
+namespace reference {
+
 Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, const View& y) {
   return rotate(p, "x", x, pos, "y", y, +1.0);
 }
@@ -104,5 +114,7 @@ Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, co
 Status rope_backward(const RopeParams& p, const View& dy, const Positions& pos, const View& dx) {
   return rotate(p, "dy", dy, pos, "dx", dx, -1.0);
 }
+
+}  // namespace reference
 
 }  // namespace posenc

@@ -14,6 +14,8 @@
 
 #include "enc/sinusoidal/sinusoidal_math.h"
 #include "posenc/absolute.h"
+#include "posenc/reference.h"
+#include "enc/sinusoidal/sinusoidal_check.h"
 
 namespace posenc {
 namespace {
@@ -23,6 +25,10 @@ std::string num(double v) {
   os << v;
   return os.str();
 }
+
+}  // namespace
+
+namespace sinusoid {
 
 Status check_base(const SinusoidalParams& p) {
   if (!std::isfinite(p.base) || !(p.base > 0))
@@ -47,7 +53,13 @@ Status check_io(const char* in_arg, const View& in, const char* out_arg, const V
   return require_same_dtype(out_arg, out, in, in_arg);
 }
 
-}  // namespace
+}  // namespace sinusoid
+
+namespace reference {
+
+using sinusoid::check_base;
+using sinusoid::check_even_d;
+using sinusoid::check_io;
 
 Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const View& out) {
   POSENC_RETURN_IF_ERROR(check_base(p));
@@ -93,5 +105,7 @@ Status sinusoidal_backward(const SinusoidalParams& p, const View& dy, const Posi
   from_doubles(to_doubles(dy), dx);
   return Status::Ok();
 }
+
+}  // namespace reference
 
 }  // namespace posenc

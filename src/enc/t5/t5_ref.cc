@@ -16,6 +16,7 @@
 #include "enc/alibi/bias_geometry.h"
 #include "enc/t5/t5_math.h"
 #include "posenc/bias.h"
+#include "posenc/reference.h"
 
 namespace posenc {
 namespace {
@@ -53,6 +54,8 @@ std::int64_t t5_bucket(std::int64_t r, const T5Params& p) {
   if (!t5_validate(p).ok()) return -1;
   return t5::bucket(r, p.bidirectional, p.num_buckets, p.max_distance);
 }
+
+namespace reference {
 
 Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out) {
   POSENC_RETURN_IF_ERROR(t5_validate(p));
@@ -93,5 +96,7 @@ Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& db
   from_doubles(dw, dweights);
   return Status::Ok();
 }
+
+}  // namespace reference
 
 }  // namespace posenc
