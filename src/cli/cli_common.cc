@@ -1,0 +1,410 @@
+#include "cli/cli_common.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace posenc::cli {
+
+// ---- failures ---------------------------------------------------------------------------------
+
+void fail(Status s) { throw Failure{std::move(s)}; }
+
+std::string one_line(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t') {
+      if (!out.empty() && out.back() != ' ') out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+std::string flag_for(const std::string& arg, const FlagMap& extra) {
+  if (arg.empty() || arg == "ENC" || arg.rfind("--", 0) == 0) return arg;
+  for (const auto& [name, flag] : extra)
+    if (name == arg) return flag;
+  static const FlagMap shared = {
+      {"x", "--in"},
+      {"y", "--out"},
+      {"out", "--out"},
+      {"dy", "--grad-out"},
+      {"dout", "--grad-out"},
+      {"dbias", "--grad-out"},
+      {"dx", "--grad-in"},
+      {"positions", "--positions"},
+      {"pos", "--positions"},
+      {"ids", "--positions"},
+      {"dq", "--grad-q"},
+      {"dk", "--grad-k"},
+      {"dv", "--grad-v"},
+      {"dweights", "--grad-weights"},
+      {"dtable", "--grad-table"},
+      {"du", "--grad-u"},
+      {"dv_bias", "--grad-v-bias"},
+      {"drel_proj", "--grad-rel-proj"},
+      {"lse", "--lse"},
+      {"encoding", "ENC"},
+  };
+  for (const auto& [name, flag] : shared)
+    if (name == arg) return flag;
+  // "rope.rotary_dim" or "p.rotary_dim": the last component names the parameter.
+  std::string a = arg.substr(arg.find_last_of('.') == std::string::npos ? 0 : arg.find_last_of('.') + 1);
+  std::replace(a.begin(), a.end(), '_', '-');
+  return "--" + a;
+}
+
+void check_lib(const Status& s, const FlagMap& extra) {
+  if (s.ok()) return;
+  switch (s.code()) {
+    case Code::kInvalidArgument:
+      fail(Status::Invalid(flag_for(s.arg(), extra), s.what()));
+    case Code::kOutOfRange:
+      fail(Status::OutOfRange(flag_for(s.arg(), extra), s.what()));
+    case Code::kIo:
+      fail(Status::Io(flag_for(s.arg(), extra), s.what()));
+    case Code::kInternal:
+    case Code::kOk:
+      break;
+  }
+  fail(s);
+}
+
+// ---- values -----------------------------------------------------------------------------------
+
+std::int64_t parse_int(const std::string& flag, const std::string& text) {
+  std::int64_t v = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (first != last && *first == '+') ++first;
+  const auto [ptr, ec] = std::from_chars(first, last, v);
+  if (text.empty() || ec != std::errc() || ptr != last)
+    fail(Status::Invalid(flag, "expected an integer, got '" + text + "'"));
+  return v;
+}
+
+double parse_float(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+    fail(Status::Invalid(flag, "expected a finite number, got '" + text + "'"));
+  return v;
+}
+
+bool parse_bool(const std::string& flag, const std::string& text) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  fail(Status::Invalid(flag, "expected true or false, got '" + text + "'"));
+}
+
+DType parse_float_dtype(const std::string& flag, const std::string& text) {
+  if (text == "float32" || text == "f4" || text == "<f4") return DType::kF32;
+  if (text == "float64" || text == "f8" || text == "<f8") return DType::kF64;
+  fail(Status::Invalid(flag, "expected float32 or float64, got '" + text + "'"));
+}
+
+CLI::Option* add_text(CLI::App* app, const std::string& flag, std::string* dest, const std::string& help,
+                      const std::string& type_name) {
+  return app->add_option(flag, *dest, help)->type_name(type_name);
+}
+
+CLI::Option* add_path(CLI::App* app, const std::string& flag, std::string* dest, const std::string& help) {
+  return app->add_option(flag, *dest, help)->type_name("FILE.npy");
+}
+
+Tensor read_input(const std::string& flag, const std::string& path) { return take(read_npy(path, flag)); }
+
+void require_float_tensor(const std::string& flag, const Tensor& t) {
+  if (!is_float(t.dtype()))
+    fail(
+        Status::Invalid(flag, std::string("expected float32 or float64 data, got ") + dtype_name(t.dtype())));
+}
+
+void check_size(const std::string& flag, const std::vector<std::int64_t>& shape) {
+  constexpr std::int64_t kMaxElems = std::int64_t{1} << 34;  // 128 GiB of float64: surely a typo
+  std::int64_t n = 1;
+  for (std::int64_t s : shape) {
+    if (s < 0) fail(Status::Invalid(flag, "expected a non-negative extent, got " + std::to_string(s)));
+    if (s != 0 && n > kMaxElems / s) fail(Status::Invalid(flag, "the result would be too large"));
+    n *= s;
+  }
+}
+
+// ---- registry parameters as flags -------------------------------------------------------------
+
+namespace {
+
+std::string type_name_of(const ParamSpec& p) {
+  if (p.type == "float") return "FLOAT";
+  if (p.type == "int") return "INT";
+  if (p.type == "bool") return "true|false";
+  if (p.type == "tensor") return "FILE.npy";
+  if (p.type == "choice") {
+    std::string s;
+    for (const std::string& c : p.choices) s += (s.empty() ? "" : "|") + c;
+    return s;
+  }
+  return "VALUE";
+}
+
+std::string help_of(const ParamSpec& p) {
+  std::string h = p.help;
+  if (!p.default_.empty()) h += " (default " + p.default_ + ")";
+  return h;
+}
+
+std::string join_flags(const std::vector<ParamSpec>& ps) {
+  std::string s;
+  for (const ParamSpec& p : ps) s += (s.empty() ? "--" : ", --") + p.name;
+  return s;
+}
+
+}  // namespace
+
+void ParamFlags::declare(CLI::App* app, Accept accept, bool with_grads) {
+  accept_ = std::move(accept);
+  for (const EncodingInfo& e : registry()) {
+    if (!accept_(e.id)) continue;
+    for (const ParamSpec& p : e.params) {
+      Slot* s = nullptr;
+      for (auto& existing : slots_)
+        if (existing->name == p.name) s = existing.get();
+      if (s == nullptr) {
+        slots_.push_back(std::make_unique<Slot>());
+        s = slots_.back().get();
+        s->name = p.name;
+        s->spec = p;
+      }
+      s->owners.push_back(e.name);
+    }
+  }
+  for (auto& s : slots_) {
+    // One declaration per flag; a shared name says which encoding reads it how.
+    std::string help, group;
+    for (const std::string& owner : s->owners) {
+      const EncodingInfo& e = take(find_encoding(owner));
+      for (const ParamSpec& p : e.params)
+        if (p.name == s->name)
+          help += (help.empty() ? "" : "; ") + (s->owners.size() > 1 ? "[" + owner + "] " : std::string()) +
+                  help_of(p);
+      group += (group.empty() ? "" : ", ") + owner;
+    }
+    s->opt =
+        add_text(app, "--" + s->name, &s->value, help, type_name_of(s->spec))->group(group + " parameters");
+    if (with_grads && s->spec.learned) {
+      s->grad_opt = add_path(app, "--grad-" + s->name, &s->grad_path,
+                             "output: gradient of the loss with respect to --" + s->name)
+                        ->group(group + " parameters");
+    }
+  }
+}
+
+const EncodingInfo& ParamFlags::bind(const std::string& enc_name, const std::string& command) {
+  const EncodingInfo& e = encoding_info(take(find_encoding(enc_name)).id);
+  if (!accept_(e.id)) {
+    fail(Status::Invalid("ENC", command + " does not take '" + e.name + "' (kind " + kind_name(e.kind) +
+                                    "); it takes: " + encoding_names(accept_)));
+  }
+  enc_ = &e;
+  for (const auto& s : slots_) {
+    const bool mine = has(s->name);
+    if (s->opt->count() > 0 && !mine) {
+      std::string owners;
+      for (const std::string& o : s->owners) owners += (owners.empty() ? "" : " and ") + o;
+      fail(Status::Invalid("--" + s->name,
+                           "is a parameter of " + owners + ", not of " + e.name + " (" + e.name + " takes " +
+                               (e.params.empty() ? "no parameters" : join_flags(e.params)) + ")"));
+    }
+    if (s->grad_opt != nullptr && s->grad_opt->count() > 0) {
+      bool learned = false;
+      for (const ParamSpec& p : e.params)
+        if (p.name == s->name && p.learned) learned = true;
+      if (!learned) fail(Status::Invalid("--grad-" + s->name, e.name + " has no learned --" + s->name));
+    }
+  }
+  return e;
+}
+
+const ParamFlags::Slot* ParamFlags::slot(const std::string& name) const {
+  for (const auto& s : slots_)
+    if (s->name == name) return s.get();
+  return nullptr;
+}
+
+bool ParamFlags::has(const std::string& name) const {
+  if (enc_ == nullptr) return false;
+  for (const ParamSpec& p : enc_->params)
+    if (p.name == name) return true;
+  return false;
+}
+
+bool ParamFlags::given(const std::string& name) const {
+  const Slot* s = slot(name);
+  return has(name) && s != nullptr && s->opt->count() > 0;
+}
+
+const ParamSpec& ParamFlags::spec(const std::string& name) const {
+  if (enc_ != nullptr)
+    for (const ParamSpec& p : enc_->params)
+      if (p.name == name) return p;
+  fail(Status::Internal("the CLI asked for parameter '" + name + "', which " +
+                        (enc_ ? enc_->name : std::string("no encoding")) + " does not declare"));
+}
+
+std::string ParamFlags::text(const std::string& name) const {
+  const ParamSpec& p = spec(name);
+  return given(name) ? slot(name)->value : p.default_;
+}
+
+double ParamFlags::f64(const std::string& name) const { return parse_float("--" + name, text(name)); }
+
+std::int64_t ParamFlags::i64(const std::string& name) const { return parse_int("--" + name, text(name)); }
+
+bool ParamFlags::boolean(const std::string& name) const { return parse_bool("--" + name, text(name)); }
+
+std::string ParamFlags::choice(const std::string& name) const {
+  const ParamSpec& p = spec(name);
+  const std::string v = text(name);
+  if (std::find(p.choices.begin(), p.choices.end(), v) == p.choices.end()) {
+    std::string want;
+    for (std::size_t i = 0; i < p.choices.size(); ++i)
+      want += (i == 0 ? "" : (i + 1 == p.choices.size() ? " or " : ", ")) + p.choices[i];
+    fail(Status::Invalid("--" + name, "expected " + want + ", got '" + v + "'"));
+  }
+  return v;
+}
+
+void ParamFlags::load_tensors() {
+  for (const ParamSpec& p : enc().params) {
+    if (p.type != "tensor" || !given(p.name)) continue;
+    Tensor t = read_input("--" + p.name, slot(p.name)->value);
+    require_float_tensor("--" + p.name, t);
+    tensors_[p.name] = std::move(t);
+  }
+}
+
+const Tensor* ParamFlags::tensor(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+View ParamFlags::view(const std::string& name) const {
+  const Tensor* t = tensor(name);
+  return t ? t->view() : View{};
+}
+
+std::vector<std::string> ParamFlags::grad_flags_given() const {
+  std::vector<std::string> out;
+  for (const auto& s : slots_)
+    if (s->grad_opt != nullptr && s->grad_opt->count() > 0) out.push_back("--grad-" + s->name);
+  return out;
+}
+
+void ParamFlags::reserve_grads(OutputSet* outs) const {
+  for (const auto& s : slots_)
+    if (s->grad_opt != nullptr && s->grad_opt->count() > 0)
+      check(outs->reserve("--grad-" + s->name, s->grad_path));
+}
+
+void ParamFlags::alloc_grads() {
+  for (const auto& s : slots_) {
+    if (s->grad_opt == nullptr || s->grad_opt->count() == 0) continue;
+    const Tensor* p = tensor(s->name);
+    if (p == nullptr)
+      fail(Status::Invalid("--grad-" + s->name, "needs --" + s->name + " (the gradient has its shape)"));
+    grads_[s->name] = Tensor(p->dtype(), p->shape());
+  }
+}
+
+View ParamFlags::grad_view(const std::string& name) const {
+  const auto it = grads_.find(name);
+  return it == grads_.end() ? View{} : it->second.view();
+}
+
+void ParamFlags::attach_grads(OutputSet* outs) const {
+  for (const auto& [name, t] : grads_) outs->attach("--grad-" + name, &t);
+}
+
+std::string encoding_names(const ParamFlags::Accept& accept) {
+  std::string s;
+  for (const EncodingInfo& e : registry())
+    if (accept(e.id)) s += (s.empty() ? "" : ", ") + e.name;
+  return s;
+}
+
+// ---- per-encoding glue ------------------------------------------------------------------------
+
+RopeParams rope_params(const ParamFlags& f) {
+  RopeParams p;
+  p.layout = take(parse_rope_layout(f.choice("layout")));
+  p.rotary_dim = f.i64("rotary-dim");
+  p.theta = f.f64("theta");
+  return p;
+}
+
+AlibiParams alibi_params(const ParamFlags& f) {
+  AlibiParams p;
+  p.variant = take(parse_alibi_variant(f.choice("variant")));
+  return p;
+}
+
+T5Params t5_params(const ParamFlags& f) {
+  T5Params p;
+  p.bidirectional = f.boolean("bidirectional");
+  p.num_buckets = f.i64("num-buckets");
+  p.max_distance = f.i64("max-distance");
+  return p;
+}
+
+SinusoidalParams sinusoidal_params(const ParamFlags& f) {
+  SinusoidalParams p;
+  p.base = f.f64("base");
+  return p;
+}
+
+EncodingTensors encoding_tensors(const ParamFlags& f) {
+  EncodingTensors t;
+  t.slopes = f.view("slopes");
+  t.weights = f.view("weights");
+  t.u = f.view("u");
+  t.v = f.view("v-bias");
+  t.rel_proj = f.view("rel-proj");
+  t.table = f.view("table");
+  return t;
+}
+
+EncodingGrads encoding_grads(const ParamFlags& f) {
+  EncodingGrads g;
+  g.weights = f.grad_view("weights");
+  g.u = f.grad_view("u");
+  g.v = f.grad_view("v-bias");
+  g.rel_proj = f.grad_view("rel-proj");
+  g.table = f.grad_view("table");
+  return g;
+}
+
+// ---- the catalogue ----------------------------------------------------------------------------
+
+void print_catalogue() {
+  std::vector<std::vector<std::string>> rows = {{"NAME", "KIND", "PARAMETERS", "SUMMARY"}};
+  for (const EncodingInfo& e : registry())
+    rows.push_back({e.name, kind_name(e.kind), join_flags(e.params), e.summary});
+  std::vector<std::size_t> width(4, 0);
+  for (const auto& r : rows)
+    for (std::size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < 4; ++c) {
+      line += r[c];
+      if (c < 3) line += std::string(width[c] - r[c].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+}  // namespace posenc::cli

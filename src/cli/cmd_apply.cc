@@ -1,0 +1,150 @@
+// posenc apply ENC --in X.npy --out Y.npy [--positions P.npy | --offset K] [params]
+//              [--grad-out dY.npy --grad-in dX.npy [--grad-table dE.npy]]
+// Encodings that act on a tensor by themselves: rope rotates X [B, L, H, D]; sinusoidal and learned
+// add to embeddings X [B, L, D]; nope passes X through. Y keeps X's dtype.
+#include "cli/cli_common.h"
+
+namespace posenc::cli {
+
+namespace {
+
+bool applies(Encoding e) {
+  switch (e) {
+    case Encoding::kNope:
+    case Encoding::kLearned:
+    case Encoding::kSinusoidal:
+    case Encoding::kRope:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct ApplyState {
+  std::string enc, in, out, positions, offset = "0", grad_out, grad_in;
+  CLI::Option *positions_opt = nullptr, *offset_opt = nullptr, *grad_out_opt = nullptr,
+              *grad_in_opt = nullptr;
+  ParamFlags params;
+};
+
+void require_like(const std::string& flag, const Tensor& t, const Tensor& ref, const std::string& ref_flag) {
+  if (t.shape() != ref.shape())
+    fail(Status::Invalid(
+        flag, "expected shape " + ref.shape_str() + " like " + ref_flag + ", got " + t.shape_str()));
+  if (t.dtype() != ref.dtype())
+    fail(Status::Invalid(flag, std::string("expected ") + dtype_name(ref.dtype()) + " like " + ref_flag +
+                                   ", got " + dtype_name(t.dtype())));
+}
+
+void run_apply(ApplyState& st) {
+  const EncodingInfo& e = st.params.bind(st.enc, "posenc apply");
+  const bool have_positions = st.positions_opt->count() > 0;
+  const bool want_grads = st.grad_out_opt->count() > 0;
+  const std::vector<std::string> param_grads = st.params.grad_flags_given();
+  if (have_positions && st.offset_opt->count() > 0)
+    fail(Status::Invalid("--offset", "cannot be combined with --positions (give one or the other)"));
+  if (!want_grads) {
+    if (st.grad_in_opt->count() > 0)
+      fail(Status::Invalid("--grad-in", "needs --grad-out (the upstream gradient dY)"));
+    if (!param_grads.empty())
+      fail(Status::Invalid(param_grads.front(), "needs --grad-out (the upstream gradient dY)"));
+  } else if (st.grad_in_opt->count() == 0 && param_grads.empty()) {
+    fail(Status::Invalid("--grad-out",
+                         "given without a gradient to compute: add --grad-in dX.npy" +
+                             std::string(st.params.has("table") ? " or --grad-table dE.npy" : "")));
+  }
+  const std::int64_t offset = parse_int("--offset", st.offset);
+  if (offset < 0)
+    fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
+  if (e.id == Encoding::kLearned && !st.params.given("table"))
+    fail(Status::Invalid("--table", "is required for learned: the table E [max_len, D]"));
+
+  OutputSet outs;
+  check(outs.reserve("--out", st.out));
+  if (st.grad_in_opt->count() > 0) check(outs.reserve("--grad-in", st.grad_in));
+  st.params.reserve_grads(&outs);
+
+  // ---- inputs
+  const Tensor x = read_input("--in", st.in);
+  require_float_tensor("--in", x);
+  Tensor ids;
+  if (have_positions) {
+    ids = read_input("--positions", st.positions);
+    if (!is_int(ids.dtype()))
+      fail(Status::Invalid("--positions",
+                           std::string("expected int32 or int64 positions, got ") + dtype_name(ids.dtype())));
+  }
+  const Positions pos{have_positions ? ids.view() : View{}, have_positions ? 0 : offset};
+  st.params.load_tensors();
+  Tensor dy;
+  if (want_grads) {
+    dy = read_input("--grad-out", st.grad_out);
+    require_float_tensor("--grad-out", dy);
+    require_like("--grad-out", dy, x, "--in");
+  }
+
+  // ---- compute everything before writing anything
+  const FlagMap names = {{"positions", have_positions ? "--positions" : "--offset"}, {"offset", "--offset"}};
+  Tensor y(x.dtype(), x.shape());
+  const bool want_dx = want_grads && st.grad_in_opt->count() > 0;
+  Tensor dx;
+  if (want_dx) dx = Tensor(x.dtype(), x.shape());
+  const View dx_view = want_dx ? dx.view() : View{};
+  st.params.alloc_grads();
+
+  switch (e.id) {
+    case Encoding::kNope:
+      y = x;
+      if (want_dx) dx = dy;
+      break;
+    case Encoding::kSinusoidal: {
+      const SinusoidalParams p = sinusoidal_params(st.params);
+      check_lib(sinusoidal_forward(p, x.view(), pos, y.view()), names);
+      if (want_dx) check_lib(sinusoidal_backward(p, dy.view(), pos, dx_view), names);
+      break;
+    }
+    case Encoding::kLearned: {
+      const LearnedParams p;
+      const View table = st.params.view("table");
+      check_lib(learned_forward(p, x.view(), table, pos, y.view()), names);
+      if (want_grads)
+        check_lib(learned_backward(p, dy.view(), table, pos, dx_view, st.params.grad_view("table")), names);
+      break;
+    }
+    case Encoding::kRope: {
+      const RopeParams p = rope_params(st.params);
+      check_lib(rope_forward(p, x.view(), pos, y.view()), names);
+      if (want_dx) check_lib(rope_backward(p, dy.view(), pos, dx_view), names);
+      break;
+    }
+    default:
+      fail(Status::Internal("posenc apply has no glue for " + e.name));
+  }
+
+  outs.attach("--out", &y);
+  if (want_dx) outs.attach("--grad-in", &dx);
+  st.params.attach_grads(&outs);
+  check(outs.commit());
+}
+
+}  // namespace
+
+Command add_apply_command(CLI::App& root) {
+  auto st = std::make_shared<ApplyState>();
+  CLI::App* app = root.add_subcommand("apply", "apply an encoding by itself (" + encoding_names(applies) +
+                                                   "): rotary X [B, L, H, D], absolute X [B, L, D] + PE");
+  app->allow_extras();
+  app->add_option("ENC", st->enc, "the encoding: " + encoding_names(applies))->required();
+  add_path(app, "--in", &st->in, "input X: [B, L, H, D] for rope, [B, L, D] for absolute encodings")
+      ->required();
+  add_path(app, "--out", &st->out, "output Y, X's shape and dtype")->required();
+  st->positions_opt = add_path(app, "--positions", &st->positions,
+                               "token positions, int32/int64 [L] or [B, L] (default offset + l)");
+  st->offset_opt = add_text(app, "--offset", &st->offset, "position of the first token (default 0)", "INT");
+  st->grad_out_opt = add_path(app, "--grad-out", &st->grad_out, "upstream gradient dY (X's shape)");
+  st->grad_in_opt = add_path(app, "--grad-in", &st->grad_in, "output: gradient dX");
+  st->params.declare(app, applies, /*with_grads=*/true);
+  return {app, [st] { run_apply(*st); }};
+}
+
+}  // namespace posenc::cli

@@ -1,0 +1,156 @@
+// posenc attention ENC --q Q.npy --k K.npy --v V.npy --out O.npy [--causal] [--scale s]
+//                  [--q-offset a] [--k-offset b] [params] [--lse LSE.npy]
+//                  [--grad-out dO.npy --grad-q dQ.npy --grad-k dK.npy --grad-v dV.npy
+//                   [--grad-weights dW.npy] [--grad-table dE.npy]
+//                   [--grad-u dU.npy --grad-v-bias dVb.npy --grad-rel-proj dW.npy]]
+// softmax(scale·q·kᵀ + encoding terms + mask)·v with q [B, M, Hq, D], k, v [B, N, Hkv, D] (see
+// posenc/attention.h); O keeps q's dtype, LSE is float64 [B, Hq, M].
+#include "cli/cli_common.h"
+
+namespace posenc::cli {
+
+namespace {
+
+// Everything but the absolute encodings, which act on embeddings before the first layer.
+bool in_attention(Encoding e) { return encoding_info(e).kind != Kind::kAbsolute; }
+
+struct AttentionState {
+  std::string enc, q, k, v, out, lse, scale, q_offset, k_offset = "0", grad_out, grad_q, grad_k, grad_v;
+  bool causal = false;
+  CLI::Option *scale_opt = nullptr, *q_offset_opt = nullptr, *lse_opt = nullptr, *grad_out_opt = nullptr,
+              *grad_q_opt = nullptr, *grad_k_opt = nullptr, *grad_v_opt = nullptr;
+  ParamFlags params;
+};
+
+void run_attention(AttentionState& st) {
+  const EncodingInfo& e = st.params.bind(st.enc, "posenc attention");
+
+  AttentionParams p;
+  p.encoding = e.id;
+  p.causal = st.causal;
+  if (st.scale_opt->count() > 0) p.scale = parse_float("--scale", st.scale);
+  if (st.q_offset_opt->count() > 0) p.q_offset = parse_int("--q-offset", st.q_offset);
+  p.k_offset = parse_int("--k-offset", st.k_offset);
+
+  // ---- the gradient flags come as a set
+  const bool want_grads = st.grad_out_opt->count() > 0;
+  std::vector<std::string> grad_outputs;
+  for (auto [flag, opt] : {std::pair{"--grad-q", st.grad_q_opt}, std::pair{"--grad-k", st.grad_k_opt},
+                           std::pair{"--grad-v", st.grad_v_opt}})
+    if (opt->count() > 0) grad_outputs.push_back(flag);
+  for (const std::string& f : st.params.grad_flags_given()) grad_outputs.push_back(f);
+  if (!want_grads && !grad_outputs.empty())
+    fail(Status::Invalid(grad_outputs.front(), "needs --grad-out (the upstream gradient dO, q's shape)"));
+  if (want_grads && grad_outputs.empty())
+    fail(Status::Invalid("--grad-out",
+                         "given without a gradient to compute: add --grad-q, --grad-k, --grad-v"));
+
+  // ---- the encoding's parameters and the tensors it needs
+  switch (e.id) {
+    case Encoding::kRope:
+      p.rope = rope_params(st.params);
+      break;
+    case Encoding::kAlibi:
+      p.alibi = alibi_params(st.params);
+      if (p.alibi.variant != AlibiVariant::kLearned && !st.params.grad_flags_given().empty())
+        fail(Status::Invalid("--grad-weights", "only the learned variant has weights (got --variant " +
+                                                   std::string(alibi_variant_name(p.alibi.variant)) + ")"));
+      if (p.alibi.variant == AlibiVariant::kLearned && !st.params.given("weights"))
+        fail(Status::Invalid("--weights", "is required for the learned variant: raw slopes [2, Hq]"));
+      break;
+    case Encoding::kT5:
+      p.t5 = t5_params(st.params);
+      if (!st.params.given("weights"))
+        fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, Hq]"));
+      break;
+    default:
+      // xl, cope: every tensor parameter is required
+      for (const ParamSpec& ps : e.params)
+        if (ps.type == "tensor" && !st.params.given(ps.name))
+          fail(Status::Invalid("--" + ps.name, "is required for " + e.name + ": " + ps.help));
+      break;
+  }
+
+  OutputSet outs;
+  check(outs.reserve("--out", st.out));
+  if (st.lse_opt->count() > 0) check(outs.reserve("--lse", st.lse));
+  for (auto [flag, opt, path] :
+       {std::tuple{"--grad-q", st.grad_q_opt, &st.grad_q}, std::tuple{"--grad-k", st.grad_k_opt, &st.grad_k},
+        std::tuple{"--grad-v", st.grad_v_opt, &st.grad_v}})
+    if (opt->count() > 0) check(outs.reserve(flag, *path));
+  st.params.reserve_grads(&outs);
+
+  // ---- inputs
+  const Tensor q = read_input("--q", st.q);
+  const Tensor k = read_input("--k", st.k);
+  const Tensor v = read_input("--v", st.v);
+  check(require_float("--q", q.view(), 4));
+  check(require_float("--k", k.view(), 4));
+  check(require_float("--v", v.view(), 4));
+  st.params.load_tensors();
+  Tensor dout;
+  if (want_grads) {
+    dout = read_input("--grad-out", st.grad_out);
+    require_float_tensor("--grad-out", dout);
+  }
+  const EncodingTensors t = encoding_tensors(st.params);
+
+  // ---- compute everything, then write
+  const FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}};
+  Tensor out(q.dtype(), q.shape());
+  Tensor lse;
+  if (st.lse_opt->count() > 0) lse = Tensor(DType::kF64, {q.shape()[0], q.shape()[2], q.shape()[1]});
+  check_lib(attention_forward(p, q.view(), k.view(), v.view(), t, out.view(),
+                              st.lse_opt->count() > 0 ? lse.view() : View{}),
+            names);
+  Tensor dq, dk, dv;
+  if (want_grads) {
+    if (st.grad_q_opt->count() > 0) dq = Tensor(q.dtype(), q.shape());
+    if (st.grad_k_opt->count() > 0) dk = Tensor(k.dtype(), k.shape());
+    if (st.grad_v_opt->count() > 0) dv = Tensor(v.dtype(), v.shape());
+    st.params.alloc_grads();
+    check_lib(attention_backward(p, q.view(), k.view(), v.view(), t, dout.view(),
+                                 st.grad_q_opt->count() > 0 ? dq.view() : View{},
+                                 st.grad_k_opt->count() > 0 ? dk.view() : View{},
+                                 st.grad_v_opt->count() > 0 ? dv.view() : View{}, encoding_grads(st.params)),
+              names);
+  }
+
+  outs.attach("--out", &out);
+  outs.attach("--lse", &lse);
+  outs.attach("--grad-q", &dq);
+  outs.attach("--grad-k", &dk);
+  outs.attach("--grad-v", &dv);
+  st.params.attach_grads(&outs);
+  check(outs.commit());
+}
+
+}  // namespace
+
+Command add_attention_command(CLI::App& root) {
+  auto st = std::make_shared<AttentionState>();
+  CLI::App* app = root.add_subcommand(
+      "attention",
+      "attention with an encoding inside: q [B, M, Hq, D], k, v [B, N, Hkv, D] -> out [B, M, Hq, D]");
+  app->allow_extras();
+  app->add_option("ENC", st->enc, "the encoding: " + encoding_names(in_attention))->required();
+  add_path(app, "--q", &st->q, "queries [B, M, Hq, D]")->required();
+  add_path(app, "--k", &st->k, "keys [B, N, Hkv, D] (Hq a multiple of Hkv)")->required();
+  add_path(app, "--v", &st->v, "values [B, N, Hkv, D]")->required();
+  add_path(app, "--out", &st->out, "output [B, M, Hq, D], q's dtype")->required();
+  app->add_flag("--causal", st->causal, "mask keys whose position exceeds the query's");
+  st->scale_opt = add_text(app, "--scale", &st->scale, "multiplies q.k (default 1/sqrt(D))", "FLOAT");
+  st->q_offset_opt =
+      add_text(app, "--q-offset", &st->q_offset, "position of query 0 (default k-offset + N - M)", "INT");
+  add_text(app, "--k-offset", &st->k_offset, "position of key 0 (default 0)", "INT");
+  st->lse_opt =
+      add_path(app, "--lse", &st->lse, "output: log-sum-exp of each row's logits, float64 [B, Hq, M]");
+  st->grad_out_opt = add_path(app, "--grad-out", &st->grad_out, "upstream gradient dO [B, M, Hq, D]");
+  st->grad_q_opt = add_path(app, "--grad-q", &st->grad_q, "output: gradient dQ");
+  st->grad_k_opt = add_path(app, "--grad-k", &st->grad_k, "output: gradient dK");
+  st->grad_v_opt = add_path(app, "--grad-v", &st->grad_v, "output: gradient dV");
+  st->params.declare(app, in_attention, /*with_grads=*/true);
+  return {app, [st] { run_attention(*st); }};
+}
+
+}  // namespace posenc::cli

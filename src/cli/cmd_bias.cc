@@ -1,0 +1,141 @@
+// posenc bias ENC --heads H --q-len M --k-len N [--q-offset a] [--k-offset b] [params] --out B.npy
+//             [--grad-out dB.npy --grad-weights dW.npy]
+// A logit-bias encoding's bias B [H, M, N] (query i at a + i, key j at b + j; −inf where a head may
+// not look), and the gradient of its learned weights. B has the dtype of --weights (or --slopes), else
+// --dtype (default float64).
+#include "cli/cli_common.h"
+
+namespace posenc::cli {
+
+namespace {
+
+// The logit biases that depend on positions alone (xl's term also reads q, so it lives in attention).
+bool has_bias(Encoding e) {
+  switch (e) {
+    case Encoding::kAlibi:
+    case Encoding::kT5:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct BiasState {
+  std::string enc, heads, q_len, k_len, q_offset = "0", k_offset = "0", dtype, out, grad_out;
+  CLI::Option *dtype_opt = nullptr, *grad_out_opt = nullptr;
+  ParamFlags params;
+};
+
+void run_bias(BiasState& st) {
+  const EncodingInfo& e = st.params.bind(st.enc, "posenc bias");
+  BiasGeometry g;
+  g.heads = parse_int("--heads", st.heads);
+  g.q_len = parse_int("--q-len", st.q_len);
+  g.k_len = parse_int("--k-len", st.k_len);
+  g.q_offset = parse_int("--q-offset", st.q_offset);
+  g.k_offset = parse_int("--k-offset", st.k_offset);
+  if (g.heads < 1)
+    fail(Status::Invalid("--heads", "expected a positive integer, got " + std::to_string(g.heads)));
+  if (g.q_len < 1)
+    fail(Status::Invalid("--q-len", "expected a positive integer, got " + std::to_string(g.q_len)));
+  if (g.k_len < 1)
+    fail(Status::Invalid("--k-len", "expected a positive integer, got " + std::to_string(g.k_len)));
+  check_size("--q-len", {g.heads, g.q_len, g.k_len});
+
+  const bool want_grads = st.grad_out_opt->count() > 0;
+  const std::vector<std::string> param_grads = st.params.grad_flags_given();
+  if (!want_grads && !param_grads.empty())
+    fail(Status::Invalid(param_grads.front(), "needs --grad-out (the upstream gradient dB [H, M, N])"));
+  if (want_grads && param_grads.empty())
+    fail(Status::Invalid("--grad-out", "given without a gradient to compute: add --grad-weights dW.npy"));
+
+  AlibiParams alibi;
+  T5Params t5;
+  if (e.id == Encoding::kAlibi) {
+    alibi = alibi_params(st.params);
+    if (alibi.variant != AlibiVariant::kLearned && !st.params.grad_flags_given().empty())
+      fail(Status::Invalid("--grad-weights", "only the learned variant has weights (got --variant " +
+                                                 std::string(alibi_variant_name(alibi.variant)) + ")"));
+    if (alibi.variant == AlibiVariant::kLearned && !st.params.given("weights"))
+      fail(Status::Invalid("--weights", "is required for the learned variant: raw slopes [2, H]"));
+  } else if (e.id == Encoding::kT5) {
+    t5 = t5_params(st.params);
+    if (!st.params.given("weights"))
+      fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, H]"));
+  }
+
+  OutputSet outs;
+  check(outs.reserve("--out", st.out));
+  st.params.reserve_grads(&outs);
+
+  // ---- inputs
+  st.params.load_tensors();
+  const char* dtype_from = nullptr;
+  DType dtype = DType::kF64;
+  for (const char* name : {"weights", "slopes"}) {
+    if (dtype_from == nullptr && st.params.has(name) && st.params.tensor(name) != nullptr) {
+      dtype = st.params.tensor(name)->dtype();
+      dtype_from = name;
+    }
+  }
+  if (st.dtype_opt->count() > 0) {
+    const DType want = parse_float_dtype("--dtype", st.dtype);
+    if (dtype_from != nullptr && want != dtype)
+      fail(Status::Invalid("--dtype", std::string(dtype_name(want)) + " conflicts with --" + dtype_from +
+                                          " (" + dtype_name(dtype) + "); the bias keeps its dtype"));
+    dtype = want;
+  }
+  Tensor dbias;
+  if (want_grads) {
+    dbias = read_input("--grad-out", st.grad_out);
+    require_float_tensor("--grad-out", dbias);
+  }
+
+  // ---- compute, then write
+  const FlagMap names = {{"heads", "--heads"}, {"q_len", "--q-len"}, {"k_len", "--k-len"}};
+  Tensor out(dtype, {g.heads, g.q_len, g.k_len});
+  st.params.alloc_grads();
+  switch (e.id) {
+    case Encoding::kAlibi:
+      check_lib(alibi_bias(alibi, g, st.params.view("slopes"), st.params.view("weights"), out.view()), names);
+      if (want_grads)
+        check_lib(alibi_bias_backward(alibi, g, st.params.view("weights"), dbias.view(),
+                                      st.params.grad_view("weights")),
+                  names);
+      break;
+    case Encoding::kT5:
+      check_lib(t5_validate(t5), names);
+      check_lib(t5_bias(t5, g, st.params.view("weights"), out.view()), names);
+      if (want_grads) check_lib(t5_bias_backward(t5, g, dbias.view(), st.params.grad_view("weights")), names);
+      break;
+    default:
+      fail(Status::Internal("posenc bias has no glue for " + e.name));
+  }
+  outs.attach("--out", &out);
+  st.params.attach_grads(&outs);
+  check(outs.commit());
+}
+
+}  // namespace
+
+Command add_bias_command(CLI::App& root) {
+  auto st = std::make_shared<BiasState>();
+  CLI::App* app = root.add_subcommand(
+      "bias", "write a logit-bias encoding's bias [H, M, N] (" + encoding_names(has_bias) + ")");
+  app->allow_extras();
+  app->add_option("ENC", st->enc, "the encoding: " + encoding_names(has_bias))->required();
+  add_text(app, "--heads", &st->heads, "number of heads H", "INT")->required();
+  add_text(app, "--q-len", &st->q_len, "number of queries M", "INT")->required();
+  add_text(app, "--k-len", &st->k_len, "number of keys N", "INT")->required();
+  add_text(app, "--q-offset", &st->q_offset, "position of query 0 (default 0)", "INT");
+  add_text(app, "--k-offset", &st->k_offset, "position of key 0 (default 0)", "INT");
+  st->dtype_opt = add_text(app, "--dtype", &st->dtype,
+                           "float32 or float64 (default: the dtype of --weights or --slopes, else float64)",
+                           "float32|float64");
+  add_path(app, "--out", &st->out, "output bias [H, M, N], -inf where masked")->required();
+  st->grad_out_opt = add_path(app, "--grad-out", &st->grad_out, "upstream gradient dB [H, M, N]");
+  st->params.declare(app, has_bias, /*with_grads=*/true);
+  return {app, [st] { run_bias(*st); }};
+}
+
+}  // namespace posenc::cli
