@@ -13,7 +13,11 @@
 // Angles m·θ_k are formed in double, so integer positions up to 2^24 (and far beyond) are exact to
 // double rounding. Backward is the rotation by −m·θ_k (the rotation is orthogonal).
 //
-// x, y: [B, L, H, D], float32 or float64; y may alias x.
+// x, y: [B, L, H, D], float32, float64, bfloat16 or float16 (math in float32 for the 16-bit types and
+// float32, in double for float64); y has x's dtype and may alias x (in place). Outer strides are free.
+// The fast path (float32/bfloat16/float16 with a contiguous last dimension) forms each angle in double
+// and reduces it exactly before a float sin/cos: |error of sin, cos| ≤ 3·10⁻⁷ + |m·θ_k|·2⁻⁵¹
+// (see src/core/simd-inl.h); the reference (posenc/reference.h) is double throughout.
 //
 //   interleaved (r = 8):  x0 x1 | x2 x3 | x4 x5 | x6 x7       pairs are neighbours
 //                         k=0     k=1     k=2     k=3
@@ -38,5 +42,13 @@ Expected<RopeLayout> parse_rope_layout(const std::string& s);  // inverse of the
 
 Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, const View& y);
 Status rope_backward(const RopeParams& p, const View& dy, const Positions& pos, const View& dx);
+
+// q and k in one call (one pass computes each token's sin/cos once for every head of both):
+// q, q_out: [B, L, Hq, D]; k, k_out: [B, L, Hk, Dk] (same B, L and rotary dimension; Hk may differ,
+// e.g. grouped-query attention). q_out may alias q and k_out may alias k (in place); k and k_out may
+// both be absent (q only). backward = true applies R(−m) (the gradient). Errors name q, k, q_out,
+// k_out, positions, rotary_dim, layout or theta.
+Status rope_apply_qk(const RopeParams& p, const View& q, const View& k, const Positions& pos,
+                     const View& q_out, const View& k_out, bool backward = false);
 
 }  // namespace posenc

@@ -23,9 +23,10 @@
 #include "enc/alibi/bias_geometry.h"
 #include "posenc/bias.h"
 #include "posenc/reference.h"
+#include "enc/alibi/alibi_check.h"
 
 namespace posenc {
-namespace {
+namespace alibi {
 
 Status check_variant(AlibiVariant v) {
   if (v != AlibiVariant::kSymmetric && v != AlibiVariant::kNonsymmetric && v != AlibiVariant::kLearned)
@@ -55,11 +56,16 @@ Expected<std::vector<double>> head_slopes(const AlibiParams& p, const BiasGeomet
   }
   if (p.variant == AlibiVariant::kSymmetric) return alibi::slopes(H);
   std::vector<double> m = alibi::slopes(H / 2);  // head h and head h + H/2 share a slope
-  m.insert(m.end(), m.begin(), m.end());
+  const std::vector<double> half = m;
+  m.insert(m.end(), half.begin(), half.end());
   return m;
 }
 
-}  // namespace
+}  // namespace alibi
+
+using alibi::check_variant;
+using alibi::check_weights;
+using alibi::head_slopes;
 
 const char* alibi_variant_name(AlibiVariant v) {
   switch (v) {

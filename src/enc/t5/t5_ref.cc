@@ -17,16 +17,19 @@
 #include "enc/t5/t5_math.h"
 #include "posenc/bias.h"
 #include "posenc/reference.h"
+#include "enc/t5/t5_check.h"
 
 namespace posenc {
-namespace {
+namespace t5 {
 
 Status check_weights(const char* arg, const View& w, const T5Params& p, std::int64_t H) {
   POSENC_RETURN_IF_ERROR(require_float(arg, w, 2));
   return require_shape(arg, w, {p.num_buckets, H});
 }
 
-}  // namespace
+}  // namespace t5
+
+using t5::check_weights;
 
 // Each direction needs at least one exact bucket (max_exact ≥ 1, else the log term divides by 0)
 // and max_distance must lie beyond the exact buckets (else the log ratio's denominator is ≤ 0).

@@ -1,0 +1,35 @@
+// posenc/reference.h — the plain references: scalar, double accumulation, readable — the oracle.
+//
+// Same signatures, arguments, validation and error Status (argument names) as the public entry points
+// of absolute.h, rope.h and bias.h. The public posenc:: functions are the fast dispatchers (Highway
+// SIMD + OpenMP, src/enc/<enc>/<enc>_cpu.cc); they are tested against these, and fall back to them
+// for what the kernels do not cover (float64, a non-contiguous innermost dimension, partial aliasing).
+#pragma once
+
+#include "posenc/absolute.h"
+#include "posenc/bias.h"
+#include "posenc/rope.h"
+
+namespace posenc::reference {
+
+Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const View& out);
+Status sinusoidal_forward(const SinusoidalParams& p, const View& x, const Positions& pos, const View& y);
+Status sinusoidal_backward(const SinusoidalParams& p, const View& dy, const Positions& pos, const View& dx);
+
+Status learned_forward(const LearnedParams& p, const View& x, const View& table, const Positions& pos,
+                       const View& y);
+Status learned_backward(const LearnedParams& p, const View& dy, const View& table, const Positions& pos,
+                        const View& dx, const View& dtable);
+
+Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, const View& y);
+Status rope_backward(const RopeParams& p, const View& dy, const Positions& pos, const View& dx);
+
+Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slopes, const View& weights,
+                  const View& out);
+Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const View& weights,
+                           const View& dbias, const View& dweights);
+
+Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out);
+Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& dbias, const View& dweights);
+
+}  // namespace posenc::reference

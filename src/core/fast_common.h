@@ -1,0 +1,58 @@
+// Private helpers of the fast dispatchers (src/enc/*/*_cpu.cc): which views the SIMD kernels take,
+// aliasing, and how many threads a call gets.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "posenc/threads.h"
+#include "posenc/view.h"
+
+namespace posenc::fast {
+
+// Storage dtypes the kernels handle (math in float32).
+inline bool fast_dtype(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
+// The kernels need the innermost dimension contiguous; outer dimensions may have any strides.
+inline bool inner_contiguous(const View& v) {
+  return v.ndim == 0 || v.strides[v.ndim - 1] == 1 || v.shape[v.ndim - 1] <= 1;
+}
+
+// Byte extent [lo, hi) that a view touches.
+inline void extent(const View& v, std::uintptr_t* lo, std::uintptr_t* hi) {
+  std::int64_t mn = 0, mx = 0;
+  for (int i = 0; i < v.ndim; ++i) {
+    if (v.shape[i] == 0) { *lo = *hi = reinterpret_cast<std::uintptr_t>(v.data); return; }
+    const std::int64_t span = (v.shape[i] - 1) * v.strides[i];
+    (span < 0 ? mn : mx) += span;
+  }
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(v.dtype));
+  *lo = reinterpret_cast<std::uintptr_t>(v.data) + static_cast<std::uintptr_t>(mn * es);
+  *hi = reinterpret_cast<std::uintptr_t>(v.data) + static_cast<std::uintptr_t>((mx + 1) * es);
+}
+
+// True when a and b share memory without being the very same view (in place is fine; a partial
+// overlap is left to the reference, which reads all of its input before writing).
+inline bool partial_alias(const View& a, const View& b) {
+  if (!a.present() || !b.present()) return false;
+  std::uintptr_t alo, ahi, blo, bhi;
+  extent(a, &alo, &ahi);
+  extent(b, &blo, &bhi);
+  if (ahi <= blo || bhi <= alo) return false;
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return true;
+  for (int i = 0; i < a.ndim; ++i)
+    if (a.shape[i] > 1 && a.strides[i] != b.strides[i]) return true;
+  return false;
+}
+
+// Below this many elements a call stays on the calling thread.
+constexpr std::int64_t kParallelMin = std::int64_t{1} << 15;
+inline int threads_for(std::int64_t elements) {
+  return elements < kParallelMin ? 1 : std::max(1, num_threads());
+}
+
+// Outputs at least this large (bytes) are written with non-temporal stores where aligned (they would
+// not stay in cache anyway, and streaming saves the read-for-ownership).
+constexpr std::int64_t kStreamMinBytes = std::int64_t{8} << 20;
+
+}  // namespace posenc::fast

@@ -1,0 +1,12 @@
+// Validation shared by the learned reference and its fast dispatcher (same Status for same input).
+#pragma once
+
+#include <vector>
+
+#include "posenc/absolute.h"
+
+namespace posenc::learned {
+// Validates the positions against the table's rows and returns them expanded to [B, L].
+Expected<std::vector<std::int64_t>> checked_positions(const Positions& pos, std::int64_t B, std::int64_t L,
+                                                      std::int64_t max_len);
+}  // namespace posenc::learned

@@ -1,0 +1,39 @@
+// T5's fast path: the public posenc::t5_bias dispatches here (validation shared with the reference,
+// in the same order, so errors are identical). The bias depends only on the distance: each head's
+// values over the M+N−1 distances are looked up once (one bucket per distance, not per element) and
+// each row is a slice copy (bias_fill.h), equal to the reference bit for bit. The backward (a
+// reduction) is the reference's.
+#include "enc/alibi/bias_fill.h"
+#include "enc/alibi/bias_geometry.h"
+#include "enc/t5/t5_check.h"
+#include "enc/t5/t5_math.h"
+#include "posenc/reference.h"
+
+namespace posenc {
+
+Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out) {
+  POSENC_RETURN_IF_ERROR(t5_validate(p));
+  POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
+  const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
+  POSENC_RETURN_IF_ERROR(t5::check_weights("weights", weights, p, H));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
+  if (!bias::fill_ok(out) || fast::partial_alias(weights, out) || weights.data == out.data)
+    return reference::t5_bias(p, g, weights, out);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::vector<double> w = to_doubles(weights);  // [num_buckets, H]
+  std::vector<double> lut(static_cast<std::size_t>(H * (W > 0 ? W : 0)));  // [H, W]
+  for (std::int64_t x = 0; x < W; ++x) {
+    const std::int64_t c = t5::bucket(r_min + x, p.bidirectional, p.num_buckets, p.max_distance);
+    for (std::int64_t h = 0; h < H; ++h)
+      lut[static_cast<std::size_t>(h * W + x)] = w[static_cast<std::size_t>(c * H + h)];
+  }
+  bias::fill_from_lut(g, lut, out);
+  return Status::Ok();
+}
+
+Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& dbias, const View& dweights) {
+  return reference::t5_bias_backward(p, g, dbias, dweights);
+}
+
+}  // namespace posenc
