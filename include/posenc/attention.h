@@ -34,6 +34,16 @@
 //            z_ij = (1 − (p − ⌊p⌋))·q_i·e[⌊p⌋] + (p − ⌊p⌋)·q_i·e[⌈p⌉],   logit_ij = a_ij + z_ij;
 //          table e: [npos, D].
 // Absolute encodings (learned, sinusoidal) act on embeddings before the first layer, not here.
+//
+// Implementations. posenc::attention_forward / attention_backward are dispatchers
+// (src/attention/attention_cpu.cc): they validate, then run a fused, flash-style kernel (tiles of
+// queries × keys, online softmax, O(L·D) memory, never an [H, M, N] buffer; backward recomputes the
+// logits per tile, FlashAttention-2 style) for nope, rope, alibi (all variants) and t5 with float32,
+// bfloat16 or float16 q/k/v (math in float32, accumulation in float32; lse then carries float32
+// error). xl, cope, float64 inputs, outputs that overlap an input and small problems (B·Hq·M·N < 2^14,
+// where the reference is as fast and exact) run the plain reference, posenc::reference::attention_forward /
+// attention_backward (double accumulation; declared at the end of this file), which is the oracle the
+// fused kernels are tested against. Both give the same Status for the same bad input.
 #pragma once
 
 #include <optional>
@@ -83,3 +93,16 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
                           const View& dv, const EncodingGrads& g);
 
 }  // namespace posenc
+
+// The plain references (src/attention/attention_ref.cc): same arguments, validation and Status as the
+// dispatchers above; scalar, double accumulation, every encoding. The oracle of the fused kernels.
+namespace posenc::reference {
+
+Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                         const EncodingTensors& t, const View& out, const View& lse = View{});
+
+Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                          const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
+                          const View& dv, const EncodingGrads& g);
+
+}  // namespace posenc::reference

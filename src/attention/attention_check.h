@@ -1,0 +1,232 @@
+// Private: the validation that the reference (attention_ref.cc) and the fused dispatcher
+// (attention_cpu.cc) share, so both give the same Status for the same bad input. Checks everything
+// before anything is written; fills Dims (sizes, scale, offsets, per-encoding sizes).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "posenc/attention.h"
+
+namespace posenc::attn {
+
+using I = std::int64_t;
+
+inline std::string str(I x) { return std::to_string(x); }
+
+struct Dims {
+  I B = 0, M = 0, N = 0, Hq = 0, Hkv = 0, D = 0, G = 1;
+  double scale = 1;
+  I q_off = 0, k_off = 0;
+  I rdim = 0;  // rope: rotary dimensions
+  I R = 0;     // xl: sinusoid dimension
+  I npos = 0;  // cope: table rows
+};
+
+// ---- validation --------------------------------------------------------------------------------
+inline Status require_tensor(const char* arg, const View& t, std::initializer_list<std::int64_t> shape) {
+  POSENC_RETURN_IF_ERROR(require_float(arg, t, static_cast<int>(shape.size())));
+  return require_shape(arg, t, shape);
+}
+
+// Which encoding tensors (and so which gradients) an encoding reads.
+struct Reads {
+  bool slopes = false, weights = false, xl = false, table = false;
+};
+inline Reads reads(const AttentionParams& p) {
+  Reads r;
+  const bool alibi = p.encoding == Encoding::kAlibi;
+  r.slopes = alibi && p.alibi.variant != AlibiVariant::kLearned;
+  r.weights = (alibi && p.alibi.variant == AlibiVariant::kLearned) || p.encoding == Encoding::kT5;
+  r.xl = p.encoding == Encoding::kXL;
+  r.table = p.encoding == Encoding::kCope;
+  return r;
+}
+inline std::string describe(const AttentionParams& p) {
+  std::string s = encoding_info(p.encoding).name;
+  if (p.encoding == Encoding::kAlibi) s += std::string(" (") + alibi_variant_name(p.alibi.variant) + ")";
+  return s;
+}
+
+// Checks everything forward and backward share; fills d.
+inline Status check_common(const AttentionParams& p, const View& q, const View& k, const View& v,
+                    const EncodingTensors& t, Dims* d) {
+  switch (p.encoding) {
+    case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5:
+    case Encoding::kXL: case Encoding::kCope:
+      break;
+    case Encoding::kLearned: case Encoding::kSinusoidal:
+      return Status::Invalid("encoding", encoding_info(p.encoding).name +
+                                             " is absolute: add it to the embeddings (posenc apply), "
+                                             "not inside attention");
+    default:
+      return Status::Invalid("encoding", "unknown encoding id " + str(static_cast<int>(p.encoding)));
+  }
+  POSENC_RETURN_IF_ERROR(require_float("q", q, 4));
+  POSENC_RETURN_IF_ERROR(require_float("k", k, 4));
+  POSENC_RETURN_IF_ERROR(require_float("v", v, 4));
+  d->B = q.dim(0);
+  d->M = q.dim(1);
+  d->Hq = q.dim(2);
+  d->D = q.dim(3);
+  d->N = k.dim(1);
+  d->Hkv = k.dim(2);
+  if (d->Hq < 1) return Status::Invalid("q", "expected at least one head, got shape " + q.shape_str());
+  if (d->D < 1)
+    return Status::Invalid("q", "expected head dimension D >= 1, got shape " + q.shape_str());
+  POSENC_RETURN_IF_ERROR(require_shape("k", k, {d->B, -1, -1, d->D}));
+  if (d->Hkv < 1) return Status::Invalid("k", "expected at least one head, got shape " + k.shape_str());
+  if (d->Hq % d->Hkv != 0)
+    return Status::Invalid("k", "query heads Hq = " + str(d->Hq) +
+                                    " must be a multiple of key/value heads Hkv = " + str(d->Hkv));
+  d->G = d->Hq / d->Hkv;
+  POSENC_RETURN_IF_ERROR(require_shape("v", v, {d->B, d->N, d->Hkv, d->D}));
+  POSENC_RETURN_IF_ERROR(require_same_dtype("k", k, q, "q"));
+  POSENC_RETURN_IF_ERROR(require_same_dtype("v", v, q, "q"));
+
+  d->scale = 1.0 / std::sqrt(static_cast<double>(d->D));
+  if (p.scale) {
+    if (!std::isfinite(*p.scale) || *p.scale <= 0)
+      return Status::Invalid("scale", "expected a finite value > 0, got " + std::to_string(*p.scale));
+    d->scale = *p.scale;
+  }
+  constexpr I kMaxOffset = I{1} << 53;  // positions stay exact in double and far from overflow
+  d->k_off = p.k_offset;
+  if (d->k_off > kMaxOffset || d->k_off < -kMaxOffset)
+    return Status::OutOfRange("k_offset", "expected |k_offset| <= 2^53, got " + str(d->k_off));
+  d->q_off = p.q_offset ? *p.q_offset : d->k_off + d->N - d->M;
+  if (d->q_off > kMaxOffset || d->q_off < -kMaxOffset)
+    return Status::OutOfRange("q_offset", "expected |q_offset| <= 2^53, got " + str(d->q_off));
+
+  switch (p.encoding) {
+    case Encoding::kRope: {
+      const I r = p.rope.rotary_dim == 0 ? d->D : p.rope.rotary_dim;
+      if (r < 0 || r % 2 != 0 || r > d->D)
+        return Status::Invalid("rotary_dim", "expected an even value in [0, D = " + str(d->D) +
+                                                  "] (0 = D), got " + str(p.rope.rotary_dim));
+      if (!std::isfinite(p.rope.theta) || p.rope.theta <= 0)
+        return Status::Invalid("theta", "expected a finite value > 0, got " + std::to_string(p.rope.theta));
+      d->rdim = r;
+      break;
+    }
+    case Encoding::kAlibi: {
+      const AlibiVariant var = p.alibi.variant;
+      if (var != AlibiVariant::kSymmetric && var != AlibiVariant::kNonsymmetric &&
+          var != AlibiVariant::kLearned)
+        return Status::Invalid("variant", "unknown ALiBi variant id " + str(static_cast<int>(var)));
+      if (var == AlibiVariant::kNonsymmetric && d->Hq % 2 != 0)
+        return Status::Invalid("q", "nonsymmetric ALiBi gives half the heads the past and half the "
+                                    "future: expected an even number of query heads, got " + str(d->Hq));
+      if (var == AlibiVariant::kLearned) {
+        POSENC_RETURN_IF_ERROR(require_tensor("weights", t.weights, {2, d->Hq}));
+      } else if (t.slopes.present()) {
+        POSENC_RETURN_IF_ERROR(require_tensor("slopes", t.slopes, {d->Hq}));
+        const std::vector<double> m = to_doubles(t.slopes);
+        for (std::size_t h = 0; h < m.size(); ++h)
+          if (!std::isfinite(m[h]))
+            return Status::Invalid("slopes", "expected finite values, got " + std::to_string(m[h]) +
+                                                 " at head " + std::to_string(h));
+      }
+      break;
+    }
+    case Encoding::kT5: {
+      const I nb = p.t5.num_buckets;
+      const I min_nb = p.t5.bidirectional ? 4 : 2;
+      if (nb < min_nb)
+        return Status::Invalid("num_buckets", "expected >= " + str(min_nb) +
+                                                  (p.t5.bidirectional ? " (bidirectional)" : "") +
+                                                  ", got " + str(nb));
+      const I max_exact = (p.t5.bidirectional ? nb / 2 : nb) / 2;
+      if (p.t5.max_distance <= max_exact)
+        return Status::Invalid("max_distance", "expected > " + str(max_exact) +
+                                                   " (the exact buckets), got " + str(p.t5.max_distance));
+      POSENC_RETURN_IF_ERROR(require_tensor("weights", t.weights, {nb, d->Hq}));
+      break;
+    }
+    case Encoding::kXL: {
+      POSENC_RETURN_IF_ERROR(require_tensor("u", t.u, {d->Hq, d->D}));
+      POSENC_RETURN_IF_ERROR(require_tensor("v_bias", t.v, {d->Hq, d->D}));
+      POSENC_RETURN_IF_ERROR(require_tensor("rel_proj", t.rel_proj, {d->Hq, d->D, -1}));
+      d->R = t.rel_proj.dim(2);
+      if (d->R < 2 || d->R % 2 != 0)
+        return Status::Invalid("rel_proj", "expected an even sinusoid dimension R >= 2 in [Hq, D, R], "
+                                           "got shape " + t.rel_proj.shape_str());
+      break;
+    }
+    case Encoding::kCope: {
+      POSENC_RETURN_IF_ERROR(require_tensor("table", t.table, {-1, d->D}));
+      d->npos = t.table.dim(0);
+      if (d->npos < 1)
+        return Status::Invalid("table", "expected at least one row in [npos, D], got shape " +
+                                            t.table.shape_str());
+      break;
+    }
+    default:
+      break;
+  }
+  // A tensor the encoding does not read is a mistake worth reporting, not silently ignoring.
+  const Reads r = reads(p);
+  const std::pair<const char*, std::pair<bool, const View*>> given[] = {
+      {"slopes", {r.slopes, &t.slopes}}, {"weights", {r.weights, &t.weights}}, {"u", {r.xl, &t.u}},
+      {"v_bias", {r.xl, &t.v}},          {"rel_proj", {r.xl, &t.rel_proj}},     {"table", {r.table, &t.table}}};
+  for (const auto& [arg, use] : given)
+    if (use.second->present() && !use.first)
+      return Status::Invalid(arg, "not read by " + describe(p) + "; expected an absent view");
+  return Status::Ok();
+}
+
+// A present output (or gradient) view: float, the given shape and, when `like` is given, its dtype.
+inline Status check_output(const char* arg, const View& o, std::initializer_list<std::int64_t> shape,
+                    const View* like, const char* like_arg) {
+  POSENC_RETURN_IF_ERROR(require_tensor(arg, o, shape));
+  if (like) POSENC_RETURN_IF_ERROR(require_same_dtype(arg, o, *like, like_arg));
+  return Status::Ok();
+}
+
+// Forward's arguments: the common checks, out, and lse (float64 [B, Hq, M]) when present.
+inline Status validate_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                               const EncodingTensors& t, const View& out, const View& lse, Dims* dp) {
+  Dims& d = *dp;
+  POSENC_RETURN_IF_ERROR(check_common(p, q, k, v, t, dp));
+  POSENC_RETURN_IF_ERROR(check_output("out", out, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  if (lse.present()) {
+    POSENC_RETURN_IF_ERROR(require_tensor("lse", lse, {d.B, d.Hq, d.M}));
+    if (lse.dtype != DType::kF64)
+      return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
+  }
+  return Status::Ok();
+}
+
+// Backward's arguments: the common checks, dout, the optional dq/dk/dv and parameter gradients.
+inline Status validate_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                const EncodingTensors& t, const View& dout, const View& dq,
+                                const View& dk, const View& dv, const EncodingGrads& g, Dims* dp) {
+  Dims& d = *dp;
+  POSENC_RETURN_IF_ERROR(check_common(p, q, k, v, t, dp));
+  POSENC_RETURN_IF_ERROR(check_output("dout", dout, {d.B, d.M, d.Hq, d.D}, nullptr, nullptr));
+  if (dq.present()) POSENC_RETURN_IF_ERROR(check_output("dq", dq, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  if (dk.present()) POSENC_RETURN_IF_ERROR(check_output("dk", dk, {d.B, d.N, d.Hkv, d.D}, &q, "q"));
+  if (dv.present()) POSENC_RETURN_IF_ERROR(check_output("dv", dv, {d.B, d.N, d.Hkv, d.D}, &q, "q"));
+  // Gradients: each present one must belong to a tensor the encoding reads (else it would go
+  // unwritten) and have that tensor's shape.
+  const Reads r = reads(p);
+  const std::pair<const char*, std::pair<bool, const View*>> grads[] = {
+      {"dweights", {r.weights, &g.weights}}, {"du", {r.xl, &g.u}}, {"dv_bias", {r.xl, &g.v}},
+      {"drel_proj", {r.xl, &g.rel_proj}},   {"dtable", {r.table, &g.table}}};
+  for (const auto& [arg, use] : grads)
+    if (use.second->present() && !use.first)
+      return Status::Invalid(arg, describe(p) + " has no such learned tensor; expected an absent view");
+  if (g.weights.present())
+    POSENC_RETURN_IF_ERROR(check_output("dweights", g.weights, {t.weights.dim(0), d.Hq}, nullptr, nullptr));
+  if (g.u.present()) POSENC_RETURN_IF_ERROR(check_output("du", g.u, {d.Hq, d.D}, nullptr, nullptr));
+  if (g.v.present()) POSENC_RETURN_IF_ERROR(check_output("dv_bias", g.v, {d.Hq, d.D}, nullptr, nullptr));
+  if (g.rel_proj.present())
+    POSENC_RETURN_IF_ERROR(check_output("drel_proj", g.rel_proj, {d.Hq, d.D, d.R}, nullptr, nullptr));
+  if (g.table.present()) POSENC_RETURN_IF_ERROR(check_output("dtable", g.table, {d.npos, d.D}, nullptr, nullptr));
+
+  return Status::Ok();
+}
+
+}  // namespace posenc::attn

@@ -1,0 +1,385 @@
+// The fused (flash-style) attention, posenc::fused:: (src/attention/attention_cpu.cc), against the plain
+// reference posenc::reference:: (src/attention/attention_ref.cc), forward (out, lse) and backward
+// (dq, dk, dv and the parameter gradients), for every encoding the kernels cover (nope, rope in both
+// layouts, full and partial, alibi symmetric / with slopes / nonsymmetric / learned, t5 bi- and
+// unidirectional) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
+// global offsets × float32 and bfloat16 × sizes off the tile (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64,
+// 130}) × 1 and 2 threads; a large case (L = 989); a long one (L = 16384) whose peak memory shows no
+// L×L buffer; the dispatcher's choice; and the kernels' refusals.
+//
+// The reference sees exactly what the kernels read: inputs are rounded to the dtype first.
+// Tolerances: |got − want| ≤ atol + rtol·|want| with atol scaled by the largest |want| of the tensor.
+//
+// Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads, D head dim.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "attention/attention_fused.h"
+#include "posenc/attention.h"
+#include "posenc/half.h"
+#include "posenc/threads.h"
+#include "testing.h"
+
+namespace posenc {
+namespace {
+
+using ::posenc::testing::AllClose;
+using ::posenc::testing::randn;
+using I = std::int64_t;
+using Vec = std::vector<double>;
+
+std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
+// ---- encodings -----------------------------------------------------------------------------------
+struct Variant {
+  std::string name;
+  Encoding enc = Encoding::kNope;
+  RopeLayout layout = RopeLayout::kInterleaved;
+  bool partial = false;  // rope: rotary_dim = about D/2
+  AlibiVariant alibi = AlibiVariant::kSymmetric;
+  bool slopes = false;  // alibi: caller-given slopes
+  bool bidirectional = true;  // t5
+};
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+std::vector<Variant> variants() {
+  return {
+      {"nope", Encoding::kNope},
+      {"rope_interleaved", Encoding::kRope, RopeLayout::kInterleaved},
+      {"rope_half_partial", Encoding::kRope, RopeLayout::kHalf, true},
+      {"alibi_symmetric", Encoding::kAlibi},
+      {"alibi_slopes", Encoding::kAlibi, RopeLayout::kInterleaved, false, AlibiVariant::kSymmetric, true},
+      {"alibi_nonsymmetric", Encoding::kAlibi, RopeLayout::kInterleaved, false, AlibiVariant::kNonsymmetric},
+      {"alibi_learned", Encoding::kAlibi, RopeLayout::kInterleaved, false, AlibiVariant::kLearned},
+      {"t5_bidirectional", Encoding::kT5},
+      {"t5_unidirectional", Encoding::kT5, RopeLayout::kInterleaved, false, AlibiVariant::kSymmetric,
+       false, false},
+  };
+}
+
+// ---- a problem -----------------------------------------------------------------------------------
+struct Shape {
+  I B = 1, M = 1, N = 1, Hq = 2, Hkv = 1, D = 2;
+  std::optional<I> q_off;
+  I k_off = 0;
+  Shape(I b, I m, I n, I hq, I hkv, I d, std::optional<I> qo = std::nullopt, I ko = 0)
+      : B(b), M(m), N(n), Hq(hq), Hkv(hkv), D(d), q_off(qo), k_off(ko) {}
+};
+
+// Storage of one dtype: float32 or bfloat16 (the bits), and its float64 copy for the reference.
+struct Tensor {
+  DType dtype = DType::kF32;
+  std::vector<float> f;
+  std::vector<bf16> h;
+  Vec d;  // the stored values, exactly, as doubles
+  std::vector<std::int64_t> shape;
+
+  Tensor(DType t, const Vec& src, std::vector<std::int64_t> s) : dtype(t), shape(std::move(s)) {
+    d.resize(src.size());
+    if (t == DType::kF32) {
+      f.assign(src.begin(), src.end());
+      for (std::size_t i = 0; i < src.size(); ++i) d[i] = f[i];
+    } else {
+      h.resize(src.size());
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        h[i] = to_bf16(static_cast<float>(src[i]));
+        d[i] = to_float(h[i]);
+      }
+    }
+  }
+  Tensor(DType t, std::vector<std::int64_t> s) : Tensor(t, Vec(count(s), 0.0), s) {}
+  static std::size_t count(const std::vector<std::int64_t>& s) {
+    std::size_t n = 1;
+    for (auto x : s) n *= static_cast<std::size_t>(x);
+    return n;
+  }
+  View view() {
+    return View::contiguous(dtype == DType::kF32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()),
+                            dtype, shape);
+  }
+  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
+  Vec values() const {  // what the kernel wrote
+    Vec r(dtype == DType::kF32 ? f.size() : h.size());
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = dtype == DType::kF32 ? f[i] : to_float(h[i]);
+    return r;
+  }
+};
+
+struct Problem {
+  AttentionParams p;
+  Shape s;
+  Vec slopes, weights;  // alibi [Hq] / learned [2, Hq] / t5 [nb, Hq]
+
+  Problem(const Variant& var, const Shape& sh, bool causal, std::uint64_t seed) : s(sh) {
+    p.encoding = var.enc;
+    p.causal = causal;
+    p.q_offset = sh.q_off;
+    p.k_offset = sh.k_off;
+    p.rope.layout = var.layout;
+    if (var.partial && sh.D >= 4) p.rope.rotary_dim = (sh.D / 2) & ~I{1};
+    p.alibi.variant = var.alibi;
+    p.t5.bidirectional = var.bidirectional;
+    p.t5.num_buckets = 16;
+    p.t5.max_distance = 40;
+    if (var.slopes) {
+      slopes = randn(ix(sh.Hq), seed + 10, 0.2);
+      for (double& m : slopes) m = std::fabs(m);
+    }
+    if (var.enc == Encoding::kAlibi && var.alibi == AlibiVariant::kLearned)
+      weights = randn(ix(2 * sh.Hq), seed + 11);
+    if (var.enc == Encoding::kT5) weights = randn(ix(p.t5.num_buckets * sh.Hq), seed + 12);
+  }
+  EncodingTensors tensors() {
+    EncodingTensors t;
+    if (!slopes.empty()) t.slopes = View::contiguous(slopes.data(), DType::kF64, {s.Hq});
+    if (!weights.empty()) t.weights = View::contiguous(weights.data(), DType::kF64, {I(weights.size()) / s.Hq, s.Hq});
+    return t;
+  }
+  std::vector<std::int64_t> qshape() const { return {s.B, s.M, s.Hq, s.D}; }
+  std::vector<std::int64_t> kshape() const { return {s.B, s.N, s.Hkv, s.D}; }
+};
+
+// Largest |x| (for tolerances scaled to the tensor).
+double amax(const Vec& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::isfinite(v) ? std::fabs(v) : 0.0);
+  return m;
+}
+
+struct Tol {
+  double atol, rtol;  // atol relative to the tensor's largest |want|
+};
+Tol tol_out(DType t) { return t == DType::kF32 ? Tol{2e-6, 2e-5} : Tol{8e-3, 8e-3}; }
+Tol tol_grad(DType t) { return t == DType::kF32 ? Tol{2e-5, 1e-4} : Tol{1.6e-2, 1.6e-2}; }
+
+::testing::AssertionResult Close(const Vec& got, const Vec& want, Tol t) {
+  return AllClose(got, want, t.atol * std::max(amax(want), 1e-30), t.rtol);
+}
+
+// Forward of the fused kernel and the reference on the same (rounded) inputs.
+void check_forward(Problem& pr, DType dt, std::uint64_t seed) {
+  Tensor q(dt, randn(ix(pr.s.B * pr.s.M * pr.s.Hq * pr.s.D), seed + 1), pr.qshape());
+  Tensor k(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 2), pr.kshape());
+  Tensor v(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 3), pr.kshape());
+  Tensor out(dt, pr.qshape());
+  Vec lse(ix(pr.s.B * pr.s.Hq * pr.s.M), 7.0);
+  const EncodingTensors t = pr.tensors();
+  const Status st = fused::attention_forward(pr.p, q.view(), k.view(), v.view(), t, out.view(),
+                                             View::contiguous(lse.data(), DType::kF64, {pr.s.B, pr.s.Hq, pr.s.M}));
+  ASSERT_TRUE(st.ok()) << st.message();
+  Vec want(q.d.size()), want_lse(lse.size());
+  const Status sr = reference::attention_forward(pr.p, q.view64(), k.view64(), v.view64(), t,
+                                                 View::contiguous(want.data(), DType::kF64, pr.qshape()),
+                                                 View::contiguous(want_lse.data(), DType::kF64,
+                                                                  {pr.s.B, pr.s.Hq, pr.s.M}));
+  ASSERT_TRUE(sr.ok()) << sr.message();
+  EXPECT_TRUE(Close(out.values(), want, tol_out(dt))) << "out";
+  EXPECT_TRUE(AllClose(lse, want_lse, 1e-4, 1e-5)) << "lse";
+}
+
+void check_backward(Problem& pr, DType dt, std::uint64_t seed) {
+  Tensor q(dt, randn(ix(pr.s.B * pr.s.M * pr.s.Hq * pr.s.D), seed + 1), pr.qshape());
+  Tensor k(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 2), pr.kshape());
+  Tensor v(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 3), pr.kshape());
+  Tensor dout(dt, randn(q.d.size(), seed + 4), pr.qshape());
+  Tensor dq(dt, pr.qshape()), dk(dt, pr.kshape()), dv(dt, pr.kshape());
+  const EncodingTensors t = pr.tensors();
+  Vec dw(pr.weights.size(), 9.0), want_dw(pr.weights.size());
+  EncodingGrads g, gw;
+  if (!pr.weights.empty()) {
+    g.weights = View::contiguous(dw.data(), DType::kF64, {I(dw.size()) / pr.s.Hq, pr.s.Hq});
+    gw.weights = View::contiguous(want_dw.data(), DType::kF64, {I(dw.size()) / pr.s.Hq, pr.s.Hq});
+  }
+  const Status st = fused::attention_backward(pr.p, q.view(), k.view(), v.view(), t, dout.view(),
+                                              dq.view(), dk.view(), dv.view(), g);
+  ASSERT_TRUE(st.ok()) << st.message();
+  Vec wq(q.d.size()), wk(k.d.size()), wv(v.d.size());
+  const Status sr = reference::attention_backward(
+      pr.p, q.view64(), k.view64(), v.view64(), t, dout.view64(),
+      View::contiguous(wq.data(), DType::kF64, pr.qshape()), View::contiguous(wk.data(), DType::kF64, pr.kshape()),
+      View::contiguous(wv.data(), DType::kF64, pr.kshape()), gw);
+  ASSERT_TRUE(sr.ok()) << sr.message();
+  EXPECT_TRUE(Close(dq.values(), wq, tol_grad(dt))) << "dq";
+  EXPECT_TRUE(Close(dk.values(), wk, tol_grad(dt))) << "dk";
+  EXPECT_TRUE(Close(dv.values(), wv, tol_grad(dt))) << "dv";
+  // parameter gradients sum over every (i, j): compare relative to the largest entry
+  if (!pr.weights.empty()) {
+    EXPECT_TRUE(Close(dw, want_dw, Tol{dt == DType::kF32 ? 1e-4 : 2e-2, 1e-3})) << "dweights";
+  }
+}
+
+struct NamedShape {
+  const char* name;
+  Shape s;
+};
+
+std::vector<NamedShape> shapes() {
+  return {
+      {"L1", {1, 1, 1, 2, 1, 2}},
+      {"L3_B2", {2, 3, 3, 2, 2, 6}},
+      {"L19_gqa", {1, 19, 19, 4, 2, 64}},
+      {"L130_d6", {1, 130, 130, 2, 1, 6}},
+      {"decode", {1, 1, 130, 4, 2, 64}},
+      {"M_lt_N_d130", {1, 19, 130, 2, 2, 130}},
+      {"M_gt_N", {1, 130, 19, 2, 1, 6}},  // default q_off = N − M < 0: early causal rows see nothing
+      {"offsets", {2, 19, 37, 2, 1, 6, I{960}, I{955}}},
+      {"far", {1, 3, 130, 2, 2, 6, I{1000003}, I{1000000}}},
+  };
+}
+
+class FastAttention : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(FastAttention, ForwardMatchesReference) {
+  const Variant& var = GetParam();
+  for (const NamedShape& ns : shapes())
+    for (bool causal : {false, true})
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        if (dt == DType::kBF16 && ns.s.D == 130) continue;  // bf16 on the smaller shapes suffices
+        SCOPED_TRACE(std::string(ns.name) + (causal ? " causal " : " full ") + dtype_name(dt));
+        Problem pr(var, ns.s, causal, 100);
+        check_forward(pr, dt, 200);
+      }
+}
+
+TEST_P(FastAttention, BackwardMatchesReference) {
+  const Variant& var = GetParam();
+  for (const NamedShape& ns : shapes())
+    for (bool causal : {false, true})
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        if (dt == DType::kBF16 && ns.s.D == 130) continue;
+        SCOPED_TRACE(std::string(ns.name) + (causal ? " causal " : " full ") + dtype_name(dt));
+        Problem pr(var, ns.s, causal, 300);
+        check_backward(pr, dt, 400);
+      }
+}
+
+// Two threads compute exactly what one does (tasks partition the work; no shared accumulation order).
+TEST_P(FastAttention, TwoThreadsEqualOne) {
+  const Variant& var = GetParam();
+  Problem pr(var, {2, 130, 130, 4, 2, 64}, true, 500);
+  Tensor q(DType::kF32, randn(ix(2 * 130 * 4 * 64), 1), pr.qshape());
+  Tensor k(DType::kF32, randn(ix(2 * 130 * 2 * 64), 2), pr.kshape());
+  Tensor v(DType::kF32, randn(ix(2 * 130 * 2 * 64), 3), pr.kshape());
+  Tensor dout(DType::kF32, randn(q.d.size(), 4), pr.qshape());
+  const EncodingTensors t = pr.tensors();
+  std::vector<Vec> res[2];
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    Tensor out(DType::kF32, pr.qshape()), dq(DType::kF32, pr.qshape()), dk(DType::kF32, pr.kshape()),
+        dv(DType::kF32, pr.kshape());
+    Vec dw(pr.weights.size());
+    EncodingGrads g;
+    if (!dw.empty()) g.weights = View::contiguous(dw.data(), DType::kF64, {I(dw.size()) / 4, 4});
+    ASSERT_TRUE(fused::attention_forward(pr.p, q.view(), k.view(), v.view(), t, out.view()).ok());
+    ASSERT_TRUE(fused::attention_backward(pr.p, q.view(), k.view(), v.view(), t, dout.view(), dq.view(),
+                                          dk.view(), dv.view(), g).ok());
+    res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(), dw};
+  }
+  set_num_threads(0);
+  for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+}
+
+std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }
+INSTANTIATE_TEST_SUITE_P(FastAttention, FastAttention, ::testing::ValuesIn(variants()), variant_name);
+
+// A large case against the reference on two heads: rope causal (forward and backward), t5 full.
+TEST(FastAttentionLarge, L989MatchesReference) {
+  set_num_threads(2);
+  {
+    Variant var{"rope", Encoding::kRope};
+    Problem pr(var, {1, 989, 989, 2, 1, 64}, true, 600);
+    check_forward(pr, DType::kF32, 700);
+    check_backward(pr, DType::kF32, 800);
+  }
+  {
+    Variant var{"t5", Encoding::kT5};
+    Problem pr(var, {1, 989, 989, 2, 2, 64}, false, 900);
+    check_forward(pr, DType::kF32, 1000);
+  }
+  set_num_threads(0);
+}
+
+// kB of the process's peak resident memory (VmHWM).
+long peak_kb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+// L = 16384, one head: an L×L float buffer would be 1 GiB; the kernel needs O(L·D).
+TEST(FastAttentionLarge, LongSequenceNeedsNoLxLBuffer) {
+  const I L = 16384, D = 64;
+  std::vector<float> q(ix(L * D)), k(ix(L * D)), v(ix(L * D)), out(ix(L * D));
+  const Vec r = randn(ix(L * D), 5);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = k[i] = v[i] = static_cast<float>(r[i]);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = 1.f;  // touched: counted before the call
+  const long before = peak_kb();
+  AttentionParams p;
+  p.causal = true;
+  const View qv = View::contiguous(q.data(), DType::kF32, {1, L, 1, D});
+  const View kv = View::contiguous(k.data(), DType::kF32, {1, L, 1, D});
+  const View vv = View::contiguous(v.data(), DType::kF32, {1, L, 1, D});
+  ASSERT_TRUE(attention_forward(p, qv, kv, vv, {}, View::contiguous(out.data(), DType::kF32, {1, L, 1, D})).ok());
+  const long after = peak_kb();
+  if (before < 0 || after < 0) GTEST_SKIP() << "no /proc/self/status";
+  EXPECT_LT(after - before, 64 * 1024) << "peak grew by " << (after - before) << " kB";
+  // first row sees only key 0: out = v_0
+  for (I e = 0; e < D; ++e) EXPECT_FLOAT_EQ(out[ix(e)], v[ix(e)]);
+}
+
+// The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the reference.
+TEST(FastAttentionDispatch, PublicEntryPointsPickTheKernelOrTheReference) {
+  Variant var{"alibi", Encoding::kAlibi};
+  for (I L : {I{4}, I{200}}) {
+    Problem pr(var, {1, L, L, 2, 1, 64}, true, 1100);
+    Tensor q(DType::kF32, randn(ix(L * 2 * 64), 1), pr.qshape());
+    Tensor k(DType::kF32, randn(ix(L * 64), 2), pr.kshape());
+    Tensor v(DType::kF32, randn(ix(L * 64), 3), pr.kshape());
+    Tensor a(DType::kF32, pr.qshape()), b(DType::kF32, pr.qshape());
+    ASSERT_TRUE(attention_forward(pr.p, q.view(), k.view(), v.view(), {}, a.view()).ok());
+    const Status st = L == 4 ? reference::attention_forward(pr.p, q.view(), k.view(), v.view(), {}, b.view())
+                             : fused::attention_forward(pr.p, q.view(), k.view(), v.view(), {}, b.view());
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(a.values(), b.values()) << "L = " << L;
+  }
+}
+
+TEST(FastAttentionErrors, KernelsRefuseWhatTheyDoNotCover) {
+  const I B = 1, L = 3, H = 1, D = 4;
+  std::vector<float> q(ix(B * L * H * D), 0.5f), out(q.size());
+  const View qv = View::contiguous(q.data(), DType::kF32, {B, L, H, D});
+  const View ov = View::contiguous(out.data(), DType::kF32, {B, L, H, D});
+  AttentionParams p;
+  p.encoding = Encoding::kCope;
+  std::vector<float> table(ix(4 * D), 0.1f);
+  EncodingTensors t;
+  t.table = View::contiguous(table.data(), DType::kF32, {4, D});
+  Status st = fused::attention_forward(p, qv, qv, qv, t, ov);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(st.arg(), "encoding");
+  EXPECT_TRUE(attention_forward(p, qv, qv, qv, t, ov).ok());  // the dispatcher falls back
+
+  p = AttentionParams{};
+  st = fused::attention_forward(p, qv, qv, qv, {}, qv);  // in place over q
+  EXPECT_EQ(st.arg(), "out");
+  std::vector<double> q64(q.size(), 0.5), o64(q.size());
+  st = fused::attention_forward(p, View::contiguous(q64.data(), DType::kF64, {B, L, H, D}),
+                                View::contiguous(q64.data(), DType::kF64, {B, L, H, D}),
+                                View::contiguous(q64.data(), DType::kF64, {B, L, H, D}), {},
+                                View::contiguous(o64.data(), DType::kF64, {B, L, H, D}));
+  EXPECT_EQ(st.arg(), "encoding");
+  // validation is the reference's: a bad shape names its argument
+  st = fused::attention_forward(p, qv, View::contiguous(q.data(), DType::kF32, {B, L, H, D - 1}), qv, {}, ov);
+  EXPECT_EQ(st.arg(), "k");
+}
+
+}  // namespace
+}  // namespace posenc
