@@ -84,7 +84,9 @@ void run_apply(ApplyState& st) {
   }
 
   // ---- compute everything before writing anything
-  const FlagMap names = {{"positions", have_positions ? "--positions" : "--offset"}, {"offset", "--offset"}};
+  const FlagMap names = {{"positions", have_positions                  ? "--positions"
+                                       : st.offset_opt->count() > 0 ? "--offset"
+                                                                    : "--in"}, {"offset", "--offset"}};
   Tensor y(x.dtype(), x.shape());
   const bool want_dx = want_grads && st.grad_in_opt->count() > 0;
   Tensor dx;
