@@ -259,12 +259,8 @@ class Fused {
         bias_ = Bias::kSlopes;
         if (t.slopes.present()) {
           slopes_ = to_doubles(t.slopes);
-        } else if (!nonsym_) {
-          slopes_ = alibi::slopes(Hq);
         } else {
-          slopes_ = alibi::slopes(Hq / 2);
-          const std::vector<double> half = slopes_;
-          slopes_.insert(slopes_.end(), half.begin(), half.end());
+          slopes_ = alibi::rule_slopes(Hq, nonsym_);
         }
       }
     }

@@ -115,12 +115,8 @@ class Problem {
         w_ = to_doubles(t.weights);
       } else if (t.slopes.present()) {
         slopes_ = to_doubles(t.slopes);
-      } else if (p.alibi.variant == AlibiVariant::kSymmetric) {
-        slopes_ = alibi::slopes(d.Hq);
-      } else {  // nonsymmetric: the rule for Hq/2 heads, shared by h and h + Hq/2
-        const Vec half = alibi::slopes(d.Hq / 2);
-        slopes_ = half;
-        slopes_.insert(slopes_.end(), half.begin(), half.end());
+      } else {
+        slopes_ = alibi::rule_slopes(d.Hq, p.alibi.variant == AlibiVariant::kNonsymmetric);
       }
     }
     if (p.encoding == Encoding::kT5) w_ = to_doubles(t.weights);
@@ -153,7 +149,7 @@ class Problem {
   bool masked(I h, I qp, I kp) const {
     if (p_.causal && kp > qp) return true;
     if (p_.encoding == Encoding::kAlibi && p_.alibi.variant == AlibiVariant::kNonsymmetric)
-      return h < d_.Hq / 2 ? kp > qp : kp < qp;
+      return !alibi::nonsymmetric_allows(h, d_.Hq, kp - qp);
     return false;
   }
 

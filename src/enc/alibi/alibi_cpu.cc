@@ -38,8 +38,7 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
       const double future = alibi::sigmoid(w[static_cast<std::size_t>(H + h)]);
       for (std::int64_t x = 0; x < W; ++x) {
         const std::int64_t r = r_min + x;  // key − query
-        lut[static_cast<std::size_t>(h * W + x)] =
-            r < 0 ? -past * static_cast<double>(-r) : r > 0 ? -future * static_cast<double>(r) : 0.0;
+        lut[static_cast<std::size_t>(h * W + x)] = alibi::learned_bias(r, past, future);
       }
     }
     bias::fill_from_lut(g, lut, out);
@@ -58,10 +57,9 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
   const double kNegInf = -std::numeric_limits<double>::infinity();
   for (std::int64_t h = 0; h < H; ++h) {
     const double slope = (*m)[static_cast<std::size_t>(h)];
-    const bool sees_past = !nonsym || h < H / 2, sees_future = !nonsym || h >= H / 2;
     for (std::int64_t x = 0; x < W; ++x) {
       const std::int64_t r = r_min + x;
-      const bool allowed = r == 0 || (r < 0 && sees_past) || (r > 0 && sees_future);
+      const bool allowed = !nonsym || alibi::nonsymmetric_allows(h, H, r);
       lut[static_cast<std::size_t>(h * W + x)] = allowed ? -slope * static_cast<double>(r < 0 ? -r : r) : kNegInf;
     }
   }

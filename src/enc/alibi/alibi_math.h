@@ -30,4 +30,25 @@ inline std::vector<double> slopes(std::int64_t n) {
 
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
+// The slopes of H heads by the rule: symmetric, the rule for H heads; nonsymmetric, the rule for H/2
+// heads, shared by head h and head h + H/2.
+inline std::vector<double> rule_slopes(std::int64_t H, bool nonsymmetric) {
+  if (!nonsymmetric) return slopes(H);
+  std::vector<double> s = slopes(H / 2);
+  const std::vector<double> half = s;
+  s.insert(s.end(), half.begin(), half.end());
+  return s;
+}
+
+// Nonsymmetric variant: heads h < H/2 look only at the past (r ≤ 0), the others only at the future
+// (r ≥ 0); r = key − query.
+inline bool nonsymmetric_allows(std::int64_t h, std::int64_t H, std::int64_t r) {
+  return r == 0 || (h < H / 2 ? r < 0 : r > 0);
+}
+
+// Learned variant at r = key − query, given σ(w[0,h]) (past) and σ(w[1,h]) (future).
+inline double learned_bias(std::int64_t r, double sig_past, double sig_future) {
+  return r < 0 ? -sig_past * static_cast<double>(-r) : r > 0 ? -sig_future * static_cast<double>(r) : 0.0;
+}
+
 }  // namespace posenc::alibi

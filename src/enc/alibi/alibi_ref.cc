@@ -54,11 +54,7 @@ Expected<std::vector<double>> head_slopes(const AlibiParams& p, const BiasGeomet
                                              std::to_string(h));
     return m;
   }
-  if (p.variant == AlibiVariant::kSymmetric) return alibi::slopes(H);
-  std::vector<double> m = alibi::slopes(H / 2);  // head h and head h + H/2 share a slope
-  const std::vector<double> half = m;
-  m.insert(m.end(), half.begin(), half.end());
-  return m;
+  return alibi::rule_slopes(H, p.variant == AlibiVariant::kNonsymmetric);
 }
 
 }  // namespace alibi
@@ -109,8 +105,7 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
       for (std::int64_t i = 0; i < M; ++i)
         for (std::int64_t j = 0; j < N; ++j) {
           const std::int64_t r = bias::distance(g, i, j);  // key − query
-          const double v = r < 0 ? -past * static_cast<double>(-r) : r > 0 ? -future * static_cast<double>(r) : 0.0;
-          b[static_cast<std::size_t>((h * M + i) * N + j)] = v;
+          b[static_cast<std::size_t>((h * M + i) * N + j)] = alibi::learned_bias(r, past, future);
         }
     }
     from_doubles(b, out);
@@ -128,11 +123,10 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
   if (!m.ok()) return m.status();
   for (std::int64_t h = 0; h < H; ++h) {
     const double slope = (*m)[static_cast<std::size_t>(h)];
-    const bool sees_past = !nonsym || h < H / 2, sees_future = !nonsym || h >= H / 2;
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) {
         const std::int64_t r = bias::distance(g, i, j);
-        const bool allowed = r == 0 || (r < 0 && sees_past) || (r > 0 && sees_future);
+        const bool allowed = !nonsym || alibi::nonsymmetric_allows(h, H, r);
         b[static_cast<std::size_t>((h * M + i) * N + j)] =
             allowed ? -slope * static_cast<double>(r < 0 ? -r : r) : kNegInf;
       }

@@ -87,13 +87,8 @@ HWY_EXPORT(LearnedRun);
 
 Status learned_forward(const LearnedParams& p, const View& x, const View& table, const Positions& pos,
                        const View& y) {
-  POSENC_RETURN_IF_ERROR(require_float("x", x, 3));
+  POSENC_RETURN_IF_ERROR(learned::check_forward(x, table, y));
   const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
-  POSENC_RETURN_IF_ERROR(require_float("table", table, 2));
-  POSENC_RETURN_IF_ERROR(require_shape("table", table, {-1, D}));
-  POSENC_RETURN_IF_ERROR(require_float("y", y, 3));
-  POSENC_RETURN_IF_ERROR(require_shape("y", y, {B, L, D}));
-  POSENC_RETURN_IF_ERROR(require_same_dtype("y", y, x, "x"));
   const bool fast_ok = fast::fast_dtype(x.dtype) && table.dtype == x.dtype && fast::inner_contiguous(x) &&
                        fast::inner_contiguous(y) && fast::inner_contiguous(table) &&
                        !fast::partial_alias(x, y) && !fast::partial_alias(table, y);

@@ -32,6 +32,18 @@ Expected<std::vector<std::int64_t>> checked_positions(const Positions& pos, std:
   return ids;
 }
 
+// x [B, L, D], table [max_len, D], y like x.
+Status check_forward(const View& x, const View& table, const View& y) {
+  POSENC_RETURN_IF_ERROR(require_float("x", x, 3));
+  const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
+  POSENC_RETURN_IF_ERROR(require_float("table", table, 2));
+  POSENC_RETURN_IF_ERROR(require_shape("table", table, {-1, D}));
+  POSENC_RETURN_IF_ERROR(require_float("y", y, 3));
+  POSENC_RETURN_IF_ERROR(require_shape("y", y, {B, L, D}));
+  POSENC_RETURN_IF_ERROR(require_same_dtype("y", y, x, "x"));
+  return Status::Ok();
+}
+
 }  // namespace learned
 
 namespace reference {
@@ -40,13 +52,8 @@ using learned::checked_positions;
 
 Status learned_forward(const LearnedParams&, const View& x, const View& table, const Positions& pos,
                        const View& y) {
-  POSENC_RETURN_IF_ERROR(require_float("x", x, 3));
+  POSENC_RETURN_IF_ERROR(learned::check_forward(x, table, y));
   const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
-  POSENC_RETURN_IF_ERROR(require_float("table", table, 2));
-  POSENC_RETURN_IF_ERROR(require_shape("table", table, {-1, D}));
-  POSENC_RETURN_IF_ERROR(require_float("y", y, 3));
-  POSENC_RETURN_IF_ERROR(require_shape("y", y, {B, L, D}));
-  POSENC_RETURN_IF_ERROR(require_same_dtype("y", y, x, "x"));
   auto ids = checked_positions(pos, B, L, table.dim(0));  // [B, L]
   if (!ids.ok()) return ids.status();
 

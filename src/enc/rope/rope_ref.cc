@@ -18,21 +18,12 @@
 #include <sstream>
 
 #include "enc/rope/rope_math.h"
+#include "core/format.h"
 #include "posenc/reference.h"
 #include "posenc/rope.h"
 #include "enc/rope/rope_check.h"
 
 namespace posenc {
-namespace {
-
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-}  // namespace
-
 namespace rope {
 // Validates (in, out, p) and returns the rotary dimension r (shared with the fast path, rope_cpu.cc).
 Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View& in, const char* out_arg,
@@ -53,7 +44,7 @@ Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View
     return Status::Invalid("rotary_dim", what);
   }
   if (!std::isfinite(p.theta) || !(p.theta > 0))
-    return Status::Invalid("theta", "expected a finite number > 0, got " + num(p.theta));
+    return Status::Invalid("theta", "expected a finite number > 0, got " + format_number(p.theta));
   return r;
 }
 }  // namespace rope

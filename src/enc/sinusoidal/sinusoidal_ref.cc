@@ -14,25 +14,16 @@
 
 #include "enc/sinusoidal/sinusoidal_math.h"
 #include "posenc/absolute.h"
+#include "core/format.h"
 #include "posenc/reference.h"
 #include "enc/sinusoidal/sinusoidal_check.h"
 
 namespace posenc {
-namespace {
-
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-}  // namespace
-
 namespace sinusoid {
 
 Status check_base(const SinusoidalParams& p) {
   if (!std::isfinite(p.base) || !(p.base > 0))
-    return Status::Invalid("base", "expected a finite number > 0, got " + num(p.base));
+    return Status::Invalid("base", "expected a finite number > 0, got " + format_number(p.base));
   return Status::Ok();
 }
 
