@@ -43,20 +43,7 @@
 #include <cstring>
 #include <vector>
 
-#ifndef POSENC_ATTENTION_CPU_SIMD_DEFINED
-#define POSENC_ATTENTION_CPU_SIMD_DEFINED
-namespace posenc::attn_fast {
-// Row helpers of one SIMD target.
-struct Simd {
-  float (*row_max)(const float* x, std::size_t n);
-  float (*exp_sub_sum)(float* x, std::size_t n, float m);  // x = exp(x − m); returns Σ x
-  void (*scale)(float* x, std::size_t n, float c);         // x *= c
-  void (*add_to)(float* y, const float* x, std::size_t n);  // y += x
-  void (*ds_row)(float* p, const float* dp, std::size_t n, float di);  // p = p·(dp − di)
-  float (*dot)(const float* a, const float* b, std::size_t n);
-};
-}  // namespace posenc::attn_fast
-#endif
+#include "attention/attention_tiles.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/attention_cpu.cc"
@@ -171,17 +158,13 @@ HWY_AFTER_NAMESPACE();
 namespace posenc {
 HWY_EXPORT(GetSimd);
 
+// Not cached: the tests switch targets (hwy::SetSupportedTargetsForTest) between calls.
+attn_fast::Simd attn_fast::simd() { return HWY_DYNAMIC_DISPATCH(GetSimd)(); }
+
 namespace {
 
 using attn::Dims;
-using attn_fast::Simd;
-using I = std::int64_t;
-
-constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
-constexpr I kBq = 128;  // query rows per tile
-constexpr I kBk = 128;  // keys per tile
-
-inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+using namespace attn_fast;  // NOLINT: the shared tile machinery
 
 // cos/sin of every position in [p0, p0 + n) for the r/2 rotary frequencies, float, from double angles.
 struct RopeTab {
@@ -230,7 +213,7 @@ class Fused {
   Fused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
         const EncodingTensors& t, int threads)
       : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads),
-        simd_(HWY_DYNAMIC_DISPATCH(GetSimd)()) {
+        simd_(simd()) {
     const I Hq = d.Hq;
     if (p.encoding == Encoding::kRope) {
       rope_ = true;
@@ -399,64 +382,22 @@ class Fused {
   // Rows [r0, r0 + n) of head `head` of x [B, L, H, D] into dst [n, D] as float; rope tables rotate
   // by R(pos) (pos = pos0 + row).
   void load_rows(const View& x, I b, I r0, I n, I head, float* dst, const RopeTab* tab, I pos0) const {
-    const I D = d_.D, s3 = x.strides[3];
-    for (I r = 0; r < n; ++r) {
-      const I off = b * x.strides[0] + (r0 + r) * x.strides[1] + head * x.strides[2];
-      float* y = dst + r * D;
-      switch (x.dtype) {
-        case DType::kF32: {
-          const float* src = static_cast<const float*>(x.data) + off;
-          if (s3 == 1) std::memcpy(y, src, ix(D) * sizeof(float));
-          else for (I e = 0; e < D; ++e) y[e] = src[e * s3];
-          break;
-        }
-        case DType::kBF16: {
-          const bf16* src = static_cast<const bf16*>(x.data) + off;
-          for (I e = 0; e < D; ++e) y[e] = to_float(src[e * s3]);
-          break;
-        }
-        default: {  // float16
-          const f16* src = static_cast<const f16*>(x.data) + off;
-          for (I e = 0; e < D; ++e) y[e] = to_float(src[e * s3]);
-          break;
-        }
-      }
-      if (tab) rotate(y, *tab, pos0 + r0 + r, +1.f);
-    }
+    attn_fast::load_rows(x, d_.D, b, r0, n, head, dst);
+    if (tab)
+      for (I r = 0; r < n; ++r) rotate(dst + r * d_.D, *tab, pos0 + r0 + r, +1.f);
   }
 
   // src [n, D] into rows [r0, r0 + n) of head `head` of x, rotated by R(−pos) when tab is given
   // (the gradient of a rotated input). src is left unchanged.
   void store_rows(const View& x, I b, I r0, I n, I head, const float* src, const RopeTab* tab,
                   I pos0) const {
-    const I D = d_.D, s3 = x.strides[3];
-    std::vector<float> tmp(tab ? ix(D) : 0);
+    const I D = d_.D;
+    if (!tab) return attn_fast::store_rows(x, D, b, r0, n, head, src);
+    std::vector<float> tmp(ix(D));
     for (I r = 0; r < n; ++r) {
-      const I off = b * x.strides[0] + (r0 + r) * x.strides[1] + head * x.strides[2];
-      const float* y = src + r * D;
-      if (tab) {
-        std::memcpy(tmp.data(), y, ix(D) * sizeof(float));
-        rotate(tmp.data(), *tab, pos0 + r0 + r, -1.f);
-        y = tmp.data();
-      }
-      switch (x.dtype) {
-        case DType::kF32: {
-          float* dst = static_cast<float*>(x.data) + off;
-          if (s3 == 1) std::memcpy(dst, y, ix(D) * sizeof(float));
-          else for (I e = 0; e < D; ++e) dst[e * s3] = y[e];
-          break;
-        }
-        case DType::kBF16: {
-          bf16* dst = static_cast<bf16*>(x.data) + off;
-          for (I e = 0; e < D; ++e) dst[e * s3] = to_bf16(y[e]);
-          break;
-        }
-        default: {
-          f16* dst = static_cast<f16*>(x.data) + off;
-          for (I e = 0; e < D; ++e) dst[e * s3] = to_f16(y[e]);
-          break;
-        }
-      }
+      std::memcpy(tmp.data(), src + r * D, ix(D) * sizeof(float));
+      rotate(tmp.data(), *tab, pos0 + r0 + r, -1.f);
+      store_row(x, D, b, r0 + r, head, tmp.data());
     }
   }
 
@@ -550,31 +491,11 @@ class Fused {
       load_rows(k_, b, j0, nk, kh, w->k.data(), tk_, d_.k_off);
       load_rows(v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       logits(h, q0, nq, j0, nk, w);
-      for (I i = 0; i < nq; ++i) {
-        float* Si = S + i * kBk;
-        const float mx = simd_.row_max(Si, ix(nk));
-        const float mn = std::max(m[i], mx);
-        if (mn == kNegInfF) {
-          std::fill(Si, Si + nk, 0.f);
-          continue;
-        }
-        const float corr = std::exp(m[i] - mn);  // 0 when m was −inf
-        const float sum = simd_.exp_sub_sum(Si, ix(nk), mn);
-        if (corr != 1.f) simd_.scale(o + i * D, ix(D), corr);
-        l[i] = l[i] * corr + sum;
-        m[i] = mn;
-      }
+      online_softmax_step(simd_, S, nq, nk, m, l, o, D);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f, S,
                   int(kBk), w->v.data(), int(D), 1.f, o, int(D));
     }
-    for (I i = 0; i < nq; ++i) {
-      if (l[i] > 0) {
-        simd_.scale(o + i * D, ix(D), 1.f / l[i]);
-        lse[i] = static_cast<double>(m[i]) + std::log(static_cast<double>(l[i]));
-      } else {
-        lse[i] = -std::numeric_limits<double>::infinity();
-      }
-    }
+    online_softmax_finish(simd_, nq, m, l, o, D, lse);
   }
 
   // Parameter gradients of one tile from dS [nq, Bk]: diagonal sums, then per distance.
@@ -609,27 +530,6 @@ class Fused {
   std::vector<double> slopes_, sig_, t5w_;  // alibi [Hq]; learned σ(w) [2, Hq]; t5 [nb, Hq]
 };
 
-bool overlaps(const View& a, const View& b) {
-  if (!a.present() || !b.present()) return false;
-  std::uintptr_t alo, ahi, blo, bhi;
-  fast::extent(a, &alo, &ahi);
-  fast::extent(b, &blo, &bhi);
-  return alo < bhi && blo < ahi;
-}
-
-int threads_for(const Dims& d) {
-  const I work = d.B * d.Hq * d.M * std::max<I>(d.N, 1);
-  return work < fast::kParallelMin ? 1 : std::max(1, num_threads());
-}
-
-// OpenBLAS single-threaded inside our threads; the previous setting restored on scope exit.
-struct BlasOneThread {
-  int prev;
-  BlasOneThread() : prev(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasOneThread() { openblas_set_num_threads(prev); }
-};
-
-
 // Below this many (query, key) pairs over the batch and heads, the dispatcher runs the reference:
 // as fast at that size, and exact (double) where the float32 kernel is not.
 constexpr I kFusedMinPairs = I{1} << 14;
@@ -639,18 +539,28 @@ constexpr I kFusedMinPairs = I{1} << 14;
 Status fusable(const AttentionParams& p, const View& q, std::initializer_list<const View*> ins,
                std::initializer_list<std::pair<const char*, const View*>> outs) {
   if (!fused::supports(p, q.dtype))
-    return Status::Invalid("encoding", "the fused kernels cover nope, rope, alibi and t5 on float32, "
-                                       "bfloat16 and float16; got " + attn::describe(p) + " on " +
-                                       dtype_name(q.dtype));
+    return Status::Invalid("encoding", "the fused kernels cover " + fused::covered() +
+                                       " on float32, bfloat16 and float16; got " + attn::describe(p) +
+                                       " on " + dtype_name(q.dtype));
   for (const auto& [arg, o] : outs)
     for (const View* in : ins)
       if (overlaps(*o, *in)) return Status::Invalid(arg, "overlaps an input");
   return Status::Ok();
 }
 
+Status fusable_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                        const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
+                        const View& dv, const EncodingGrads& g) {
+  return fusable(p, q, {&q, &k, &v, &dout, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table},
+                 {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
+                  {"dv_bias", &g.v}, {"drel_proj", &g.rel_proj}, {"dtable", &g.table}});
+}
+
 Status run_forward(const AttentionParams& p, const Dims& d, const View& q, const View& k,
                    const View& v, const EncodingTensors& t, const View& out, const View& lse) {
   const BlasOneThread one;
+  if (p.encoding == Encoding::kXL) return fused::xl_forward(p, d, q, k, v, t, out, lse);
+  if (p.encoding == Encoding::kCope) return fused::cope_forward(p, d, q, k, v, t, out, lse);
   const Fused f(p, d, q, k, v, t, threads_for(d));
   f.forward(out, lse);
   return Status::Ok();
@@ -660,6 +570,9 @@ Status run_backward(const AttentionParams& p, const Dims& d, const View& q, cons
                     const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                     const View& dk, const View& dv, const EncodingGrads& g) {
   const BlasOneThread one;
+  if (p.encoding == Encoding::kXL) return fused::xl_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
+  if (p.encoding == Encoding::kCope)
+    return fused::cope_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   const Fused f(p, d, q, k, v, t, threads_for(d));
   f.backward(dout, dq, dk, dv, g.weights);
   return Status::Ok();
@@ -672,16 +585,26 @@ namespace fused {
 bool supports(const AttentionParams& p, DType qkv) {
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5: break;
-    default: return false;  // xl, cope: the reference
+    case Encoding::kXL: if (!xl_fused()) return false; break;
+    case Encoding::kCope: if (!cope_fused()) return false; break;
+    default: return false;
   }
   return fast::fast_dtype(qkv);
+}
+
+std::string covered() {
+  std::string s = "nope, rope, alibi, t5";
+  if (xl_fused()) s += ", xl";
+  if (cope_fused()) s += ", cope";
+  return s;
 }
 
 Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
                          const EncodingTensors& t, const View& out, const View& lse) {
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
-  POSENC_RETURN_IF_ERROR(fusable(p, q, {&q, &k, &v}, {{"out", &out}, {"lse", &lse}}));
+  POSENC_RETURN_IF_ERROR(fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table},
+                 {{"out", &out}, {"lse", &lse}}));
   return run_forward(p, d, q, k, v, t, out, lse);
 }
 
@@ -693,8 +616,7 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   if (!fast::fast_dtype(dout.dtype))
     return Status::Invalid("dout", std::string("the fused kernels read float32, bfloat16 or float16; got ") +
                                        dtype_name(dout.dtype));
-  POSENC_RETURN_IF_ERROR(fusable(p, q, {&q, &k, &v, &dout, &t.weights},
-                                 {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}}));
+  POSENC_RETURN_IF_ERROR(fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g));
   return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
 }
 
@@ -705,7 +627,8 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
   if (d.B * d.Hq * d.M * d.N < kFusedMinPairs ||
-      !fusable(p, q, {&q, &k, &v}, {{"out", &out}, {"lse", &lse}}).ok())
+      !fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table},
+                 {{"out", &out}, {"lse", &lse}}).ok())
     return reference::attention_forward(p, q, k, v, t, out, lse);
   return run_forward(p, d, q, k, v, t, out, lse);
 }
@@ -716,8 +639,7 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, &d));
   if (d.B * d.Hq * d.M * d.N < kFusedMinPairs || !fast::fast_dtype(dout.dtype) ||
-      !fusable(p, q, {&q, &k, &v, &dout, &t.weights},
-               {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}}).ok())
+      !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g).ok())
     return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
 }

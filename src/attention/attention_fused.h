@@ -1,10 +1,13 @@
-// Private: the fused (flash-style) attention kernels of attention_cpu.cc, callable directly — without
-// the dispatcher's small-problem rule — so tests can hold them against posenc::reference at any size.
+// Private: the fused (flash-style) attention kernels, callable directly — without the dispatcher's
+// small-problem rule — so tests can hold them against posenc::reference at any size.
 // Same arguments and validation as posenc::attention_forward / attention_backward; a case the kernels
-// do not cover (xl, cope, float64 inputs, an output overlapping an input) returns kInvalidArgument
-// naming "encoding", "q" or the output, and writes nothing.
+// do not cover (an encoding not fused, float64 inputs, an output overlapping an input) returns
+// kInvalidArgument naming "encoding", "q" or the output, and writes nothing.
 #pragma once
 
+#include <string>
+
+#include "attention/attention_check.h"
 #include "posenc/attention.h"
 
 namespace posenc::fused {
@@ -12,11 +15,34 @@ namespace posenc::fused {
 // Whether the fused kernels cover this encoding and q/k/v dtype.
 bool supports(const AttentionParams& p, DType qkv);
 
+// The encodings the fused kernels cover, as a list for messages ("nope, rope, ...").
+std::string covered();
+
 Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
                          const EncodingTensors& t, const View& out, const View& lse = View{});
 
 Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
                           const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                           const View& dv, const EncodingGrads& g);
+
+// ---- the kernels of the other files, called by the dispatcher of attention_cpu.cc -----------------
+// Arguments are validated (d filled by attn::validate_*), the dtype is covered, no output overlaps an
+// input, and OpenBLAS is set to one thread for the call.
+
+// Transformer-XL (attention_xl_cpu.cc). xl_fused(): whether the kernel is built.
+bool xl_fused();
+Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
+                  const View& v, const EncodingTensors& t, const View& out, const View& lse);
+Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
+                   const View& v, const EncodingTensors& t, const View& dout, const View& dq,
+                   const View& dk, const View& dv, const EncodingGrads& g);
+
+// CoPE (attention_cope_cpu.cc). cope_fused(): whether the kernel is built.
+bool cope_fused();
+Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
+                    const View& v, const EncodingTensors& t, const View& out, const View& lse);
+Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
+                     const View& v, const EncodingTensors& t, const View& dout, const View& dq,
+                     const View& dk, const View& dv, const EncodingGrads& g);
 
 }  // namespace posenc::fused
