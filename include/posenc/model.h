@@ -1,0 +1,128 @@
+// posenc/model.h — a tiny decoder-only language model for the study: which encodings extrapolate.
+//
+//   x₀ = E[token] (+ the absolute encoding: learned or sinusoidal)
+//   per layer (pre-LayerNorm):  x += Wo·attention(LN₁(x)·Wqkv + bqkv) + bo      (causal, H heads)
+//                               x += W₂·GELU(W₁·LN₂(x) + b₁) + b₂
+//   logits = LN_f(x)·Eᵀ  (tied embeddings),   loss = mean cross-entropy of the next token
+//
+// The positional encoding sits where its kind says (registry.h): absolute ones at the input, rotary
+// and bias ones inside every attention layer (posenc::attention_forward / attention_backward, the
+// fused kernels), with their own learned tensors per layer (t5 W, xl u, v, W, cope table). GELU is
+// the exact erf form. Forward and backward are written by hand; the projections use OpenBLAS gemm.
+// Model<float> trains; Model<double> exists for the finite-difference test of the whole gradient.
+//
+// Determinism: parameters come from a seeded std::mt19937_64 (its output is fixed by the standard)
+// through our own uniform and Box–Muller mappings, so a seed gives the same model everywhere; a
+// one-thread run is bit-reproducible.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "posenc/attention.h"
+#include "posenc/registry.h"
+#include "posenc/status.h"
+
+namespace posenc {
+
+struct ModelConfig {
+  Encoding encoding = Encoding::kRope;
+  std::int64_t vocab = 256;    // byte vocabulary
+  std::int64_t d_model = 64;   // C
+  std::int64_t n_layers = 2;
+  std::int64_t n_heads = 4;    // H; head dim D = C / H
+  std::int64_t d_ff = 256;     // F
+  std::int64_t max_len = 64;   // learned: table rows (positions past it cannot be evaluated)
+  std::int64_t xl_dim = 0;     // xl: sinusoid dimension R (0: the head dim)
+  std::int64_t cope_npos = 0;  // cope: table rows (0: max_len)
+  RopeParams rope;
+  AlibiParams alibi;
+  T5Params t5;
+  double sinusoid_base = 10000.0;
+
+  std::int64_t head_dim() const { return d_model / n_heads; }
+};
+
+// One named parameter tensor inside the flat parameter vector.
+struct ParamInfo {
+  std::string name;                  // "layers.0.attn.wqkv"
+  std::vector<std::int64_t> shape;
+  std::size_t offset = 0, size = 0;  // into the flat vector
+  bool decay = false;                // AdamW weight decay applies (the projection matrices)
+};
+
+// The layout of a model's parameters, and checks on a config ("d_model": must be a multiple of …).
+Status validate_config(const ModelConfig& c);
+std::vector<ParamInfo> param_layout(const ModelConfig& c);
+
+// The result of one forward pass.
+struct LossSum {
+  double nll = 0;       // Σ −log p(target) over the counted tokens
+  std::int64_t count = 0;
+};
+
+template <typename T>
+class Model {
+ public:
+  // A fresh model with parameters drawn from `seed`. The config must pass validate_config.
+  Model(const ModelConfig& c, std::uint64_t seed);
+
+  const ModelConfig& config() const { return c_; }
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+  std::vector<T>& params() { return w_; }
+  const std::vector<T>& params() const { return w_; }
+  const std::vector<T>& grads() const { return g_; }
+
+  // tokens, targets: [B, L] byte ids (targets < 0 are not counted). Returns Σ NLL and the count; keeps
+  // what backward needs. Errors: a token outside the vocabulary, L past a learned table, …
+  Expected<LossSum> forward(const std::int32_t* tokens, const std::int32_t* targets, std::int64_t B,
+                            std::int64_t L);
+
+  // Gradient of (Σ NLL / count) of the last forward into grads() (overwritten).
+  Status backward();
+
+ private:
+  // What forward keeps of one layer for backward ([B·L, ·] row-major).
+  struct LayerActs {
+    std::vector<T> x_in, a, mean1, rstd1, qkv, att, x_mid, m, mean2, rstd2, h, gel;
+  };
+  View qkv_view(const T* qkv, int which) const;  // q, k or v of a [B, L, 3, H, D] activation
+  EncodingTensors enc_tensors(std::int64_t layer) const;
+  EncodingGrads enc_grads(std::int64_t layer);
+
+  ModelConfig c_;
+  std::vector<ParamInfo> layout_;
+  std::vector<T> w_, g_;
+  std::int64_t B_ = 0, L_ = 0, count_ = 0;
+  std::vector<std::int32_t> tokens_, targets_;
+  std::vector<LayerActs> acts_;
+  std::vector<T> xf_, lnf_, lnf_mean_, lnf_rstd_, probs_;
+};
+
+// AdamW (Loshchilov & Hutter 2019) with linear warm-up, cosine decay to min_lr_ratio·lr, and global
+// gradient-norm clipping.
+struct AdamWConfig {
+  double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double clip = 1.0;            // global L2 norm (≤ 0: none)
+  std::int64_t warmup = 50, total = 1000;
+  double min_lr_ratio = 0.1;
+};
+
+class AdamW {
+ public:
+  AdamW(const AdamWConfig& c, const std::vector<ParamInfo>& layout, std::size_t n);
+  double lr_at(std::int64_t step) const;  // the schedule, step counted from 0
+  // One update of w from g (clipped); returns the gradient norm before clipping.
+  double step(std::vector<float>& w, const std::vector<float>& g);
+  std::int64_t steps_done() const { return t_; }
+
+ private:
+  AdamWConfig c_;
+  std::vector<unsigned char> decay_;
+  std::vector<float> m_, v_;
+  std::int64_t t_ = 0;
+};
+
+}  // namespace posenc
