@@ -3,6 +3,8 @@
 // training lowers the loss; a one-thread run is bit-reproducible; and the model's refusals.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -186,6 +188,32 @@ TEST(Model, Refusals) {
   ModelConfig odd = tiny(Encoding::kRope);
   odd.n_heads = 3;
   EXPECT_FALSE(validate_config(odd).ok());
+}
+
+TEST(Model, CheckpointRoundTrip) {
+  for (Encoding e : all_encodings()) {
+    const ModelConfig c = tiny(e);
+    Model<float> m(c, 3);
+    const std::string path = ::testing::TempDir() + "/posenc_ckpt_" + encoding_info(e).name + ".safetensors";
+    ASSERT_TRUE(save_checkpoint(path, c, m.params()).ok());
+    Expected<Checkpoint> ck = load_checkpoint(path);
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    EXPECT_EQ(ck.value().params, m.params());
+    EXPECT_EQ(ck.value().config.encoding, e);
+    EXPECT_EQ(param_layout(ck.value().config).size(), m.layout().size());
+    // The file is safetensors: header length, JSON, then the first tensor (tok_emb) byte for byte.
+    std::ifstream f(path, std::ios::binary);
+    std::uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, ' ');
+    f.read(header.data(), std::streamsize(n));
+    EXPECT_NE(header.find("\"tok_emb\":{\"data_offsets\":[0,"), std::string::npos) << header.substr(0, 200);
+    float first = 0;
+    f.read(reinterpret_cast<char*>(&first), 4);
+    EXPECT_EQ(first, m.params()[0]);
+    std::remove(path.c_str());
+  }
+  EXPECT_FALSE(load_checkpoint("/nonexistent/ckpt.safetensors").ok());
 }
 
 }  // namespace

@@ -103,6 +103,15 @@ class Model {
   std::vector<double> nll_;
 };
 
+// Checkpoints: safetensors files (float32 tensors named as in param_layout, the config as JSON in the
+// header's __metadata__["posenc.config"]), written to a temporary and renamed into place.
+struct Checkpoint {
+  ModelConfig config;
+  std::vector<float> params;
+};
+Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params);
+Expected<Checkpoint> load_checkpoint(const std::string& path);
+
 // AdamW (Loshchilov & Hutter 2019) with linear warm-up, cosine decay to min_lr_ratio·lr, and global
 // gradient-norm clipping.
 struct AdamWConfig {
