@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,25 @@ struct StudyResult {
   double final_train_loss = 0;  // mean of the last 20 steps
   double train_seconds = 0, tokens_per_second = 0;
 };
+
+// The training windows: `batch` windows of `len` + 1 bytes of the training text, at offsets drawn from
+// std::mt19937_64(seed·φ + 1) (φ = 0x9E3779B97F4A7C15), the same for every encoding.
+class Batcher {
+ public:
+  Batcher(const Corpus& c, std::int64_t len, std::int64_t batch, std::uint64_t seed);
+  // tokens, targets [batch, len]: targets are the tokens one byte on.
+  void next(std::int32_t* tokens, std::int32_t* targets);
+
+ private:
+  const Corpus* c_;
+  std::int64_t len_, batch_;
+  std::mt19937_64 rng_;
+};
+
+// One optimisation step on a batch; returns the mean loss (grad_norm: the norm before clipping).
+Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tokens,
+                            const std::int32_t* targets, std::int64_t batch, std::int64_t len,
+                            double* grad_norm = nullptr);
 
 // Progress: encoding index, steps done for it (steps + 1 while evaluating), and the last loss.
 using StudyProgress = std::function<void(std::size_t enc, std::int64_t step, double loss)>;

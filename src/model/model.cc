@@ -144,6 +144,14 @@ class Normal {
   bool have_ = false;
 };
 
+// OpenBLAS's own thread pool sized to posenc's thread count for a pass (restored after): with more
+// BLAS threads than posenc's, idle BLAS threads yield and steal time from the OpenMP ones.
+struct BlasThreads {
+  int prev;
+  BlasThreads() : prev(openblas_get_num_threads()) { openblas_set_num_threads(num_threads()); }
+  ~BlasThreads() { openblas_set_num_threads(prev); }
+};
+
 std::string layer_name(I l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
 }  // namespace
@@ -385,6 +393,7 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
       return Status::OutOfRange("targets", "id " + std::to_string(targets[r]) + " outside [0, " + std::to_string(V) + ")");
   }
   const Slots s = slots_of(c_, layout_);
+  const BlasThreads blas;
   const T* w = w_.data();
   B_ = B;
   L_ = L;
@@ -469,6 +478,7 @@ Status Model<T>::backward() {
   const I B = B_, L = L_, C = c_.d_model, H = c_.n_heads, D = c_.head_dim(), F = c_.d_ff, V = c_.vocab;
   const I BL = B * L;
   const Slots s = slots_of(c_, layout_);
+  const BlasThreads blas;
   const T* w = w_.data();
   T* g = g_.data();
   std::fill(g_.begin(), g_.end(), T(0));

@@ -68,6 +68,31 @@ Expected<Corpus> load_corpus(const std::string& path) {
   return c;
 }
 
+Batcher::Batcher(const Corpus& c, I len, I batch, std::uint64_t seed)
+    : c_(&c), len_(len), batch_(batch), rng_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+
+void Batcher::next(std::int32_t* tok, std::int32_t* tgt) {
+  for (I b = 0; b < batch_; ++b) {
+    const std::size_t s = rng_() % (c_->train.size() - ix(len_) - 1);
+    for (I i = 0; i < len_; ++i) {
+      tok[b * len_ + i] = c_->train[s + ix(i)];
+      tgt[b * len_ + i] = c_->train[s + ix(i) + 1];
+    }
+  }
+}
+
+Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok, const std::int32_t* tgt,
+                            I B, I L, double* grad_norm) {
+  Expected<LossSum> r = m.forward(tok, tgt, B, L);
+  if (!r.ok()) return r.status();
+  POSENC_RETURN_IF_ERROR(m.backward());
+  const double norm = opt.step(m.params(), m.grads());
+  if (grad_norm) *grad_norm = norm;
+  const double loss = r.value().nll / double(r.value().count);
+  if (!std::isfinite(loss)) return Status::Internal("training diverged (loss " + std::to_string(loss) + ")");
+  return loss;
+}
+
 Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::size_t index,
                               const StudyProgress& progress) {
   ModelConfig mc = cfg.model;
@@ -80,24 +105,15 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
   AdamWConfig oc = cfg.opt;
   oc.total = cfg.steps;
   AdamW opt(oc, model.layout(), model.params().size());
-  std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + 1);  // the same windows for every encoding
+  Batcher batches(corpus, L, B, cfg.seed);
   std::vector<std::int32_t> tok(ix(B * L)), tgt(ix(B * L));
   std::vector<double> recent;
   const auto t0 = std::chrono::steady_clock::now();
   for (I step = 0; step < cfg.steps; ++step) {
-    for (I b = 0; b < B; ++b) {
-      const std::size_t s = rng() % (corpus.train.size() - ix(L) - 1);
-      for (I i = 0; i < L; ++i) {
-        tok[ix(b * L + i)] = corpus.train[s + ix(i)];
-        tgt[ix(b * L + i)] = corpus.train[s + ix(i) + 1];
-      }
-    }
-    Expected<LossSum> r = model.forward(tok.data(), tgt.data(), B, L);
+    batches.next(tok.data(), tgt.data());
+    Expected<double> r = train_step(model, opt, tok.data(), tgt.data(), B, L);
     if (!r.ok()) return r.status();
-    POSENC_RETURN_IF_ERROR(model.backward());
-    opt.step(model.params(), model.grads());
-    const double loss = r.value().nll / double(r.value().count);
-    if (!std::isfinite(loss)) return Status::Internal("training diverged (loss " + std::to_string(loss) + ")");
+    const double loss = r.value();
     recent.push_back(loss);
     if (recent.size() > 20) recent.erase(recent.begin());
     if (progress) progress(index, step + 1, loss);
