@@ -60,10 +60,10 @@ void run_train(const TrainState& st) {
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
     set_num_threads(int(t));
   }
-  OutputSet outs;  // destinations checked before any work
+  OutputSet outs;  // destinations checked (distinct, writable) before any work
+  if (!st.save.empty()) check(outs.reserve("--save", st.save));
+  if (!st.init_out.empty()) check(outs.reserve("--init-out", st.init_out));
   if (!st.dump.empty()) check(outs.reserve("--dump-batches", st.dump));
-  for (const std::string* p : {&st.save, &st.init_out})
-    if (!p->empty() && *p == st.dump) fail(Status::Invalid("--save", "names the same file as another output"));
   const Corpus corpus = take(load_corpus(st.corpus));
 
   Model<float> model(mc, std::uint64_t(seed));
