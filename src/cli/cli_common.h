@@ -148,6 +148,7 @@ Command add_bench_command(CLI::App& root);
 Command add_study_command(CLI::App& root);
 Command add_train_command(CLI::App& root);
 Command add_plot_command(CLI::App& root);
+Command add_check_command(CLI::App& root);
 
 // Prints the catalogue as an aligned table (list and tour share it).
 void print_catalogue();

@@ -1,0 +1,219 @@
+// posenc check — the articles' four properties of a positional encoding, measured per encoding of the
+// catalogue and printed as a table (seed 001 lists them):
+//   unique     a distinct code per position: the smallest distance between the codes of two positions
+//              in [0, --len) (absolute: table rows; rope: R(p)·x for a fixed x). Bias encodings have no
+//              per-position code: they only see offsets.
+//   relative   offsets as a fixed relation. Absolute encodings: is PE(p + k) a fixed linear map of PE(p)?
+//              the worst relative residual of the least-squares map over k ∈ {1, 7, 31}. Encodings
+//              inside attention: does the output depend on offsets only? max |Δout| when every position
+//              shifts by 1000 (random q, k, v; 0 up to rounding means yes).
+//   extrapolate  from the last study (--study DIR, default study-out): perplexity at the longest
+//              evaluated length over perplexity at the training length.
+//   dims       the position dimensions the encoding takes here.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/cli_common.h"
+
+namespace posenc::cli {
+namespace {
+
+using I = std::int64_t;
+
+struct CheckState {
+  std::string len, dim, study = "study-out";
+};
+
+std::vector<double> randn(std::size_t n, std::uint64_t seed, double sd = 1.0) {
+  std::mt19937_64 r(seed);
+  std::vector<double> v(n);
+  for (double& x : v) {  // Box–Muller on our own uniforms: the same numbers on every platform
+    const double u1 = (double(r() >> 11) + 0.5) * 0x1.0p-53, u2 = (double(r() >> 11) + 0.5) * 0x1.0p-53;
+    x = sd * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+  }
+  return v;
+}
+
+// Smallest pairwise L2 distance between rows of codes [N, D].
+double min_distance(const std::vector<double>& codes, I N, I D) {
+  double best = INFINITY;
+  for (I i = 0; i < N; ++i)
+    for (I j = i + 1; j < N; ++j) {
+      double s = 0;
+      for (I c = 0; c < D; ++c) s += (codes[std::size_t(i * D + c)] - codes[std::size_t(j * D + c)]) *
+                                     (codes[std::size_t(i * D + c)] - codes[std::size_t(j * D + c)]);
+      best = std::min(best, std::sqrt(s));
+    }
+  return best;
+}
+
+// Worst relative residual ‖Y − X·M‖/‖Y‖ of the least-squares linear map M from rows p to rows p + k.
+double linear_map_residual(const std::vector<double>& codes, I N, I D) {
+  double worst = 0;
+  for (I k : {1, 7, 31}) {
+    const I R = N - k;
+    if (R < D + 1) continue;
+    // normal equations (XᵀX + εI) M = XᵀY, solved by Cholesky
+    std::vector<double> A(std::size_t(D * D), 0.0), Bm(std::size_t(D * D), 0.0);
+    for (I r = 0; r < R; ++r)
+      for (I a = 0; a < D; ++a) {
+        const double xa = codes[std::size_t(r * D + a)];
+        for (I b = 0; b < D; ++b) {
+          A[std::size_t(a * D + b)] += xa * codes[std::size_t(r * D + b)];
+          Bm[std::size_t(a * D + b)] += xa * codes[std::size_t((r + k) * D + b)];
+        }
+      }
+    for (I a = 0; a < D; ++a) A[std::size_t(a * D + a)] += 1e-9;
+    for (I j = 0; j < D; ++j) {  // A = LLᵀ in place (lower)
+      for (I t = 0; t < j; ++t) A[std::size_t(j * D + j)] -= A[std::size_t(j * D + t)] * A[std::size_t(j * D + t)];
+      const double djj = std::sqrt(std::max(A[std::size_t(j * D + j)], 1e-300));
+      A[std::size_t(j * D + j)] = djj;
+      for (I i = j + 1; i < D; ++i) {
+        double s = A[std::size_t(i * D + j)];
+        for (I t = 0; t < j; ++t) s -= A[std::size_t(i * D + t)] * A[std::size_t(j * D + t)];
+        A[std::size_t(i * D + j)] = s / djj;
+      }
+    }
+    for (I col = 0; col < D; ++col) {  // forward then back substitution, column by column of B
+      std::vector<double> y(static_cast<std::size_t>(D));
+      for (I i = 0; i < D; ++i) {
+        double s = Bm[std::size_t(i * D + col)];
+        for (I t = 0; t < i; ++t) s -= A[std::size_t(i * D + t)] * y[std::size_t(t)];
+        y[std::size_t(i)] = s / A[std::size_t(i * D + i)];
+      }
+      for (I i = D - 1; i >= 0; --i) {
+        double s = y[std::size_t(i)];
+        for (I t = i + 1; t < D; ++t) s -= A[std::size_t(t * D + i)] * Bm[std::size_t(t * D + col)];
+        Bm[std::size_t(i * D + col)] = s / A[std::size_t(i * D + i)];
+      }
+    }
+    double err = 0, norm = 0;
+    for (I r = 0; r < R; ++r)
+      for (I b = 0; b < D; ++b) {
+        double pred = 0;
+        for (I a = 0; a < D; ++a) pred += codes[std::size_t(r * D + a)] * Bm[std::size_t(a * D + b)];
+        const double yv = codes[std::size_t((r + k) * D + b)];
+        err += (yv - pred) * (yv - pred);
+        norm += yv * yv;
+      }
+    worst = std::max(worst, std::sqrt(err / norm));
+  }
+  return worst;
+}
+
+// max |out(positions + 1000) − out(positions)| of the attention with this encoding.
+double shift_error(Encoding e) {
+  const I B = 1, L = 24, H = 4, D = 16, R = 8, npos = 12;
+  std::vector<double> q = randn(std::size_t(B * L * H * D), 1), k = randn(q.size(), 2), v = randn(q.size(), 3);
+  std::vector<double> w = randn(std::size_t(32 * H), 4, 0.5), u = randn(std::size_t(H * D), 5, 0.3),
+                      vb = randn(std::size_t(H * D), 6, 0.3), W = randn(std::size_t(H * D * R), 7, 0.3),
+                      tab = randn(std::size_t(npos * D), 8, 0.5);
+  AttentionParams p;
+  p.encoding = e;
+  p.causal = true;
+  EncodingTensors t;
+  if (e == Encoding::kT5) t.weights = View::contiguous(w.data(), DType::kF64, {32, H});
+  if (e == Encoding::kXL) {
+    t.u = View::contiguous(u.data(), DType::kF64, {H, D});
+    t.v = View::contiguous(vb.data(), DType::kF64, {H, D});
+    t.rel_proj = View::contiguous(W.data(), DType::kF64, {H, D, R});
+  }
+  if (e == Encoding::kCope) t.table = View::contiguous(tab.data(), DType::kF64, {npos, D});
+  std::vector<double> o1(q.size()), o2(q.size());
+  const auto view = [&](std::vector<double>& x) { return View::contiguous(x.data(), DType::kF64, {B, L, H, D}); };
+  check_lib(attention_forward(p, view(q), view(k), view(v), t, view(o1)));
+  p.q_offset = 1000;
+  p.k_offset = 1000;
+  check_lib(attention_forward(p, view(q), view(k), view(v), t, view(o2)));
+  double m = 0;
+  for (std::size_t i = 0; i < o1.size(); ++i) m = std::max(m, std::fabs(o1[i] - o2[i]));
+  return m;
+}
+
+std::string num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
+
+void run_check(const CheckState& st) {
+  const I N = st.len.empty() ? 256 : parse_int("--len", st.len);
+  if (N < 40 || N > 4096) fail(Status::Invalid("--len", "expected 40 .. 4096"));
+  const I D = st.dim.empty() ? 64 : parse_int("--dim", st.dim);
+  if (D < 2 || D > 512 || D % 2) fail(Status::Invalid("--dim", "expected an even number in 2 .. 512"));
+  nlohmann::json study;
+  {
+    std::ifstream f(st.study + "/results.json");
+    if (f) study = nlohmann::json::parse(f, nullptr, false);
+    if (study.is_discarded()) fail(Status::Invalid("--study", st.study + "/results.json is not JSON"));
+  }
+  std::printf("%-11s %-46s %-44s %-28s %s\n", "encoding", "unique code per position", "relative offsets",
+              "extrapolation (study)", "dims");
+  for (const EncodingInfo& info : registry()) {
+    const Encoding e = info.id;
+    std::string uniq, rel;
+    std::vector<double> codes(std::size_t(N * D));
+    if (e == Encoding::kSinusoidal || e == Encoding::kLearned || e == Encoding::kRope) {
+      if (e == Encoding::kSinusoidal)
+        check_lib(sinusoidal_table(SinusoidalParams{}, Positions{}, View::contiguous(codes.data(), DType::kF64, {N, D})));
+      else if (e == Encoding::kLearned)
+        codes = randn(codes.size(), 9, 0.02);  // a freshly initialised table: any trained one differs
+      else {  // R(p)·x for x = (1, …, 1)
+        std::vector<double> x(codes.size(), 1.0);
+        check_lib(rope_forward(RopeParams{}, View::contiguous(x.data(), DType::kF64, {1, N, 1, D}), Positions{},
+                               View::contiguous(codes.data(), DType::kF64, {1, N, 1, D})));
+      }
+      uniq = "yes: min distance " + num(min_distance(codes, N, D));
+      if (e == Encoding::kLearned) uniq += " (only rows < max_len)";
+    } else if (e == Encoding::kNope) {
+      uniq = "no: no position at all";
+    } else if (e == Encoding::kCope) {
+      uniq = "no: counts of gated tokens";
+    } else {
+      uniq = "no: sees offsets only";
+    }
+    if (e == Encoding::kSinusoidal || e == Encoding::kLearned) {
+      const double r = linear_map_residual(codes, N, D);
+      rel = (r < 1e-6 ? "yes: PE(p+k) = M_k PE(p), residual " : "no: best linear map leaves ") + num(r);
+    } else if (e == Encoding::kNope) {
+      rel = "n/a (order only through the mask)";
+    } else {
+      const double s = shift_error(e);
+      rel = (s < 1e-9 ? "yes: shift by 1000 changes out by " : "no: shift by 1000 changes out by ") + num(s);
+    }
+    std::string ext = "no study in " + st.study;
+    if (study.is_object() && study.contains("encodings")) {
+      ext = "not in the study";
+      for (const auto& r : study["encodings"])
+        if (r.value("encoding", "") == info.name) {
+          const auto& ev = r["eval"];
+          const auto& a = ev.front();
+          const auto& b = ev.back();
+          if (b["ppl"].is_null()) {
+            ext = "cannot run at " + std::to_string(b["len"].get<I>());
+          } else {
+            ext = num(b["ppl"].get<double>() / a["ppl"].get<double>()) + "x ppl at " + std::to_string(b["len"].get<I>()) +
+                  " vs " + std::to_string(a["len"].get<I>());
+          }
+        }
+    }
+    std::printf("%-11s %-46s %-44s %-28s %s\n", info.name.c_str(), uniq.c_str(), rel.c_str(), ext.c_str(), "1D");
+  }
+}
+
+}  // namespace
+
+Command add_check_command(CLI::App& root) {
+  auto st = std::make_shared<CheckState>();
+  CLI::App* app = root.add_subcommand("check", "measure the articles' four properties for every encoding");
+  add_text(app, "--len", &st->len, "positions compared (default 256)", "INT");
+  add_text(app, "--dim", &st->dim, "code dimension (default 64)", "INT");
+  add_text(app, "--study", &st->study, "the study's output directory (default study-out)", "DIR");
+  return {app, [st] { run_check(*st); }};
+}
+
+}  // namespace posenc::cli
