@@ -80,6 +80,9 @@ class Model {
   Expected<LossSum> forward(const std::int32_t* tokens, const std::int32_t* targets, std::int64_t B,
                             std::int64_t L);
 
+  // The last forward's next-byte probabilities [B·L, V] (until backward consumes them).
+  const std::vector<T>& probs() const { return probs_; }
+
   // Gradient of (Σ NLL / count) of the last forward into grads() (overwritten).
   Status backward();  // once per forward
 

