@@ -1,8 +1,9 @@
 // The fast paths (public posenc:: entry points: Highway SIMD + OpenMP) against posenc::reference::,
 // on every SIMD target compiled and supported here, for float32 / bfloat16 / float16 storage, odd
-// sizes, strided and misaligned views, guard bands around outputs, in place, large positions, and one
-// and two threads. The reference runs on the same 16-bit-rounded inputs; tolerances scale with dtype.
-// Never times anything.
+// sizes, strided and misaligned views, guard bands around outputs, in place, large positions, one
+// and two threads, outputs large enough for the non-temporal stores, 16-bit rounding, and the
+// backward reductions (learned's dtable, ALiBi's and T5's dweights). The reference runs on the same
+// 16-bit-rounded inputs; tolerances scale with dtype. Never times anything.
 #include <hwy/targets.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 
 #include "posenc/absolute.h"
 #include "posenc/bias.h"
+#include "posenc/half.h"
 #include "posenc/reference.h"
 #include "posenc/rope.h"
 #include "posenc/threads.h"
@@ -35,8 +37,12 @@ struct Buf {
   View v;
   std::size_t es = 0, base = 0;
   std::int64_t span = 0;
+  bool dense = false;  // contiguous, no gaps
 
-  Buf(DType dt, const std::vector<std::int64_t>& shape, bool strided = false, bool misaligned = false) {
+  // align64: the view starts on a 64-byte boundary (then + 1 element if misaligned), so that the
+  // kernels' aligned non-temporal stores are taken.
+  Buf(DType dt, const std::vector<std::int64_t>& shape, bool strided = false,
+      bool misaligned = false, bool align64 = false) {
     es = dtype_size(dt);
     const int nd = static_cast<int>(shape.size());
     v.dtype = dt;
@@ -54,19 +60,73 @@ struct Buf {
       if (v.shape[i] == 0) span = 0;
       if (span) span += (v.shape[i] - 1) * v.strides[i];
     }
-    base = static_cast<std::size_t>(kGuard + (misaligned ? 1 : 0));
-    mem.assign((static_cast<std::size_t>(span) + 2 * kGuard + 1) * es, kSentinel);
+    mem.assign((static_cast<std::size_t>(span) + 2 * kGuard + 1) * es + (align64 ? 64 : 0),
+               kSentinel);
+    base = static_cast<std::size_t>(kGuard);
+    while (align64 && reinterpret_cast<std::uintptr_t>(mem.data() + base * es) % 64 != 0) ++base;
+    base += misaligned ? 1 : 0;
     v.data = mem.data() + base * es;
+    dense = !strided && v.is_contiguous();
   }
   Buf(const Buf&) = delete;
+
+  // Back to the state after construction (every byte the sentinel), reusing the memory.
+  void reset() { std::memset(mem.data(), kSentinel, mem.size()); }
+  // A contiguous view's elements copied from another contiguous view of the same dtype and size.
+  void copy_from(const Buf& o) {
+    std::memcpy(v.data, o.v.data, static_cast<std::size_t>(v.numel()) * es);
+  }
 
   void fill(const std::vector<double>& x) const {
     for (std::int64_t i = 0; i < v.numel(); ++i) v.set(i, x[static_cast<std::size_t>(i)]);
   }
   std::vector<double> values() const { return to_doubles(v); }
 
+  // Element i of a dense buffer, without View::get (large tensors).
+  double at(std::size_t i) const {
+    const unsigned char* e = static_cast<const unsigned char*>(v.data) + i * es;
+    if (v.dtype == DType::kF32) {
+      float f;
+      std::memcpy(&f, e, 4);
+      return f;
+    }
+    std::uint16_t bits;
+    std::memcpy(&bits, e, 2);
+    return v.dtype == DType::kBF16 ? to_float(bf16{bits}) : to_float(f16{bits});
+  }
+
+  // AllClose(values(), want, atol, rtol) for a dense buffer, without building values() (whose fresh
+  // large vector costs more than the kernels under test).
+  ::testing::AssertionResult close_to(const std::vector<double>& want, double atol,
+                                      double rtol) const {
+    if (static_cast<std::size_t>(v.numel()) != want.size())
+      return ::testing::AssertionFailure() << "size";
+    int bad = 0;
+    std::string msg;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const double g = at(i), w = want[i];
+      if (std::isinf(g) && std::isinf(w) && (g > 0) == (w > 0)) continue;
+      if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) {
+        if (bad++ < 5)
+          msg += " [" + std::to_string(i) + "] got " + std::to_string(g) + " want " +
+                 std::to_string(w) + ";";
+      }
+    }
+    if (bad)
+      return ::testing::AssertionFailure() << bad << " of " << want.size() << " differ:" << msg;
+    return ::testing::AssertionSuccess();
+  }
+
   // Every byte the view does not cover still holds the sentinel.
   ::testing::AssertionResult guards_ok() const {
+    if (dense) {  // the bytes before and after the view
+      const std::size_t a = base * es, b = a + static_cast<std::size_t>(v.numel()) * es;
+      for (std::size_t i = 0; i < mem.size(); i = i + 1 == a ? b : i + 1)
+        if (mem[i] != kSentinel)
+          return ::testing::AssertionFailure()
+                 << "byte " << i << " (view at " << a << ".." << b << ") was overwritten";
+      return ::testing::AssertionSuccess();
+    }
     std::vector<char> mine(mem.size() / es, 0);
     for (std::int64_t i = 0; i < v.numel(); ++i) mine[base + static_cast<std::size_t>(v.offset_of(i))] = 1;
     for (std::size_t e = 0; e < mine.size(); ++e) {
@@ -277,6 +337,45 @@ TEST(FastElementwiseRope, OneAndTwoThreadsAgreeExactly) {
   }
 }
 
+// Float32 outputs of at least fast::kStreamMinBytes take the non-temporal stores (64-byte aligned
+// rows) and the software prefetch; misaligned outputs the plain stores (16-bit ones never stream,
+// see rope_cpu.cc). Reference computed once per case, compared on every target.
+TEST(FastElementwiseRope, LargeStreamedOutputsMatchReference) {
+  for (DType dt : {DType::kF32}) {
+    const std::int64_t L = 256, H = 32, D = 128;  // q + k: 8 MiB
+    const std::vector<std::int64_t> shape = {1, L, H, D};
+    Buf q(dt, shape), k(dt, shape), qa(dt, shape, false, false, true),
+        qm(dt, shape, false, true, true);
+    Buf ko(dt, shape, false, false, true);
+    q.fill(randn(static_cast<std::size_t>(L * H * D), 31));
+    k.fill(randn(static_cast<std::size_t>(L * H * D), 32));
+    for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kHalf}) {
+      RopeParams p;
+      p.layout = layout;
+      Positions pos;
+      pos.offset = 3000;
+      ASSERT_TRUE(reference::rope_forward(p, q.v, pos, qa.v).ok());
+      ASSERT_TRUE(reference::rope_forward(p, k.v, pos, ko.v).ok());
+      const std::vector<double> wq = qa.values(), wk = ko.values();
+      const Tol t = tol_for(dt);
+      ForEachTarget([&](const std::string& target) {
+        for (bool misaligned : {false, true}) {
+          Buf& qo = misaligned ? qm : qa;
+          qo.reset();
+          ko.reset();
+          ASSERT_TRUE(rope_apply_qk(p, q.v, k.v, pos, qo.v, ko.v).ok());
+          const std::string what = target + " " + rope_layout_name(layout) + " " + dtype_name(dt) +
+                                   (misaligned ? " misaligned" : "");
+          EXPECT_TRUE(qo.close_to(wq, t.atol, t.rtol)) << what;
+          EXPECT_TRUE(ko.close_to(wk, t.atol, t.rtol)) << what;
+          EXPECT_TRUE(qo.guards_ok()) << what;
+          EXPECT_TRUE(ko.guards_ok()) << what;
+        }
+      });
+    }
+  }
+}
+
 // ---- absolute encodings -----------------------------------------------------------------------
 
 struct AbsCase {
@@ -390,6 +489,208 @@ TEST(FastElementwiseAbsolute, LearnedMatchesReference) {
   });
 }
 
+// Runs of consecutive positions take the rotation path (sinusoidal_cpu.cc): a double anchor every
+// 64 positions, carried 8 at a time in double, rotated in float by the table of k·w. Its bound,
+// derived there, is 2⁻²² + |a|·2⁻⁵¹ (tighter than the float sincos's 3·10⁻⁷): checked against long
+// double at positions near 4·10⁶, across anchor blocks, runs cut by a gap, a run of one, and B = 2
+// rows that share the positions.
+TEST(FastElementwiseAbsolute, SinusoidalRunsWithinTheirBound) {
+  const std::int64_t L = 150, D = 130;
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(L));
+  for (std::int64_t l = 0; l < L; ++l)
+    ids[static_cast<std::size_t>(l)] = 3999800 + l + (l >= 100 ? 7 : 0);
+  ids[70] = 12;  // a run of one amid a run
+  Positions pos;
+  pos.ids = View::contiguous(ids.data(), DType::kI64, {L});
+  std::vector<float> x(static_cast<std::size_t>(2 * L * D), 0.0f), y(x.size());
+  ForEachTarget([&](const std::string& target) {
+    ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{},
+                                   View::contiguous(x.data(), DType::kF32, {2, L, D}), pos,
+                                   View::contiguous(y.data(), DType::kF32, {2, L, D}))
+                    .ok());
+    double worst = 0;
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t l = 0; l < L; ++l)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const long double a = static_cast<long double>(ids[static_cast<std::size_t>(l)]) *
+                                powl(10000.0L, -2.0L * (d / 2) / D);
+          const double want = static_cast<double>(d % 2 ? cosl(a) : sinl(a));
+          const double err = std::fabs(y[static_cast<std::size_t>((b * L + l) * D + d)] - want);
+          const double bound = (l == 70 ? 3e-7 : std::ldexp(1.0, -22)) +
+                               static_cast<double>(a) * std::ldexp(1.0, -51);
+          worst = std::max(worst, err);
+          ASSERT_LE(err, bound) << target << " b=" << b << " l=" << l << " d=" << d;
+        }
+    EXPECT_LT(worst, 3e-7) << target;
+  });
+}
+
+TEST(FastElementwiseAbsolute, SinusoidalOneAndTwoThreadsAgreeExactly) {
+  const std::int64_t B = 2, L = 989, D = 128;
+  const std::vector<double> xs = randn(static_cast<std::size_t>(B * L * D), 6);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(B * L));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>(i % 700 + (i % 97 == 0 ? 5 : 0));
+  for (DType dt : kDtypes)
+    for (bool batched : {false, true}) {
+      Buf x(dt, {B, L, D}), y1(dt, {B, L, D}), y2(dt, {B, L, D});
+      x.fill(xs);
+      Positions pos;
+      if (batched) pos.ids = View::contiguous(ids.data(), DType::kI32, {B, L});
+      set_num_threads(1);
+      ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{}, x.v, pos, y1.v).ok());
+      set_num_threads(2);
+      ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{}, x.v, pos, y2.v).ok());
+      set_num_threads(0);
+      EXPECT_EQ(std::memcmp(y1.mem.data(), y2.mem.data(), y1.mem.size()), 0)
+          << dtype_name(dt) << " " << batched;
+    }
+}
+
+// Large outputs: the non-temporal stores (aligned and, misaligned by one element, the plain ones),
+// in place, and the table itself.
+TEST(FastElementwiseAbsolute, LargeStreamedOutputsMatchReference) {
+  for (DType dt : kDtypes) {
+    const std::int64_t L = dt == DType::kF32 ? 512 : 1024, D = 4096;  // 8 MiB
+    const std::vector<std::int64_t> shape = {1, L, D};
+    Positions pos, rev;  // runs (the rotations) and none (the float sincos per token)
+    pos.offset = 100000;
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(L));
+    for (std::int64_t l = 0; l < L; ++l) ids[static_cast<std::size_t>(l)] = 5 * (L - l);
+    rev.ids = View::contiguous(ids.data(), DType::kI64, {L});
+    // Few large buffers (first touches are slow on some machines): outputs reused for every call.
+    Buf x(dt, shape), e(dt, {L, D}), ya(dt, shape, false, false, true),
+        ym(dt, shape, false, true, true);
+    x.fill(randn(static_cast<std::size_t>(L * D), 41));
+    e.fill(randn(static_cast<std::size_t>(L * D), 42));
+    const View ta = View::contiguous(ya.v.data, dt, {L, D}),
+               tm = View::contiguous(ym.v.data, dt, {L, D});
+    ASSERT_TRUE(reference::sinusoidal_forward(SinusoidalParams{}, x.v, pos, ya.v).ok());
+    const std::vector<double> ws = ya.values();
+    ASSERT_TRUE(reference::sinusoidal_forward(SinusoidalParams{}, x.v, rev, ya.v).ok());
+    const std::vector<double> wr = ya.values();
+    ASSERT_TRUE(reference::sinusoidal_table(SinusoidalParams{}, pos, ta).ok());
+    const std::vector<double> wt = ya.values();
+    ASSERT_TRUE(reference::learned_forward(LearnedParams{}, x.v, e.v, Positions{}, ya.v).ok());
+    const std::vector<double> wl = ya.values();
+    const Tol t = tol_for(dt);
+    ForEachTarget([&](const std::string& target) {
+      const std::string what = target + " " + dtype_name(dt);
+      for (bool misaligned : {false, true}) {
+        Buf& y = misaligned ? ym : ya;
+        y.reset();
+        ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{}, x.v, pos, y.v).ok());
+        EXPECT_TRUE(y.close_to(ws, t.atol, t.rtol)) << what << " sinusoidal " << misaligned;
+        EXPECT_TRUE(y.guards_ok()) << what;
+        y.reset();
+        ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{}, x.v, rev, y.v).ok());
+        EXPECT_TRUE(y.close_to(wr, t.atol, t.rtol))
+            << what << " sinusoidal, no runs " << misaligned;
+        EXPECT_TRUE(y.guards_ok()) << what;
+        y.reset();
+        ASSERT_TRUE(sinusoidal_table(SinusoidalParams{}, pos, misaligned ? tm : ta).ok());
+        EXPECT_TRUE(y.close_to(wt, t.atol, t.rtol)) << what << " table " << misaligned;
+        EXPECT_TRUE(y.guards_ok()) << what;
+        y.reset();
+        ASSERT_TRUE(learned_forward(LearnedParams{}, x.v, e.v, Positions{}, y.v).ok());
+        EXPECT_TRUE(y.close_to(wl, t.atol, t.rtol)) << what << " learned " << misaligned;
+        EXPECT_TRUE(y.guards_ok()) << what;
+      }
+      ya.copy_from(x);
+      ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{}, ya.v, pos, ya.v).ok());
+      EXPECT_TRUE(ya.close_to(ws, t.atol, t.rtol)) << what << " in place";
+    });
+  }
+}
+
+// The 16-bit stores round to nearest even on every target (Highway 1.0.3 emulates float16 by
+// truncation on SSSE3/SSE4/scalar; simd-inl.h does not use it): x + e built to land on ties, on
+// subnormals, past the largest finite value and on inf/NaN; exact equality with the reference,
+// which rounds once from the exact float sum as half.h does.
+TEST(FastElementwiseAbsolute, SixteenBitStoresRoundToNearestEven) {
+  struct Pair {
+    double x, e;
+  };
+  const std::vector<Pair> f16 = {{1.0 + 0x1p-10, 0x1p-11},
+                                 {1.0, 0x1p-11},
+                                 {-1.0 - 0x1p-10, -0x1p-11},
+                                 {0x1p-14, 0x1p-25},
+                                 {0x1p-24, 0x1p-25},
+                                 {0x1.8p-24, 0x1p-25},
+                                 {65504.0, 16.0},
+                                 {65504.0, 8.0},
+                                 {-65504.0, -32.0},
+                                 {0x1p-14, -0x1p-24},
+                                 {INFINITY, 1.0},
+                                 {NAN, 0.0},
+                                 {3.0, 0x1p-9},
+                                 {2048.0, 1.0},
+                                 {2049.0 - 1.0, 1.0}};
+  const std::vector<Pair> b16 = {
+      {1.0 + 0x1p-7, 0x1p-8}, {1.0, 0x1p-8},        {-1.0 - 0x1p-7, -0x1p-8},
+      {0x1p-126, 0x1p-134},   {0x1p-133, 0x1p-134}, {0x1.fep127, 0x1p119},
+      {INFINITY, 1.0},        {NAN, 0.0},           {3.0, 0x1p-6}};
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const std::vector<Pair>& cases = dt == DType::kF16 ? f16 : b16;
+    const std::int64_t n = static_cast<std::int64_t>(cases.size()),
+                       D = 64;  // every case in every lane
+    std::vector<double> xs, es;
+    for (std::int64_t r = 0; r < D; ++r)
+      for (std::int64_t c = 0; c < n; ++c) {
+        xs.push_back(cases[static_cast<std::size_t>((c + r) % n)].x);
+        es.push_back(cases[static_cast<std::size_t>((c + r) % n)].e);
+      }
+    Buf x(dt, {1, n, D}), e(dt, {n, D}), ry(dt, {1, n, D});
+    x.fill(xs);
+    e.fill(es);
+    ASSERT_TRUE(reference::learned_forward(LearnedParams{}, x.v, e.v, Positions{}, ry.v).ok());
+    ForEachTarget([&](const std::string& target) {
+      Buf y(dt, {1, n, D});
+      ASSERT_TRUE(learned_forward(LearnedParams{}, x.v, e.v, Positions{}, y.v).ok());
+      const std::vector<double> got = y.values(), want = ry.values();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(want[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << target << " " << dtype_name(dt) << " " << i;
+          continue;
+        }
+        ASSERT_EQ(got[i], want[i])
+            << target << " " << dtype_name(dt) << " " << i << ": " << xs[i] << " + " << es[i];
+      }
+    });
+  }
+}
+
+TEST(FastElementwiseAbsolute, LearnedBackwardEachOutputAlone) {
+  const std::int64_t B = 2, L = 19, D = 130, max_len = 12;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(B * L));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>(i * i % 11);  // repeats, row 11 unused
+  Positions pos;
+  pos.ids = View::contiguous(ids.data(), DType::kI32, {B, L});
+  const std::vector<double> gs = randn(static_cast<std::size_t>(B * L * D), 77);
+  ForEachTarget([&](const std::string& target) {
+    for (DType dt : kDtypes) {
+      Buf dy(dt, {B, L, D}, true, true), table(dt, {max_len, D}), de(dt, {max_len, D}, false, true),
+          rde(dt, {max_len, D});
+      Buf dx(dt, {B, L, D}, false, true);
+      dy.fill(gs);
+      ASSERT_TRUE(learned_backward(LearnedParams{}, dy.v, table.v, pos, View{}, de.v).ok());
+      ASSERT_TRUE(
+          reference::learned_backward(LearnedParams{}, dy.v, table.v, pos, View{}, rde.v).ok());
+      EXPECT_EQ(de.values(), rde.values()) << target << " " << dtype_name(dt);
+      ASSERT_TRUE(learned_backward(LearnedParams{}, dy.v, table.v, pos, dx.v, View{}).ok());
+      EXPECT_EQ(dx.values(), dy.values()) << target << " " << dtype_name(dt);
+      for (const Buf* b : {&de, &dx})
+        EXPECT_TRUE(b->guards_ok()) << target << " " << dtype_name(dt);
+      // errors as the reference's
+      Buf bad(dt, {max_len + 1, D});
+      EXPECT_EQ(learned_backward(LearnedParams{}, dy.v, table.v, pos, View{}, bad.v).message(),
+                reference::learned_backward(LearnedParams{}, dy.v, table.v, pos, View{}, bad.v)
+                    .message());
+    }
+  });
+}
+
 // ---- logit biases (fast = reference bit for bit) ----------------------------------------------------
 
 TEST(FastElementwiseBias, AlibiAndT5EqualTheReference) {
@@ -428,6 +729,82 @@ TEST(FastElementwiseBias, AlibiAndT5EqualTheReference) {
         EXPECT_TRUE(out.guards_ok()) << what;
       }
     }
+}
+
+// The backward reductions: dbias summed per distance (vectorised, double) then per parameter,
+// against the reference's double sums over (i, j) in another order. Both sums of the same n = M·N
+// terms differ by at most 2·n·2⁻⁵³·Σ|term| (each within n·2⁻⁵³·Σ|term| of the exact sum), then one
+// rounding to the dtype each: |fast − ref| ≤ 2·n·2⁻⁵³·Σ|term|·(1 + ulp) + one ulp of the dtype at
+// the value.
+TEST(FastElementwiseBias, BackwardsMatchTheReference) {
+  struct G {
+    std::int64_t H, M, N, qo, ko;
+  };
+  const G gs[] = {{1, 1, 1, 0, 0},
+                  {4, 3, 19, -1, 0},
+                  {6, 19, 3, 0, 7},
+                  {2, 64, 130, 0, 0},
+                  {2, 1, 989, 988, 0}};
+  auto ulp = [](DType dt) {
+    return dt == DType::kF32 ? 0x1p-23 : dt == DType::kBF16 ? 0x1p-7 : 0x1p-10;
+  };
+  int n = 0;
+  ForEachTarget([&](const std::string& target) {
+    for (DType dt : kDtypes)
+      for (const G& gg : gs) {
+        ++n;
+        const BiasGeometry g{gg.H, gg.M, gg.N, gg.qo < 0 ? gg.N - gg.M : gg.qo, gg.ko};
+        const std::string what = target + " " + dtype_name(dt) + " case " + std::to_string(n);
+        Buf db(dt, {g.heads, g.q_len, g.k_len}, n % 2 == 0, n % 3 == 0);
+        const std::vector<double> dbs =
+            randn(static_cast<std::size_t>(g.heads * g.q_len * g.k_len), 1000 + n);
+        db.fill(dbs);
+        double abs_sum = 0, abs_dist = 0;  // Σ|dbias|, Σ|dbias|·|r|
+        for (std::int64_t h = 0; h < g.heads; ++h)
+          for (std::int64_t i = 0; i < g.q_len; ++i)
+            for (std::int64_t j = 0; j < g.k_len; ++j) {
+              const double v = std::fabs(db.v.get((h * g.q_len + i) * g.k_len + j));
+              abs_sum += v;
+              abs_dist += v * static_cast<double>(std::llabs((g.k_offset + j) - (g.q_offset + i)));
+            }
+        const double terms = static_cast<double>(g.q_len * g.k_len), slack = 3 * terms * 0x1p-53;
+        // ALiBi, learned variant (the weights' σ' ≤ 1/4 scales the sums)
+        Buf w(dt, {2, g.heads}), dw(dt, {2, g.heads}, false, true), rdw(dt, {2, g.heads});
+        w.fill(randn(static_cast<std::size_t>(2 * g.heads), 1100 + n));
+        const AlibiParams ap{AlibiVariant::kLearned};
+        ASSERT_TRUE(alibi_bias_backward(ap, g, w.v, db.v, dw.v).ok()) << what;
+        ASSERT_TRUE(reference::alibi_bias_backward(ap, g, w.v, db.v, rdw.v).ok());
+        EXPECT_TRUE(AllClose(dw.values(), rdw.values(), slack * abs_dist, ulp(dt)))
+            << what << " alibi";
+        EXPECT_TRUE(dw.guards_ok()) << what;
+        // T5
+        for (bool bidir : {true, false}) {
+          T5Params p;
+          p.bidirectional = bidir;
+          p.num_buckets = 16;
+          p.max_distance = 40;
+          Buf tw(dt, {p.num_buckets, g.heads}, false, true), rtw(dt, {p.num_buckets, g.heads});
+          ASSERT_TRUE(t5_bias_backward(p, g, db.v, tw.v).ok()) << what;
+          ASSERT_TRUE(reference::t5_bias_backward(p, g, db.v, rtw.v).ok());
+          EXPECT_TRUE(AllClose(tw.values(), rtw.values(), slack * abs_sum, ulp(dt)))
+              << what << " t5 " << bidir;
+          EXPECT_TRUE(tw.guards_ok()) << what;
+        }
+      }
+  });
+  // Errors are the reference's.
+  std::vector<float> db(2 * 3 * 4), w(4), bad(6);
+  const BiasGeometry g{2, 3, 4, 0, 0};
+  const View dbv = View::contiguous(db.data(), DType::kF32, {2, 3, 4}),
+             wv = View::contiguous(w.data(), DType::kF32, {2, 2});
+  const View badv = View::contiguous(bad.data(), DType::kF32, {3, 2});
+  EXPECT_EQ(alibi_bias_backward(AlibiParams{AlibiVariant::kLearned}, g, wv, dbv, badv).message(),
+            reference::alibi_bias_backward(AlibiParams{AlibiVariant::kLearned}, g, wv, dbv, badv)
+                .message());
+  EXPECT_EQ(alibi_bias_backward(AlibiParams{}, g, wv, dbv, wv).message(),
+            reference::alibi_bias_backward(AlibiParams{}, g, wv, dbv, wv).message());
+  EXPECT_EQ(t5_bias_backward(T5Params{}, g, dbv, badv).message(),
+            reference::t5_bias_backward(T5Params{}, g, dbv, badv).message());
 }
 
 }  // namespace

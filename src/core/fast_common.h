@@ -2,6 +2,8 @@
 // aliasing, and how many threads a call gets.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -54,5 +56,41 @@ inline int threads_for(std::int64_t elements) {
 // Outputs at least this large (bytes) are written with non-temporal stores where aligned (they would
 // not stay in cache anyway, and streaming saves the read-for-ownership).
 constexpr std::int64_t kStreamMinBytes = std::int64_t{8} << 20;
+
+// Runs body(begin, end) over [0, n) cut into `threads` contiguous ranges, one per thread; with one
+// thread the body is called directly (no OpenMP region: a decode-sized call pays nothing for it).
+template <class F>
+void parallel_ranges(std::int64_t n, int threads, const F& body) {
+  if (threads <= 1 || n <= 1) {
+    if (n > 0) body(std::int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const std::int64_t a = n * t / T, b = n * (t + 1) / T;
+    if (b > a) body(a, b);
+  }
+}
+
+// Tables that depend only on a few parameters (inverse frequencies, rotation steps): the last ones
+// built at this call site on this thread are kept while `key` stays the same, so that a decode step
+// does not rebuild them. The reference stays valid until the next call here on this thread.
+template <class Key, class Build>
+const auto& cached_tables(const Key& key, const Build& build) {
+  using Tables = decltype(build());
+  thread_local struct {
+    bool ok = false;
+    Key key{};
+    Tables tables{};
+  } c;
+  if (!c.ok || !(c.key == key)) {
+    c.ok = false;
+    c.tables = build();
+    c.key = key;
+    c.ok = true;
+  }
+  return c.tables;
+}
 
 }  // namespace posenc::fast

@@ -1,10 +1,11 @@
 // Private: the fast fill of a relative-position bias [H, M, N] (ALiBi, T5) from a per-head table.
 //
-// Such a bias depends on (h, i, j) only through the distance r = (k_offset + j) − (q_offset + i), so
-// row (h, i) is the contiguous slice lut[h][M−1−i .. M−1−i+N) of a per-head table over the M+N−1
-// distances r_min .. r_max (r_min = k_offset − q_offset − (M−1)). The table holds the reference's own
-// double values rounded once to the output dtype, so the fast bias equals the reference bit for bit;
-// filling is a row copy (memcpy's SIMD), OpenMP over rows.
+// Such a bias depends on (h, i, j) only through the distance r = (k_offset + j) − (q_offset + i),
+// so row (h, i) is the contiguous slice lut[h][M−1−i .. M−1−i+N) of a per-head table over the M+N−1
+// distances r_min .. r_max (r_min = k_offset − q_offset − (M−1)). The table holds the reference's
+// own double values rounded once to the output dtype, so the fast bias equals the reference bit for
+// bit; filling is a row copy (memcpy's SIMD), OpenMP over rows. The backward reduces dbias the
+// other way round: per distance first (diagonal_sums), then per parameter.
 #pragma once
 
 #include <cstdint>
@@ -36,5 +37,17 @@ inline void fill_from_lut(const BiasGeometry& g, const std::vector<double>& lut,
                 typed.data() + static_cast<std::size_t>(h * W + (M - 1 - i)) * es, static_cast<std::size_t>(N) * es);
   }
 }
+
+// Whether diagonal_sums takes dbias (float32, bfloat16 or float16; last dimension contiguous).
+inline bool sums_ok(const View& dbias) {
+  return fast::fast_dtype(dbias.dtype) && fast::inner_contiguous(dbias);
+}
+
+// The backward of a bias that depends on (h, i, j) only through the distance: S [H, W = M+N−1],
+// S[h][w] = Σ_i dbias[h, i, w − (M−1−i)] over the rows i that reach w, i.e. the sum of dbias over
+// the (query, key) pairs at distance r_min + w (row (h, i) is the slice w ∈ [M−1−i, M−1−i+N), as in
+// fill_from_lut). In double, rows added in order i = 0 .. M−1 with Highway vector adds
+// (alibi_cpu.cc); OpenMP over heads. dbias: [H, M, N] accepted by sums_ok.
+std::vector<double> diagonal_sums(const BiasGeometry& g, const View& dbias);
 
 }  // namespace posenc::bias

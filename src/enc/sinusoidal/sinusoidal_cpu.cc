@@ -1,12 +1,31 @@
 // The sinusoidal encoding's fast path: the public posenc::sinusoidal_table / _forward / _backward
 // dispatch here (validation is the reference's, sinusoidal_check.h, so errors are identical).
 //
-// float32/bfloat16/float16 with a contiguous last dimension: per token, the D/2 angles p·w_i are formed
-// in double and reduced exactly, sin/cos evaluated in float (bound in src/core/simd-inl.h), interleaved
-// into PE[p, :] and added to x with vector loads (Highway, dynamic dispatch; OpenMP over tokens).
-// Everything else falls back to posenc::reference. Backward is dx = dy: a row copy.
+// float32/bfloat16/float16 with a contiguous last dimension (Highway, dynamic dispatch; OpenMP over
+// blocks of positions); everything else falls back to posenc::reference. Backward is dx = dy: a row
+// copy.
+//
+// Evaluating sin and cos per element makes the add compute-bound, so runs of consecutive positions
+// p, p+1, … (the usual offset + l) use the angle-addition formulas instead:
+//   - an exact anchor every kRun = 64 positions (block starts, so the result does not depend on the
+//     thread count) and at each run start: sin, cos(p·w_i) in double (simd-inl.h's SinCosF64);
+//   - carried in double by the rotation of K·w_i (K = kK = 8): drift ~10⁻¹⁵ over a block;
+//   - rounded to float (as, ac), and row p + k, k < K, is PE = (as·ck + ac·sk, ac·ck − as·sk), with
+//     ck, sk = cos, sin(k·w_i) from a per-(D, base) table rounded to float (built once, kept).
+// Bound of a rotated value against sin/cos of the exact angle: the float anchor and the table are
+// each within 2⁻²⁴ relative, and |as·ck| + |ac·sk| ≤ 1 (Cauchy–Schwarz), so they contribute ≤ 2⁻²⁴
+// each; the product and the FMA round ≤ 2⁻²⁴ each: ≤ 2⁻²² (2.4·10⁻⁷) + the angle's |a|·2⁻⁵² —
+// within the float sincos's 3·10⁻⁷ + |a|·2⁻⁵¹ (simd-inl.h), which a token not followed by its
+// successor still takes. The add is fused: y = as·ck + (ac·sk + x) (two FMAs per value; bfloat16 in
+// simd-inl.h's even/odd pairs, which are exactly the sin and cos columns). Large outputs:
+// non-temporal stores.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "posenc/absolute.h"
@@ -14,16 +33,28 @@
 #ifndef POSENC_SINUS_JOB_DEFINED
 #define POSENC_SINUS_JOB_DEFINED
 namespace posenc::sinus_fast {
+// Rows per exact anchor block, and rows per float rotation table (K).
+constexpr std::int64_t kRun = 64;
+constexpr std::int64_t kK = 8;
+
 struct Job {
   DType dtype = DType::kF32;
   std::int64_t B = 0, L = 0, D = 0;
   const std::int64_t* pos = nullptr;  // [B, L]
-  const double* inv = nullptr;        // [D/2]
+  bool shared = false;                // every batch row has the positions of row 0
+  const double* inv = nullptr;        // [D/2]: w_i
+  const double* cK = nullptr;         // [D/2]: cos(K·w_i)   (null: no runs, L = 1)
+  const double* sK = nullptr;         // [D/2]: sin(K·w_i)
+  // cos, sin(k·w) rounded to float, k < K: bfloat16 per pair, tc, ts [K, D/2] (cos, sin(k·w_i));
+  // other dtypes per column, tc, ts [K, D] (cos(k·w_{j/2}), and sin(k·w_{j/2}) for even j, −sin for
+  // odd).
+  const float* tc = nullptr;
+  const float* ts = nullptr;
   const void* x = nullptr;            // [B, L, D] or null (the table: y = PE)
   void* y = nullptr;                  // [B, L, D]
   std::int64_t xs[2] = {0, 0}, ys[2] = {0, 0};
   int threads = 1;
-  bool stream = false;
+  bool stream = false;  // large, and out of place or the table: non-temporal stores
 };
 }  // namespace posenc::sinus_fast
 #endif
@@ -33,6 +64,7 @@ struct Job {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "core/fast_common.h"
 #include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -40,49 +72,311 @@ namespace posenc {
 namespace HWY_NAMESPACE {
 namespace {
 
+using sinus_fast::kK;
+using sinus_fast::kRun;
+
+// y[0, n) = x[0, n) + pe[0, n) (x null: y = pe). kStream: non-temporal stores from the first
+// aligned element on.
+template <bool kStream, typename T>
+void AddRow(const T* x, const float* HWY_RESTRICT pe, T* y, std::int64_t n) {
+  const hn::ScalableTag<float> df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t i = 0;
+  if (kStream)
+    for (; i < n && !StreamAligned(df, y + i); ++i) FromF((x ? ToF(x[i]) : 0.0f) + pe[i], y + i);
+  if (x) {
+    for (; i + 2 * N <= n; i += 2 * N) {
+      hn::Vec<decltype(df)> v0, v1;
+      LoadF2(df, x + i, &v0, &v1);
+      StoreF2<kStream>(df, hn::Add(v0, hn::LoadU(df, pe + i)),
+                       hn::Add(v1, hn::LoadU(df, pe + i + N)), y + i);
+    }
+    for (; i + N <= n; i += N) StoreF(df, hn::Add(LoadF(df, x + i), hn::LoadU(df, pe + i)), y + i);
+    for (; i < n; ++i) FromF(ToF(x[i]) + pe[i], y + i);
+  } else {
+    for (; i + 2 * N <= n; i += 2 * N)
+      StoreF2<kStream>(df, hn::LoadU(df, pe + i), hn::LoadU(df, pe + i + N), y + i);
+    for (; i + N <= n; i += N) StoreF(df, hn::LoadU(df, pe + i), y + i);
+    for (; i < n; ++i) FromF(pe[i], y + i);
+  }
+}
+
+// v [2n] = (s0, c0, s1, c1, …).
+void Interleave(const float* HWY_RESTRICT s, const float* HWY_RESTRICT c, std::int64_t n,
+                float* HWY_RESTRICT v) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::ScalableTag<float> df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N)
+    hn::StoreInterleaved2(hn::LoadU(df, s + i), hn::LoadU(df, c + i), df, v + 2 * i);
+#endif
+  for (; i < n; ++i) {
+    v[2 * i] = s[i];
+    v[2 * i + 1] = c[i];
+  }
+}
+
+// PE[m, :] by the exact-angle float sincos of simd-inl.h (a token not followed by its successor).
+void PeRowFloat(double m, const sinus_fast::Job& j, float* red, float* quad, float* s, float* c,
+                float* pe) {
+  const std::int64_t half = j.D / 2;
+  SinCosRow(m, j.inv, static_cast<std::size_t>(half), red, quad, s, c);
+  Interleave(s, c, half, pe);
+}
+
+#if HWY_HAVE_FLOAT64
+// ds, dc [n] = sin, cos(m·w) in double (SinCosF64).
+void AnchorF64(double m, const double* HWY_RESTRICT w, std::int64_t n, double* HWY_RESTRICT ds,
+               double* HWY_RESTRICT dc) {
+  const hn::ScalableTag<double> dd;
+  const std::int64_t Nd = static_cast<std::int64_t>(hn::Lanes(dd));
+  const auto vm = hn::Set(dd, m);
+  std::int64_t i = 0;
+  for (; i + Nd <= n; i += Nd) {
+    hn::Vec<decltype(dd)> s, c;
+    SinCosF64(dd, hn::Mul(vm, hn::LoadU(dd, w + i)), &s, &c);
+    hn::StoreU(s, dd, ds + i);
+    hn::StoreU(c, dd, dc + i);
+  }
+  const hn::CappedTag<double, 1> d1;
+  for (; i < n; ++i) {
+    hn::Vec<decltype(d1)> s, c;
+    SinCosF64(d1, hn::Set(d1, m * w[i]), &s, &c);
+    ds[i] = hn::GetLane(s);
+    dc[i] = hn::GetLane(c);
+  }
+}
+
+// as, ac = float(ds, dc); then, if advance, (ds, dc) rotated by K·w: the anchor K positions on.
+void AnchorStep(double* HWY_RESTRICT ds, double* HWY_RESTRICT dc, const double* HWY_RESTRICT cK,
+                const double* HWY_RESTRICT sK, std::int64_t n, float* HWY_RESTRICT as,
+                float* HWY_RESTRICT ac, bool advance) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const std::int64_t Nd = static_cast<std::int64_t>(hn::Lanes(dd));
+  std::int64_t i = 0;
+  for (; i + Nd <= n; i += Nd) {
+    const auto s = hn::LoadU(dd, ds + i), c = hn::LoadU(dd, dc + i);
+    hn::StoreU(hn::DemoteTo(dfh, s), dfh, as + i);
+    hn::StoreU(hn::DemoteTo(dfh, c), dfh, ac + i);
+    if (advance) {
+      const auto ck = hn::LoadU(dd, cK + i), sk = hn::LoadU(dd, sK + i);
+      hn::StoreU(hn::MulAdd(s, ck, hn::Mul(c, sk)), dd, ds + i);
+      hn::StoreU(hn::NegMulAdd(s, sk, hn::Mul(c, ck)), dd, dc + i);
+    }
+  }
+  for (; i < n; ++i) {
+    const double s = ds[i], c = dc[i];
+    as[i] = static_cast<float>(s);
+    ac[i] = static_cast<float>(c);
+    if (advance) {
+      ds[i] = s * cK[i] + c * sK[i];
+      dc[i] = c * cK[i] - s * sK[i];
+    }
+  }
+}
+#endif  // HWY_HAVE_FLOAT64
+
+// y = x + PE of the anchor rotated by k·w, per column (float32, float16): with V = the float anchor
+// interleaved (sin, cos, …) and W = V with each pair swapped, PE = V·tc + W·ts (the angle-addition
+// formulas), y = V·tc + (W·ts + x) in two FMAs. x null: y = PE. kStream: y aligned for
+// StoreF2<true>.
+template <bool kStream, typename T>
+void AddRotatedCols(const T* x, const float* HWY_RESTRICT V, const float* HWY_RESTRICT tc,
+                    const float* HWY_RESTRICT ts, std::int64_t n, T* y) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::ScalableTag<float> df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto v0 = hn::LoadU(df, V + i), v1 = hn::LoadU(df, V + i + N);
+    const auto w0 = hn::Shuffle2301(v0), w1 = hn::Shuffle2301(v1);
+    const auto s0 = hn::LoadU(df, ts + i), s1 = hn::LoadU(df, ts + i + N);
+    hn::Vec<decltype(df)> r0, r1;
+    if (x) {
+      LoadF2(df, x + i, &r0, &r1);
+      r0 = hn::MulAdd(w0, s0, r0);
+      r1 = hn::MulAdd(w1, s1, r1);
+    } else {
+      r0 = hn::Mul(w0, s0);
+      r1 = hn::Mul(w1, s1);
+    }
+    StoreF2<kStream>(df, hn::MulAdd(v0, hn::LoadU(df, tc + i), r0),
+                     hn::MulAdd(v1, hn::LoadU(df, tc + i + N), r1), y + i);
+  }
+#endif
+  for (; i < n; ++i) FromF((x ? ToF(x[i]) : 0.0f) + (V[i] * tc[i] + V[i ^ 1] * ts[i]), y + i);
+}
+
+// bfloat16, per pair: the even and odd elements of x are the sin and cos columns, so with the float
+// anchor (as, ac): y_even = as·tc + (ac·ts + x_even), y_odd = ac·tc + (x_odd − as·ts), two FMAs
+// each. kStream: y aligned for StoreF2<true>.
+template <bool kStream>
+void AddRotatedBf16(const hwy::bfloat16_t* x, const float* HWY_RESTRICT as,
+                    const float* HWY_RESTRICT ac, const float* HWY_RESTRICT tc,
+                    const float* HWY_RESTRICT ts, std::int64_t n, hwy::bfloat16_t* y) {
+  const hn::ScalableTag<float> df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t i = 0;  // pair index
+#if POSENC_BF16_PAIRS
+  for (; i + N <= n; i += N) {
+    const auto a = hn::LoadU(df, as + i), b = hn::LoadU(df, ac + i);
+    const auto c = hn::LoadU(df, tc + i), s = hn::LoadU(df, ts + i);
+    hn::Vec<decltype(df)> xe = hn::Zero(df), xo = hn::Zero(df);
+    if (x) LoadBf16Pairs(df, x + 2 * i, &xe, &xo);
+    StoreBf16Pairs<kStream>(df, hn::MulAdd(a, c, hn::MulAdd(b, s, xe)),
+                            hn::MulAdd(b, c, hn::NegMulAdd(a, s, xo)), y + 2 * i);
+  }
+#else
+  (void)N;
+#endif
+  for (; i < n; ++i) {
+    FromF((x ? ToF(x[2 * i]) : 0.0f) + (as[i] * tc[i] + ac[i] * ts[i]), y + 2 * i);
+    FromF((x ? ToF(x[2 * i + 1]) : 0.0f) + (ac[i] * tc[i] - as[i] * ts[i]), y + 2 * i + 1);
+  }
+}
+
+// Per item (a batch sequence, or all of them when shared, times a block of kRun positions): each
+// run of consecutive positions p, p+1, … gets its PE rows from an exact double anchor sin,
+// cos(p·w), carried in double K positions at a time (rotation by K·w), and rounded to float; row p
+// + k, k < K, is that float anchor rotated by the float table of k·w (error bound in the header
+// comment). A token not followed by its successor takes the float sincos instead. Anchors sit at
+// block starts, so the result does not depend on the thread count.
 template <typename T>
 void SinusImpl(const sinus_fast::Job& j) {
-  const std::int64_t ntok = j.B * j.L, D = j.D, half = D / 2;
-#pragma omp parallel num_threads(j.threads) if (j.threads > 1)
-  {
-    std::vector<float> buf(static_cast<std::size_t>(4 * half + D + 64));
-    float* red = buf.data();
+  const std::int64_t D = j.D, half = D / 2, L = j.L;
+  const std::int64_t nblk = (L + kRun - 1) / kRun, nseq = j.shared ? 1 : j.B;
+  const hn::ScalableTag<float> df;
+  constexpr bool kPairs = std::is_same_v<T, hwy::bfloat16_t>;  // the tables' form (Job)
+  fast::parallel_ranges(nseq * nblk, j.threads, [&](std::int64_t i0, std::int64_t i1) {
+    // Scratch, not zeroed (every element is written before it is read).
+    const std::unique_ptr<float[]> fbuf(new float[static_cast<std::size_t>(6 * half + D)]);
+    float* red = fbuf.get();
     float* quad = red + half;
     float* s = quad + half;
     float* c = s + half;
-    float* pe = c + half;  // [D]
-    const hn::ScalableTag<float> df;
-    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-#pragma omp for schedule(static)
-    for (std::int64_t t = 0; t < ntok; ++t) {
-      const std::int64_t b = t / j.L, l = t % j.L;
-      SinCosRow(static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), red, quad, s, c);
-      std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-      for (; i + N <= half; i += N)
-        hn::StoreInterleaved2(hn::LoadU(df, s + i), hn::LoadU(df, c + i), df, pe + 2 * i);
-#endif
-      for (; i < half; ++i) {
-        pe[2 * i] = s[i];
-        pe[2 * i + 1] = c[i];
+    float* as = c + half;
+    float* ac = as + half;
+    float* pe = ac + half;  // [D]: a PE row, or the anchor interleaved (V of AddRotatedCols)
+    const std::unique_ptr<double[]> dbuf(new double[j.cK ? static_cast<std::size_t>(2 * half) : 1]);
+    double* ds = dbuf.get();
+    double* dc = ds + half;
+    auto rows_of = [&](std::int64_t seq, std::int64_t* b0, std::int64_t* b1) {
+      *b0 = j.shared ? 0 : seq;
+      *b1 = j.shared ? j.B : seq + 1;
+    };
+    auto row_ptrs = [&](std::int64_t b, std::int64_t l, const T** x, T** y) {
+      *y = static_cast<T*>(j.y) + b * j.ys[0] + l * j.ys[1];
+      *x = j.x ? static_cast<const T*>(j.x) + b * j.xs[0] + l * j.xs[1] : nullptr;
+    };
+    // y rows at l = x rows + pe [D].
+    auto add_pe = [&](std::int64_t seq, std::int64_t l) {
+      std::int64_t b0, b1;
+      rows_of(seq, &b0, &b1);
+      for (std::int64_t b = b0; b < b1; ++b) {
+        const T* x;
+        T* y;
+        row_ptrs(b, l, &x, &y);
+        if (j.stream)
+          AddRow<true>(x, pe, y, D);
+        else
+          AddRow<false>(x, pe, y, D);
       }
-      T* y = static_cast<T*>(j.y) + b * j.ys[0] + l * j.ys[1];
-      std::int64_t d = 0;
-      if (j.x) {
-        const T* x = static_cast<const T*>(j.x) + b * j.xs[0] + l * j.xs[1];
-        if (j.stream) {
-          for (; d + N <= D; d += N) StreamF(df, hn::Add(LoadF(df, x + d), hn::LoadU(df, pe + d)), y + d);
-        } else {
-          for (; d + N <= D; d += N) StoreF(df, hn::Add(LoadF(df, x + d), hn::LoadU(df, pe + d)), y + d);
+    };
+    for (std::int64_t item = i0; item < i1; ++item) {
+      const std::int64_t seq = item / nblk, l1 = std::min(L, (item % nblk + 1) * kRun);
+      const std::int64_t* p = j.pos + seq * L;
+      for (std::int64_t l = (item % nblk) * kRun; l < l1;) {
+        std::int64_t n = 1;  // a run of consecutive positions p[l] .. p[l] + n − 1
+        while (l + n < l1 && p[l + n] == p[l] + n) ++n;
+#if HWY_HAVE_FLOAT64
+        if (n >= 2 && j.cK) {
+          AnchorF64(static_cast<double>(p[l]), j.inv, half, ds, dc);
+          for (std::int64_t g = 0; g < n; g += kK) {
+            AnchorStep(ds, dc, j.cK, j.sK, half, as, ac, g + kK < n);
+            if (!kPairs) Interleave(as, ac, half, pe);
+            for (std::int64_t k = 0; k < kK && g + k < n; ++k) {
+              std::int64_t b0, b1;
+              rows_of(seq, &b0, &b1);
+              for (std::int64_t b = b0; b < b1; ++b) {
+                const T* x;
+                T* y;
+                row_ptrs(b, l + g + k, &x, &y);
+                const bool st = j.stream && StreamAligned(df, y);
+                if constexpr (kPairs) {
+                  const float* tc = j.tc + k * half;
+                  const float* ts = j.ts + k * half;
+                  if (st)
+                    AddRotatedBf16<true>(x, as, ac, tc, ts, half, y);
+                  else
+                    AddRotatedBf16<false>(x, as, ac, tc, ts, half, y);
+                } else {
+                  if (st)
+                    AddRotatedCols<true>(x, pe, j.tc + k * D, j.ts + k * D, D, y);
+                  else
+                    AddRotatedCols<false>(x, pe, j.tc + k * D, j.ts + k * D, D, y);
+                }
+              }
+            }
+          }
+          l += n;
+          continue;
         }
-        for (; d < D; ++d) FromF(ToF(x[d]) + pe[d], y + d);
-      } else {
-        for (; d + N <= D; d += N) StoreF(df, hn::LoadU(df, pe + d), y + d);
-        for (; d < D; ++d) FromF(pe[d], y + d);
+#endif
+        PeRowFloat(static_cast<double>(p[l]), j, red, quad, s, c, pe);
+        add_pe(seq, l);
+        ++l;
       }
     }
-  }
-  if (j.stream) hwy::FlushStream();
+    if (j.stream) hwy::FlushStream();  // each thread fences its own non-temporal stores
+  });
+}
+
+// The rotation tables of frequencies w [n]: cK, sK = cos, sin(K·w) in double; tc, ts = cos,
+// sin(k·w) rounded to float (the angle k·w formed in double), [K, n] per pair, or [K, 2n] per
+// column (Job).
+void SinusTablesImpl(const double* w, std::int64_t n, bool columns, double* cK, double* sK,
+                     float* tc, float* ts) {
+  // sin, cos(k·w[i]) into sv, cv for i in [i0, i0 + m), vectorised where the target has doubles.
+  auto sincos = [&](double k, std::int64_t i0, std::int64_t m, double* sv, double* cv) {
+    std::int64_t i = 0;
+#if HWY_HAVE_FLOAT64
+    const hn::ScalableTag<double> dd;
+    const std::int64_t Nd = static_cast<std::int64_t>(hn::Lanes(dd));
+    for (; i + Nd <= m; i += Nd) {
+      hn::Vec<decltype(dd)> s, c;
+      SinCosF64(dd, hn::Mul(hn::Set(dd, k), hn::LoadU(dd, w + i0 + i)), &s, &c);
+      hn::StoreU(s, dd, sv + i);
+      hn::StoreU(c, dd, cv + i);
+    }
+#endif
+    for (; i < m; ++i) {
+      sv[i] = std::sin(k * w[i0 + i]);
+      cv[i] = std::cos(k * w[i0 + i]);
+    }
+  };
+  sincos(static_cast<double>(kK), 0, n, sK, cK);
+  constexpr std::int64_t kBlock = 256;
+  double sv[kBlock], cv[kBlock];
+  for (std::int64_t k = 0; k < kK; ++k)
+    for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
+      const std::int64_t m = std::min(kBlock, n - i0);
+      sincos(static_cast<double>(k), i0, m, sv, cv);
+      for (std::int64_t i = 0; i < m; ++i) {
+        const float c = static_cast<float>(cv[i]), sn = static_cast<float>(sv[i]);
+        if (columns) {
+          float* pc = tc + k * 2 * n + 2 * (i0 + i);
+          float* ps = ts + k * 2 * n + 2 * (i0 + i);
+          pc[0] = pc[1] = c;
+          ps[0] = sn;
+          ps[1] = -sn;
+        } else {
+          tc[k * n + i0 + i] = c;
+          ts[k * n + i0 + i] = sn;
+        }
+      }
+    }
 }
 
 }  // namespace
@@ -94,6 +388,11 @@ void SinusRun(const sinus_fast::Job& j) {
     case DType::kF16: SinusImpl<hwy::float16_t>(j); break;
     default: break;
   }
+}
+
+void SinusTables(const double* w, std::int64_t n, bool columns, double* cK, double* sK, float* tc,
+                 float* ts) {
+  SinusTablesImpl(w, n, columns, cK, sK, tc, ts);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -108,21 +407,52 @@ HWY_AFTER_NAMESPACE();
 
 namespace posenc {
 HWY_EXPORT(SinusRun);
+HWY_EXPORT(SinusTables);
 
 namespace {
 
-// y[b, l, :] = x[b, l, :] + PE[pos(b, l)] (x absent: y = PE). Views already validated.
-Status run_fast(const SinusoidalParams& p, const View* x, const View& y, std::int64_t B, std::int64_t L,
-                std::int64_t D, const std::vector<std::int64_t>& ids) {
+// The frequencies of D and base (std::pow, the reference's own values), and the rotation tables.
+struct Rotations {
+  std::vector<double> cK, sK;  // [D/2]
+  std::vector<float> tc, ts;   // [K, D/2]
+};
+// y[b, l, :] = x[b, l, :] + PE[pos(b, l)] (x absent: y = PE). Views already validated. shared: the
+// positions do not depend on b (given as [L] or an offset).
+Status run_fast(const SinusoidalParams& p, const View* x, const View& y, std::int64_t B,
+                std::int64_t L, std::int64_t D, const std::vector<std::int64_t>& ids, bool shared) {
   if (B * L * D == 0) return Status::Ok();
-  std::vector<double> inv(static_cast<std::size_t>(D / 2));
-  for (std::int64_t i = 0; i < D / 2; ++i) inv[static_cast<std::size_t>(i)] = sinusoid::inv_freq(i, D, p.base);
+  const std::int64_t half = D / 2;
+  const std::vector<double>& inv = fast::cached_tables(std::make_tuple(D, p.base), [&] {
+    std::vector<double> w(static_cast<std::size_t>(half));
+    for (std::int64_t i = 0; i < half; ++i)
+      w[static_cast<std::size_t>(i)] = sinusoid::inv_freq(i, D, p.base);
+    return w;
+  });
   sinus_fast::Job j;
+  if (L >=
+      2) {  // runs of positions are possible: the rotation tables (a decode step never builds them)
+    const bool columns = y.dtype != DType::kBF16;
+    const Rotations& rt = fast::cached_tables(std::make_tuple(D, p.base, columns), [&] {
+      Rotations r;
+      r.cK.resize(static_cast<std::size_t>(half));
+      r.sK.resize(static_cast<std::size_t>(half));
+      r.tc.resize(static_cast<std::size_t>(sinus_fast::kK * (columns ? D : half)));
+      r.ts.resize(r.tc.size());
+      HWY_DYNAMIC_DISPATCH(SinusTables)
+      (inv.data(), half, columns, r.cK.data(), r.sK.data(), r.tc.data(), r.ts.data());
+      return r;
+    });
+    j.cK = rt.cK.data();
+    j.sK = rt.sK.data();
+    j.tc = rt.tc.data();
+    j.ts = rt.ts.data();
+  }
   j.dtype = y.dtype;
   j.B = B;
   j.L = L;
   j.D = D;
   j.pos = ids.data();
+  j.shared = shared;
   j.inv = inv.data();
   j.y = y.data;
   const int yo = y.ndim - 3;  // the table is [L, D]: no batch stride
@@ -135,8 +465,9 @@ Status run_fast(const SinusoidalParams& p, const View* x, const View& y, std::in
   }
   const std::int64_t elems = B * L * D;
   j.threads = fast::threads_for(elems);
-  j.stream = x && x->data != y.data &&
-             elems * static_cast<std::int64_t>(dtype_size(y.dtype)) >= fast::kStreamMinBytes;
+  const bool large =
+      elems * static_cast<std::int64_t>(dtype_size(y.dtype)) >= fast::kStreamMinBytes;
+  j.stream = large && (!x || x->data != y.data);
   HWY_DYNAMIC_DISPATCH(SinusRun)(j);
   return Status::Ok();
 }
@@ -165,7 +496,7 @@ Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const V
     return reference::sinusoidal_table(p, pos, out);
   auto ids = expand_positions("positions", pos, 1, out.dim(0));  // [1, L]
   if (!ids.ok()) return ids.status();
-  return run_fast(p, nullptr, out, 1, out.dim(0), out.dim(1), *ids);
+  return run_fast(p, nullptr, out, 1, out.dim(0), out.dim(1), *ids, true);
 }
 
 Status sinusoidal_forward(const SinusoidalParams& p, const View& x, const Positions& pos, const View& y) {
@@ -177,7 +508,7 @@ Status sinusoidal_forward(const SinusoidalParams& p, const View& x, const Positi
   const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
   auto ids = expand_positions("positions", pos, B, L);  // [B, L]
   if (!ids.ok()) return ids.status();
-  return run_fast(p, &x, y, B, L, D, *ids);
+  return run_fast(p, &x, y, B, L, D, *ids, !pos.ids.present() || pos.ids.ndim == 1);
 }
 
 Status sinusoidal_backward(const SinusoidalParams& p, const View& dy, const Positions& pos, const View& dx) {
