@@ -1,19 +1,778 @@
-// The fused cope attention kernel: not written yet; the dispatcher runs the reference for cope.
+// The fused (flash-style) CoPE attention (Golovneva et al. 2024; the formula in posenc/attention.h
+// and cope_math.h, the derivatives in attention_ref.cc), forward and backward, float32 / bfloat16 /
+// float16 q/k/v with float32 math. Called by the dispatcher of attention_cpu.cc, whose tile
+// machinery (attention_tiles.h) it shares. Tested against the reference in
+// tests/test_attention_cope_fast.cc.
+//
+// Shape letters as in attention_cpu.cc; ncol = min(npos, N + 1) (cope::rows_reached: the table
+// rows a count can reach), top = npos − 1. A row's count S_ij = Σ_{t ≥ j} g_it only grows as j
+// moves left, so a row is clamped (p = top) on a prefix of its keys, j < j*_i, and unclamped on the
+// rest: the last ~2·npos keys of a row when gates are ~1/2, many more when they are sparse, all of
+// them when npos > N.
+//
+// Score tiles are kept transposed, At [Bk keys, Bq queries]: every per-row quantity (count,
+// carries, running max and sum) is one SIMD lane, the scans along keys are vector adds row after
+// row, and the table values q_i·e_⌊p⌋, q_i·(e_⌈p⌉ − e_⌊p⌋) are gathered lane by lane (Highway,
+// every target compiled, the best chosen at run time). A lane's ⌊p⌋ changes at most npos times
+// along its row, so they are gathered again only at keys where some lane's ⌊p⌋ moved: every key
+// while gates are dense (but then rows clamp within ~2·npos keys), rarely while they are sparse
+// (the case where rows stay unclamped).
+//
+// ---- forward, per task (b, h, query block of Bq rows), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ----------
+//   QE [Bq, ncol] = Q·Eᵀ (sgemm; causal blocks only the columns their counts can reach), once.
+//   Key blocks walked from the last visible one down to key 0 (the online softmax does not care
+//   about the order), carrying each row's count of the keys already passed (double):
+//     At = scale·K·Qᵀ (sgemm), causal mask;
+//     if every row's carry is already ≥ top, the tile is wholly clamped: logits = a + QE[i, top]
+//       (no gates; as cheap as a bias), and so are all tiles left of it;
+//     else, for j from the tile's last key down: g = σ(a) (0 masked), S = carry + (the tile's
+//       suffix sum of g), p = min(S, top), logits = a + QE[i, ⌊p⌋] + w·(QE[i, ⌈p⌉] − QE[i, ⌊p⌋]);
+//       for the backward, the leftmost unclamped key is j*_i and U_i = S_{i, j*} (the walk's right
+//       end and 0 when a row has none);
+//     online softmax in the lanes, O = O·e^{m−m'} + P·V (sgemm reading the transposed tile).
+//   Memory per thread: O(Bq·Bk + (Bq + Bk)·D + Bq·ncol).
+//
+// ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
+//   pass 1, per (b, h, query block): the forward above; kept [B, Hq, M]: lse, Dᵢ = dOᵢ·outᵢ
+//     (float), j*_i (int32), U_i (double).
+//   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races: key blocks
+//     walked forward (ascending j), for each query head and query block not wholly masked:
+//       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ (sgemm);
+//       a tile wholly left of every row's j* is clamped: logits = a + QE[i, top], P = exp(l − lse),
+//         dl = P ⊙ (dP − D), C[i, top] += Σ_j dl, da = dl;
+//       else per key j ascending: the count is rebuilt from j*'s, S_ij = U_i − Σ_{j* ≤ t < j} g_it
+//         (only unclamped keys are subtracted, so it cancels at most npos, never a row's total gate
+//         count); z, P and dl as in the forward; C[i, ⌊p⌋] += dl(1 − w), C[i, ⌈p⌉] += dl·w
+//         (summed in registers while ⌊p⌋ stays, then added with a gather/scatter: lanes are
+//         distinct rows); dp = dl·(QE[i, ⌈p⌉] − QE[i, ⌊p⌋]) where unclamped;
+//         dg_ij = Σ_{t ≤ j} dp_it — a prefix sum, which the ascending walk carries directly (no row
+//         total minus a suffix: no cancellation, and no extra sweep to find the total);
+//         da = dl + dg·g(1 − g);
+//       dV += P·dO, dK += scale·da·Q, dQ += scale·daᵀ·K (sgemm).
+//     At the end of the task: dQ += C·E and dE += Cᵀ·Q (sgemm), C [G, M, ncol] holding each row's
+//     Σ_j ∂l_ij/∂(q_i·e_r). The per-row carries (count from j*, dp prefix) live in [G, M] arrays,
+//     since key blocks are the outer loop.
+//   Pass 1 decides what is clamped (j < j*_i) and pass 2 follows it; the count pass 2 rebuilds for
+//   j ≥ j* agrees with the forward's to float rounding (should it round to ≥ top there, it clamps).
+//   Cost over nope: pass 1 is a forward; pass 2 adds the elementwise work of unclamped tiles and
+//   three [M, D] × [D, ncol]-sized products per head.
+//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the task's dQ, QE
+//   and C, 4·G·M·(D + 2·ncol) bytes, and dE [ncol, D] in double. L = 65536, H = 8, D = 64,
+//   npos = 64, one thread: 59 MiB over the caller's tensors (10 MiB pass 1, 48 MiB the task);
+//   forward 0.6 MiB. Never an [M, N] buffer.
+//
+// ---- precision ----------------------------------------------------------------------------------
+//   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
+//   integer part plus a fraction in [0, 1) (see the tile arguments below): a gate added to the
+//   fraction rounds by at most 2^-24 however large the count (a plain float count near 64 rounds by
+//   up to 2^-18 per addition, an error that z multiplies by q·(e_⌈p⌉ − e_⌊p⌋), several units),
+//   the carry between tiles is double, so the error of p grows neither with the count nor with N;
+//   and clamping is an exact test. What remains is ~1e-6 from the gates themselves (float logits).
+//   The dp prefix carry is float (it runs only over unclamped keys). dE: each task's Cᵀ·Q in float,
+//   summed over tasks in double (in the order threads finish them, so with several threads dtable
+//   can differ in its last double bits between runs; out, lse, dq, dk, dv do not depend on the
+//   thread count).
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attention/attention_tiles.h"
+
+#ifndef POSENC_ATTENTION_COPE_TILE_ARGS_
+#define POSENC_ATTENTION_COPE_TILE_ARGS_
+namespace posenc::cope_fast {
+
+using I = std::int64_t;
+
+// Counts are held as an integer part K (a float holding an integer) plus a fraction r ∈ [0, 1):
+// adding a gate to r rounds by at most 2^-24 (half an ulp below 2) however large the count,
+// ⌊p⌋ = K and w = r need no floor, and clamping (S ≥ top, top an integer) is the exact test
+// K ≥ top.
+//
+// One forward tile, At [nk, Bq] transposed (row j: key j0 + j; lane i: query i). The per-query
+// state arrays have Bq entries; lanes past nq are computed on (as masked) and ignored.
+struct FwdTile {
+  float* at = nullptr;  // in: scale·k_j·q_i; out: exp(logit − m_new), 0 where masked
+  I nk = 0, nq = 0, j0 = 0;
+  bool causal = false;
+  I base = 0;              // causal: (j, i) masked when i < j + base
+  bool saturated = false;  // every row's count is already ≥ top: the whole tile is clamped
+  bool track = false;      // record js, uk, ur (the backward's pass 1)
+  const float* qe = nullptr;              // [Bq, ncol]: q_i·e_r
+  const std::int32_t* rowbase = nullptr;  // [Bq]: i·ncol
+  const float* qetop = nullptr;           // [Bq]: q_i·e_{ncol − 1}
+  float top = 0, colmax = 0;              // npos − 1, ncol − 1
+  const float* ck = nullptr;  // count of the keys right of the tile: integer part
+  const float* cr = nullptr;  //   and fraction
+  float* tk = nullptr;        // out: Σ of the tile's gates, integer part
+  float* tr = nullptr;        //   and fraction
+  std::int32_t* js = nullptr;  // in/out: the leftmost unclamped key so far (j*)
+  float* uk = nullptr;         // in/out: its count, integer part
+  float* ur = nullptr;         //   and fraction
+  float* m = nullptr;          // in/out: running max
+  float* l = nullptr;          // in/out: running sum
+  float* corr = nullptr;       // out: e^{m_old − m_new}
+};
+
+// One backward tile: At as above, dPt [nk, Bq] = dO_i·v_j.
+struct BwdTile {
+  float* at = nullptr;  // in: scale·k_j·q_i; out: P
+  float* dp = nullptr;  // in: dO_i·v_j; out: da = ∂L/∂(scale·q_i·k_j)
+  I nk = 0, nq = 0, j0 = 0;
+  bool causal = false;
+  I base = 0;
+  bool clamped = false;  // every key of the tile lies left of every row's j*
+  const float* qe = nullptr;  // [Bq rows, ncol] of the block (rows past nq readable)
+  float* c = nullptr;         // [Bq rows, ncol] of the block (rows past nq writable: they get + 0)
+  const std::int32_t* rowbase = nullptr;
+  const float* qetop = nullptr;
+  float top = 0, colmax = 0;
+  const float* lse = nullptr;  // [Bq] (+inf for a row with no key: P = 0)
+  const float* dd = nullptr;   // [Bq] D_i = dO_i·out_i
+  const std::int32_t* js = nullptr;  // [Bq] j*
+  const float* bk = nullptr;  // [Bq] count at the tile's first key: U_i − (gates from j* passed),
+  const float* br = nullptr;  //   integer part and fraction
+  float* tk = nullptr;        // out: Σ of the tile's gates from j* on, integer part
+  float* tr = nullptr;        //   and fraction
+  float* dc = nullptr;        // in/out: dp prefix carry
+  float* ctop = nullptr;      // out (clamped tiles): Σ_j dl
+};
+
+struct Kernels {
+  void (*fwd)(const FwdTile&);
+  void (*bwd)(const BwdTile&);
+};
+
+}  // namespace posenc::cope_fast
+#endif  // POSENC_ATTENTION_COPE_TILE_ARGS_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/attention_cope_cpu.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace posenc {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// σ(a) without overflow; 0 for a = −inf (Exp(−inf) = 0). 1/(1 + e) is the approximate reciprocal
+// refined by one Newton step (≥ 22 good bits from the 12- or 14-bit estimate; a division costs
+// more).
+template <class D, class V>
+HWY_INLINE V CopeSigmoid(D d, V a) {
+  const V e = hn::Exp(d, hn::Neg(hn::Abs(a)));
+  const V den = hn::Add(hn::Set(d, 1.f), e);  // in [1, 2]
+  const V r0 = hn::ApproximateReciprocal(den);
+  const V r = hn::Mul(r0, hn::NegMulAdd(den, r0, hn::Set(d, 2.f)));
+  return hn::IfThenElse(hn::Ge(a, hn::Zero(d)), r, hn::Mul(e, r));
+}
+
+// Index rowbase + f of a float f ∈ [0, 2^23) holding an integer, without a conversion: the bits of
+// f + 2^23 are those of 2^23 plus f; rbm = rowbase − bits(2^23).
+template <class D, class DI, class V, class VI>
+HWY_INLINE VI CopeIndex(D d, DI di, V f, VI rbm) {
+  return hn::Add(hn::BitCast(di, hn::Add(f, hn::Set(d, 8388608.f))), rbm);
+}
+
+// Lanes [c0, c0 + L) that are real, unmasked queries of key row j.
+template <class D, class V>
+HWY_INLINE hn::Mask<D> CopeValid(D d, V iv, V nqf, bool causal, cope_fast::I j, cope_fast::I base,
+                                 cope_fast::I nq) {
+  auto valid = hn::Lt(iv, nqf);
+  if (causal) {
+    const cope_fast::I th = std::clamp<cope_fast::I>(j + base, 0, nq);
+    valid = hn::And(valid, hn::Ge(iv, hn::Set(d, static_cast<float>(th))));
+  }
+  return valid;
+}
+
+// r + g (r ∈ [0, 1), g ∈ [0, 1]) back into [0, 1), carrying 1 into k.
+template <class D, class V>
+HWY_INLINE void CopeAddFrac(D d, V g, V& k, V& r) {
+  r = hn::Add(r, g);
+  const V carry = hn::IfThenElseZero(hn::Ge(r, hn::Set(d, 1.f)), hn::Set(d, 1.f));
+  r = hn::Sub(r, carry);
+  k = hn::Add(k, carry);
+}
+
+// The forward's keys of one lane chunk whose counts are computed (the tile is not saturated), from
+// the tile's last key down. A lane's table row ⌊p⌋ changes at most npos times along its row, so
+// q·e_⌊p⌋ and q·(e_⌈p⌉ − e_⌊p⌋) are gathered only at keys where some lane's ⌊p⌋ moved: every key
+// while gates are dense (but then counts saturate within ~2·npos keys), rarely while they are
+// sparse (the case where rows stay unclamped for long). kTrack: record j* and its count (pass 1).
+template <bool kTrack, class D, class V>
+HWY_INLINE V CopeForwardCounts(D d, const cope_fast::FwdTile& t, cope_fast::I c0, V iv, V mx) {
+  using cope_fast::I;
+  const hn::RebindToSigned<D> di;
+  constexpr I kBq = attn_fast::kBq;
+  const V ninf = hn::Set(d, -HUGE_VALF), topv = hn::Set(d, t.top), colv = hn::Set(d, t.colmax);
+  const V one = hn::Set(d, 1.f), nqf = hn::Set(d, static_cast<float>(t.nq));
+  const V ck = hn::LoadU(d, t.ck + c0), cr = hn::LoadU(d, t.cr + c0);
+  const auto rb = hn::Sub(hn::LoadU(di, t.rowbase + c0), hn::Set(di, 0x4B000000));
+  V tk = hn::Zero(d), tr = hn::Zero(d);  // the tile's suffix sum of gates
+  auto js = hn::LoadU(di, t.js + c0);
+  V uk = hn::LoadU(d, t.uk + c0), ur = hn::LoadU(d, t.ur + c0);
+  V fcur = hn::Set(d, -1.f), qf = hn::Zero(d), qd = hn::Zero(d);
+  const I nk = t.nk, base = t.base, nq = t.nq, j0 = t.j0;
+  const bool causal = t.causal;
+  float* const at = t.at;
+  const float* const qe = t.qe;
+  for (I j = nk - 1; j >= 0; --j) {
+    float* row = at + j * kBq + c0;
+    const V a = hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, row), ninf);
+    CopeAddFrac(d, CopeSigmoid(d, a), tk, tr);
+    V K = hn::Add(ck, tk), r = hn::Add(cr, tr);  // S = K + r
+    const V over = hn::IfThenElseZero(hn::Ge(r, one), one);
+    r = hn::Sub(r, over);
+    K = hn::Add(K, over);
+    const auto uncl = hn::Lt(K, topv);
+    if (kTrack) {
+      const auto jv = hn::Set(di, static_cast<std::int32_t>(j0 + j));
+      js = hn::IfThenElse(hn::RebindMask(di, uncl), jv, js);
+      uk = hn::IfThenElse(uncl, K, uk);
+      ur = hn::IfThenElse(uncl, r, ur);
+    }
+    const V f = hn::Min(hn::IfThenElse(uncl, K, topv), colv);
+    const V w = hn::IfThenElseZero(uncl, r);
+    if (!hn::AllFalse(d, hn::Ne(f, fcur))) {
+      const V c = hn::Min(hn::Add(f, one), colv);
+      qf = hn::GatherIndex(d, qe, CopeIndex(d, di, f, rb));
+      qd = hn::Sub(hn::GatherIndex(d, qe, CopeIndex(d, di, c, rb)), qf);
+      fcur = f;
+    }
+    const V lg = hn::Add(a, hn::MulAdd(w, qd, qf));
+    hn::StoreU(lg, d, row);
+    mx = hn::Max(mx, lg);
+  }
+  hn::StoreU(tk, d, t.tk + c0);
+  hn::StoreU(tr, d, t.tr + c0);
+  if (kTrack) {
+    hn::StoreU(js, di, t.js + c0);
+    hn::StoreU(uk, d, t.uk + c0);
+    hn::StoreU(ur, d, t.ur + c0);
+  }
+  return mx;
+}
+
+void CopeForwardTile(const cope_fast::FwdTile& t) {
+  using cope_fast::I;
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));  // divides Bq = 128 on every target
+  constexpr I kBq = attn_fast::kBq;
+  const auto ninf = hn::Set(d, -HUGE_VALF);
+  const auto nqf = hn::Set(d, static_cast<float>(t.nq));
+  for (I c0 = 0; c0 < t.nq; c0 += L) {
+    const auto iv = hn::Iota(d, static_cast<float>(c0));
+    auto mx = hn::LoadU(d, t.m + c0);
+    const auto mold = mx;
+    if (t.saturated) {
+      const auto qt = hn::LoadU(d, t.qetop + c0);
+      for (I j = 0; j < t.nk; ++j) {
+        float* row = t.at + j * kBq + c0;
+        const auto a = hn::IfThenElse(CopeValid(d, iv, nqf, t.causal, j, t.base, t.nq),
+                                      hn::LoadU(d, row), ninf);
+        const auto lg = hn::Add(a, qt);
+        hn::StoreU(lg, d, row);
+        mx = hn::Max(mx, lg);
+      }
+    } else if (t.track) {
+      mx = CopeForwardCounts<true>(d, t, c0, iv, mx);
+    } else {
+      mx = CopeForwardCounts<false>(d, t, c0, iv, mx);
+    }
+    // online softmax in the lanes; a row still without a key keeps m = −inf and gets P = 0
+    const auto mu = hn::IfThenZeroElse(hn::Eq(mx, ninf), mx);
+    auto sum = hn::Zero(d);
+    for (I j = 0; j < t.nk; ++j) {
+      float* row = t.at + j * kBq + c0;
+      const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, row), mu));
+      hn::StoreU(e, d, row);
+      sum = hn::Add(sum, e);
+    }
+    const auto corr = hn::Exp(d, hn::Sub(mold, mu));  // 0 while m was −inf
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, t.l + c0), corr, sum), d, t.l + c0);
+    hn::StoreU(mx, d, t.m + c0);
+    hn::StoreU(corr, d, t.corr + c0);
+  }
+}
+
+// C[idx] += acc lane by lane (the lanes are distinct rows, so the scatter never collides).
+template <class D, class V, class VI>
+HWY_INLINE void CopeScatterAdd(D d, float* c, VI idx, V acc) {
+  hn::ScatterIndex(hn::Add(hn::GatherIndex(d, c, idx), acc), d, c, idx);
+}
+
+void CopeBackwardTile(const cope_fast::BwdTile& t) {
+  using cope_fast::I;
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const I L = static_cast<I>(hn::Lanes(d));
+  constexpr I kBq = attn_fast::kBq;
+  const auto ninf = hn::Set(d, -HUGE_VALF);
+  const auto topv = hn::Set(d, t.top), colv = hn::Set(d, t.colmax), one = hn::Set(d, 1.f);
+  const auto zero = hn::Zero(d);
+  const auto nqf = hn::Set(d, static_cast<float>(t.nq));
+  const I nk = t.nk, base = t.base, nq = t.nq, j0 = t.j0;
+  const bool causal = t.causal;
+  for (I c0 = 0; c0 < nq; c0 += L) {
+    const auto iv = hn::Iota(d, static_cast<float>(c0));
+    const auto lse = hn::LoadU(d, t.lse + c0);
+    const auto dd = hn::LoadU(d, t.dd + c0);
+    if (t.clamped) {
+      const auto qt = hn::LoadU(d, t.qetop + c0);
+      auto ct = zero;
+      for (I j = 0; j < nk; ++j) {
+        float* ar = t.at + j * kBq + c0;
+        float* dr = t.dp + j * kBq + c0;
+        const auto a =
+            hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, ar), ninf);
+        const auto P = hn::Exp(d, hn::Sub(hn::Add(a, qt), lse));
+        const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
+        ct = hn::Add(ct, dl);
+        hn::StoreU(P, d, ar);
+        hn::StoreU(dl, d, dr);
+      }
+      hn::StoreU(ct, d, t.ctop + c0);
+      continue;
+    }
+    const auto rb = hn::Sub(hn::LoadU(di, t.rowbase + c0), hn::Set(di, 0x4B000000));
+    const auto js = hn::LoadU(di, t.js + c0);
+    const auto bk = hn::LoadU(d, t.bk + c0), br = hn::LoadU(d, t.br + c0);
+    auto tk = zero, tr = zero;          // Σ_{j* ≤ t < j} g_t within the tile
+    auto dg = hn::LoadU(d, t.dc + c0);  // Σ_{t ≤ j} dp_t
+    // table values of the lanes' current ⌊p⌋ (see CopeForwardCounts), and the C updates for
+    // ⌊p⌋ and ⌈p⌉ summed in registers until ⌊p⌋ moves
+    auto fcur = hn::Set(d, -1.f), qf = zero, qd = zero, accf = zero, accc = zero;
+    auto idf = hn::Zero(di), idc = hn::Zero(di);
+    bool have = false;
+    for (I j = 0; j < nk; ++j) {
+      float* ar = t.at + j * kBq + c0;
+      float* dr = t.dp + j * kBq + c0;
+      const auto a =
+          hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, ar), ninf);
+      const auto next = hn::Set(di, static_cast<std::int32_t>(j0 + j + 1));
+      const auto cand = hn::RebindMask(d, hn::Lt(js, next));  // j ≥ j*
+      const auto g = hn::IfThenElseZero(cand, CopeSigmoid(d, a));
+      auto K = hn::Sub(bk, tk), r = hn::Sub(br, tr);  // S = K + r, r back into [0, 1)
+      const auto under = hn::IfThenElseZero(hn::Lt(r, zero), one);
+      r = hn::Add(r, under);
+      K = hn::Sub(K, under);
+      CopeAddFrac(d, g, tk, tr);
+      // clamped at top; a count rounded below 0 (at most an ulp) reads row 0
+      const auto uncl = hn::And(cand, hn::Lt(K, topv));
+      const auto pos = hn::Ge(K, zero);
+      const auto f = hn::Min(hn::IfThenElse(uncl, hn::IfThenElseZero(pos, K), topv), colv);
+      const auto w = hn::IfThenElseZero(hn::And(uncl, pos), r);
+      if (!hn::AllFalse(d, hn::Ne(f, fcur))) {
+        if (have) {
+          CopeScatterAdd(d, t.c, idf, accf);
+          CopeScatterAdd(d, t.c, idc, accc);  // ⌈p⌉ = ⌊p⌋ at the last row: accc is 0 there
+        }
+        have = true;
+        accf = accc = zero;
+        idf = CopeIndex(d, di, f, rb);
+        idc = CopeIndex(d, di, hn::Min(hn::Add(f, one), colv), rb);
+        qf = hn::GatherIndex(d, t.qe, idf);
+        qd = hn::Sub(hn::GatherIndex(d, t.qe, idc), qf);
+        fcur = f;
+      }
+      const auto P = hn::Exp(d, hn::Sub(hn::Add(a, hn::MulAdd(w, qd, qf)), lse));
+      const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
+      const auto dlw = hn::Mul(dl, w);
+      accf = hn::Add(accf, hn::Sub(dl, dlw));
+      accc = hn::Add(accc, dlw);
+      dg = hn::Add(dg, hn::IfThenElseZero(uncl, hn::Mul(dl, qd)));
+      hn::StoreU(P, d, ar);
+      hn::StoreU(hn::MulAdd(hn::Mul(dg, g), hn::Sub(one, g), dl), d, dr);
+    }
+    if (have) {
+      CopeScatterAdd(d, t.c, idf, accf);
+      CopeScatterAdd(d, t.c, idc, accc);
+    }
+    hn::StoreU(tk, d, t.tk + c0);
+    hn::StoreU(tr, d, t.tr + c0);
+    hn::StoreU(dg, d, t.dc + c0);
+  }
+}
+
+cope_fast::Kernels GetCopeKernels() {
+  return cope_fast::Kernels{&CopeForwardTile, &CopeBackwardTile};
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace posenc
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "attention/attention_fused.h"
+#include "enc/cope/cope_math.h"
 
-namespace posenc::fused {
+namespace posenc {
+HWY_EXPORT(GetCopeKernels);
 
-bool cope_fused() { return false; }
+namespace {
 
-Status cope_forward(const AttentionParams&, const attn::Dims&, const View&, const View&, const View&,
-                  const EncodingTensors&, const View&, const View&) {
-  return Status::Invalid("encoding", "cope is not fused");
+using attn::Dims;
+using namespace attn_fast;  // NOLINT: the shared tile machinery
+
+constexpr float kPosInfF = std::numeric_limits<float>::infinity();
+
+// Per-thread scratch: tiles and per-row (lane) state of one query block.
+struct Scratch {
+  std::vector<float> q, k, v, at, dpt, o, dout, dk, dv, qe, qetop;
+  std::vector<float> m, l, corr, ck, cr, tk, tr, uk, ur, lse, dd, dc, ctop;
+  std::vector<double> carry;  // forward: each row's count of the keys passed
+  std::vector<std::int32_t> js, rowbase;
+  void init(I D, I ncol) {
+    q.assign(ix(kBq * D), 0.f);
+    k.assign(ix(kBk * D), 0.f);
+    v.assign(ix(kBk * D), 0.f);
+    at.assign(ix(kBk * kBq), 0.f);
+    o.assign(ix(kBq * D), 0.f);
+    qe.assign(ix(kBq * ncol), 0.f);
+    for (auto* x : {&qetop, &m, &l, &corr, &ck, &cr, &tk, &tr, &uk, &ur, &lse, &dd, &dc, &ctop})
+      x->assign(ix(kBq), 0.f);
+    carry.assign(ix(kBq), 0.0);
+    js.assign(ix(kBq), 0);
+    rowbase.resize(ix(kBq));
+    for (I i = 0; i < kBq; ++i) rowbase[ix(i)] = static_cast<std::int32_t>(i * ncol);
+  }
+  void init_backward(I D) {
+    dpt.assign(ix(kBk * kBq), 0.f);
+    dout.assign(ix(kBq * D), 0.f);
+    dk.assign(ix(kBk * D), 0.f);
+    dv.assign(ix(kBk * D), 0.f);
+  }
+};
+
+class Cope {
+ public:
+  Cope(const Dims& d, const View& q, const View& k, const View& v, const View& table, bool causal,
+       int threads)
+      : d_(d), q_(q), k_(k), v_(v), causal_(causal), threads_(threads), simd_(simd()),
+        kern_(HWY_DYNAMIC_DISPATCH(GetCopeKernels)()) {
+    ncol_ = cope::rows_reached(d.npos, d.N);
+    const std::vector<double> e = to_doubles(table);  // [npos, D]
+    E_.assign(e.begin(), e.begin() + ncol_ * d.D);
+    top_ = static_cast<float>(d.npos - 1);
+  }
+
+  void forward(const View& out, const View& lse) const {
+    const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      Scratch w;
+      w.init(d_.D, ncol_);
+      std::vector<double> l(ix(kBq));
+#pragma omp for schedule(dynamic, 1)
+      for (I task = 0; task < tasks; ++task) {
+        const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
+        const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
+        forward_block(b, h, q0, nq, false, &w, l.data());
+        store_rows(out, d_.D, b, q0, nq, h, w.o.data());
+        if (lse.present()) {
+          double* base = static_cast<double*>(lse.data);
+          for (I i = 0; i < nq; ++i)
+            base[b * lse.strides[0] + h * lse.strides[1] + (q0 + i) * lse.strides[2]] = l[ix(i)];
+        }
+      }
+    }
+  }
+
+  void backward(const View& dout, const View& dq, const View& dk, const View& dv,
+                const View& dtable) const {
+    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, nc = ncol_;
+    // pass 1: lse, D = rowsum(dO ⊙ out), j*, U per row [B, Hq, M]
+    std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
+    std::vector<double> U(ix(B * Hq * M));
+    std::vector<std::int32_t> J(ix(B * Hq * M));
+    const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      Scratch w;
+      w.init(D, nc);
+      w.init_backward(D);
+      std::vector<double> l(ix(kBq));
+#pragma omp for schedule(dynamic, 1)
+      for (I task = 0; task < per * nqb; ++task) {
+        const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
+        const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
+        forward_block(b, h, q0, nq, true, &w, l.data());
+        load_rows(dout, D, b, q0, nq, h, w.dout.data());
+        for (I i = 0; i < nq; ++i) {
+          const std::size_t at = ix((b * Hq + h) * M + q0 + i);
+          lse[at] = static_cast<float>(l[ix(i)]);
+          Dv[at] = simd_.dot(&w.dout[ix(i * D)], &w.o[ix(i * D)], ix(D));
+          J[at] = w.js[ix(i)];
+          U[at] = static_cast<double>(w.uk[ix(i)]) + static_cast<double>(w.ur[ix(i)]);
+        }
+      }
+    }
+    // pass 2: per (b, kv head)
+    const I kvtasks = B * d_.Hkv;
+    const float sc = static_cast<float>(d_.scale);
+    const int nthr = threads_ > 1 ? threads_ : 1;
+    std::vector<std::vector<double>> dE(ix(nthr));  // per thread [ncol, D]
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      Scratch w;
+      w.init(D, nc);
+      w.init_backward(D);
+      // the task's dQ, QE and C (Bq rows of padding: lanes past a block's end read and add 0 there)
+      std::vector<float> dqt(ix(G * M * D)), qe(ix((G * M + kBq) * nc)), C(qe.size());
+      std::vector<float> dct(ix(G * M));
+      std::vector<double> gc(ix(G * M));
+      std::vector<float> dEt(ix(nc * D));
+      std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
+      dEs.assign(ix(nc * D), 0.0);
+#pragma omp for schedule(dynamic, 1)
+      for (I task = 0; task < kvtasks; ++task) {
+        const I b = task / d_.Hkv, kh = task % d_.Hkv;
+        std::fill(dqt.begin(), dqt.end(), 0.f);
+        std::fill(C.begin(), C.end(), 0.f);
+        std::fill(dct.begin(), dct.end(), 0.f);
+        std::fill(gc.begin(), gc.end(), 0.0);
+        for (I g = 0; g < G; ++g)  // QE [M, ncol] of each query head
+          for (I i0 = 0; i0 < M; i0 += kBq) {
+            const I nq = std::min(kBq, M - i0);
+            load_rows(q_, D, b, i0, nq, kh * G + g, w.q.data());
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(cols(i0, nq)), int(D),
+                        1.f, w.q.data(), int(D), E_.data(), int(D), 0.f, &qe[ix((g * M + i0) * nc)],
+                        int(nc));
+          }
+        for (I j0 = 0; j0 < N; j0 += kBk) {
+          const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
+          load_rows(k_, D, b, j0, nk, kh, w.k.data());
+          load_rows(v_, D, b, j0, nk, kh, w.v.data());
+          std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
+          std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
+          for (I g = 0; g < G; ++g) {
+            const I h = kh * G + g;
+            const I ilo = causal_ ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
+            for (I i0 = ilo; i0 < M; i0 += kBq) {
+              const I nq = std::min(kBq, M - i0), row = (b * Hq + h) * M + i0, gm = g * M + i0;
+              load_rows(q_, D, b, i0, nq, h, w.q.data());
+              load_rows(dout, D, b, i0, nq, h, w.dout.data());
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), sc,
+                          w.k.data(), int(D), w.q.data(), int(D), 0.f, w.at.data(), int(kBq));
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), 1.f,
+                          w.v.data(), int(D), w.dout.data(), int(D), 0.f, w.dpt.data(), int(kBq));
+              std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
+              for (I i = 0; i < kBq; ++i) {
+                const bool real = i < nq;
+                const float L = real ? lse[ix(row + i)] : kNegInfF;
+                w.lse[ix(i)] = L == kNegInfF ? kPosInfF : L;
+                w.dd[ix(i)] = real ? Dv[ix(row + i)] : 0.f;
+                w.js[ix(i)] = real ? J[ix(row + i)] : 0;
+                const double bc = real ? U[ix(row + i)] - gc[ix(gm + i)] : 0.0;  // count at key j0
+                w.ck[ix(i)] = static_cast<float>(std::floor(bc));
+                w.cr[ix(i)] = static_cast<float>(bc - std::floor(bc));
+                w.dc[ix(i)] = real ? dct[ix(gm + i)] : 0.f;
+                w.qetop[ix(i)] = real ? qe[ix((gm + i) * nc + nc - 1)] : 0.f;
+                if (real) minjs = std::min(minjs, w.js[ix(i)]);
+              }
+              cope_fast::BwdTile t;
+              t.at = w.at.data();
+              t.dp = w.dpt.data();
+              t.nk = nk;
+              t.nq = nq;
+              t.j0 = j0;
+              t.causal = causal_;
+              t.base = kp0 - (d_.q_off + i0);
+              t.clamped = j0 + nk <= minjs;
+              t.qe = &qe[ix(gm * nc)];
+              t.c = &C[ix(gm * nc)];
+              t.rowbase = w.rowbase.data();
+              t.qetop = w.qetop.data();
+              t.top = top_;
+              t.colmax = static_cast<float>(nc - 1);
+              t.lse = w.lse.data();
+              t.dd = w.dd.data();
+              t.js = w.js.data();
+              t.bk = w.ck.data();
+              t.br = w.cr.data();
+              t.tk = w.tk.data();
+              t.tr = w.tr.data();
+              t.dc = w.dc.data();
+              t.ctop = w.ctop.data();
+              kern_.bwd(t);
+              if (t.clamped) {
+                for (I i = 0; i < nq; ++i) C[ix((gm + i) * nc + nc - 1)] += w.ctop[ix(i)];
+              } else {
+                for (I i = 0; i < nq; ++i) {
+                  gc[ix(gm + i)] +=
+                      static_cast<double>(w.tk[ix(i)]) + static_cast<double>(w.tr[ix(i)]);
+                  dct[ix(gm + i)] = w.dc[ix(i)];
+                }
+              }
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f,
+                          w.at.data(), int(kBq), w.dout.data(), int(D), 1.f, w.dv.data(), int(D));
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq), sc,
+                          w.dpt.data(), int(kBq), w.q.data(), int(D), 1.f, w.dk.data(), int(D));
+              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nq), int(D), int(nk), sc,
+                          w.dpt.data(), int(kBq), w.k.data(), int(D), 1.f, &dqt[ix(gm * D)],
+                          int(D));
+            }
+          }
+          if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
+          if (dv.present()) store_rows(dv, D, b, j0, nk, kh, w.dv.data());
+        }
+        // the z term's direct paths: dQ += C·E, dE += Cᵀ·Q
+        for (I g = 0; g < G; ++g) {
+          const I h = kh * G + g;
+          std::fill(dEt.begin(), dEt.end(), 0.f);
+          for (I i0 = 0; i0 < M; i0 += kBq) {
+            const I nq = std::min(kBq, M - i0), ncb = cols(i0, nq);
+            const float* Cb = &C[ix((g * M + i0) * nc)];
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(ncb), 1.f,
+                        Cb, int(nc), E_.data(), int(D), 1.f, &dqt[ix((g * M + i0) * D)], int(D));
+            if (!dtable.present()) continue;
+            load_rows(q_, D, b, i0, nq, h, w.q.data());
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(ncb), int(D), int(nq), 1.f, Cb,
+                        int(nc), w.q.data(), int(D), 1.f, dEt.data(), int(D));
+          }
+          if (dq.present()) store_rows(dq, D, b, 0, M, h, &dqt[ix(g * M * D)]);
+          if (dtable.present())
+            for (std::size_t x = 0; x < dEt.size(); ++x) dEs[x] += static_cast<double>(dEt[x]);
+        }
+      }
+    }
+    if (dtable.present()) {  // rows past ncol are never reached: 0
+      std::vector<double> tot(ix(d_.npos * D), 0.0);
+      for (const auto& part : dE)
+        for (std::size_t x = 0; x < part.size(); ++x) tot[x] += part[x];
+      from_doubles(tot, dtable);
+    }
+  }
+
+ private:
+  // Table rows that query rows [q0, q0 + nq) can read: a count is at most the number of keys a row
+  // sees, so causal rows early in the sequence need fewer than ncol (the ⌈p⌉ read beside the last
+  // one, with weight 0, is included). Columns past this of QE and C are neither written nor read.
+  I cols(I q0, I nq) const {
+    if (!causal_) return ncol_;
+    const I seen = std::clamp<I>(d_.q_off + q0 + nq - 1 - d_.k_off + 1, 0, d_.N);
+    return std::min(ncol_, seen + 2);
+  }
+
+  // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq]; with track, leaves
+  // each row's j* (the leftmost unclamped key; the walk's right end when there is none) in w->js
+  // and its count in w->uk + w->ur.
+  void forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse) const {
+    const I D = d_.D, kh = h / d_.G, nc = ncol_;
+    load_rows(q_, D, b, q0, nq, h, w->q.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(cols(q0, nq)), int(D), 1.f,
+                w->q.data(), int(D), E_.data(), int(D), 0.f, w->qe.data(), int(nc));
+    for (I i = 0; i < nq; ++i) w->qetop[ix(i)] = w->qe[ix(i * nc + nc - 1)];
+    const I qp_max = d_.q_off + q0 + nq - 1;
+    const I jhi = causal_ ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
+    std::fill(w->m.begin(), w->m.end(), kNegInfF);
+    for (auto* x : {&w->l, &w->ck, &w->cr, &w->uk, &w->ur}) std::fill(x->begin(), x->end(), 0.f);
+    std::fill(w->carry.begin(), w->carry.end(), 0.0);
+    std::fill(w->js.begin(), w->js.end(), static_cast<std::int32_t>(jhi));
+    float* o = w->o.data();
+    std::fill(o, o + nq * D, 0.f);
+    cope_fast::FwdTile t;
+    t.at = w->at.data();
+    t.nq = nq;
+    t.causal = causal_;
+    t.track = track;
+    t.qe = w->qe.data();
+    t.rowbase = w->rowbase.data();
+    t.qetop = w->qetop.data();
+    t.top = top_;
+    t.colmax = static_cast<float>(nc - 1);
+    t.ck = w->ck.data();
+    t.cr = w->cr.data();
+    t.tk = w->tk.data();
+    t.tr = w->tr.data();
+    t.js = w->js.data();
+    t.uk = w->uk.data();
+    t.ur = w->ur.data();
+    t.m = w->m.data();
+    t.l = w->l.data();
+    t.corr = w->corr.data();
+    for (I j0 = jhi > 0 ? (jhi - 1) / kBk * kBk : -1; j0 >= 0; j0 -= kBk) {
+      const I nk = std::min(kBk, jhi - j0);
+      load_rows(k_, D, b, j0, nk, kh, w->k.data());
+      load_rows(v_, D, b, j0, nk, kh, w->v.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D),
+                  static_cast<float>(d_.scale), w->k.data(), int(D), w->q.data(), int(D), 0.f,
+                  w->at.data(), int(kBq));
+      bool sat = true;  // counts only grow leftwards: every key from here on is clamped
+      for (I i = 0; i < nq && sat; ++i) sat = w->ck[ix(i)] >= top_;
+      t.nk = nk;
+      t.j0 = j0;
+      t.base = (d_.k_off + j0) - (d_.q_off + q0);
+      t.saturated = sat;
+      kern_.fwd(t);
+      if (!sat)
+        for (I i = 0; i < nq; ++i) {
+          double& cnt = w->carry[ix(i)];
+          cnt += static_cast<double>(w->tk[ix(i)]) + static_cast<double>(w->tr[ix(i)]);
+          w->ck[ix(i)] = static_cast<float>(std::floor(cnt));
+          w->cr[ix(i)] = static_cast<float>(cnt - std::floor(cnt));
+        }
+      for (I i = 0; i < nq; ++i)
+        if (w->corr[ix(i)] != 1.f) simd_.scale(o + i * D, ix(D), w->corr[ix(i)]);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f,
+                  w->at.data(), int(kBq), w->v.data(), int(D), 1.f, o, int(D));
+    }
+    online_softmax_finish(simd_, nq, w->m.data(), w->l.data(), o, D, lse);
+  }
+
+  Dims d_;
+  View q_, k_, v_;
+  bool causal_ = false;
+  int threads_ = 1;
+  Simd simd_;
+  cope_fast::Kernels kern_;
+  I ncol_ = 1;
+  float top_ = 0;
+  std::vector<float> E_;  // [ncol, D]
+};
+
+}  // namespace
+
+namespace fused {
+
+bool cope_fused() { return true; }
+
+namespace {
+// The tile kernels hold key indices in int32 and table rows as integers in floats (< 2^23); beyond
+// that (some 8 million keys and table rows) the reference runs.
+bool beyond_kernel(const attn::Dims& d) {
+  return d.N > std::numeric_limits<std::int32_t>::max() - kBk ||
+         cope::rows_reached(d.npos, d.N) > (I{1} << 23);
+}
+}  // namespace
+
+Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
+                    const View& v, const EncodingTensors& t, const View& out, const View& lse) {
+  if (beyond_kernel(d)) return reference::attention_forward(p, q, k, v, t, out, lse);
+  const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
+  c.forward(out, lse);
+  return Status::Ok();
 }
 
-Status cope_backward(const AttentionParams&, const attn::Dims&, const View&, const View&, const View&,
-                   const EncodingTensors&, const View&, const View&, const View&, const View&,
-                   const EncodingGrads&) {
-  return Status::Invalid("encoding", "cope is not fused");
+Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
+                     const View& v, const EncodingTensors& t, const View& dout, const View& dq,
+                     const View& dk, const View& dv, const EncodingGrads& g) {
+  if (beyond_kernel(d)) return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
+  const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
+  c.backward(dout, dq, dk, dv, g.table);
+  return Status::Ok();
 }
 
-}  // namespace posenc::fused
+}  // namespace fused
+}  // namespace posenc
+#endif  // HWY_ONCE

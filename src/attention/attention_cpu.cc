@@ -2,48 +2,85 @@
 // dispatch here.
 //
 // Validation is shared with the reference (attention_check.h), so errors are identical. The fused
-// kernels run nope, rope, alibi (symmetric, nonsymmetric, learned) and t5 on float32, bfloat16 and
-// float16 q/k/v (any strides; tiles are converted to float32 on load, outputs rounded once on store).
-// xl, cope, float64 inputs, outputs that overlap an input, and small problems (fewer than 2^14
-// (query, key) pairs over batch and heads: as fast there, and exact) fall back to posenc::reference
-// (attention_ref.cc, double accumulation) — the same function the tests compare against. The kernels
-// themselves, without the small-problem rule, are posenc::fused:: (attention_fused.h) for the tests.
+// kernels run nope, rope, alibi (symmetric, nonsymmetric, learned) and t5 on float32, bfloat16
+// and float16 q/k/v (any strides; tiles are converted to float32 on load, outputs rounded once on
+// store); xl and cope run the kernels of attention_xl_cpu.cc and attention_cope_cpu.cc where those
+// are built. Float64 inputs, outputs that overlap an input, and small problems (fewer than 2^14
+// (query, key) pairs over batch and heads: as fast there, and exact) fall back to
+// posenc::reference (attention_ref.cc, double accumulation) — the function the tests compare
+// against. The kernels themselves, without the small-problem rule, are posenc::fused::
+// (attention_fused.h) for the tests.
 //
-// Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads (G = Hq/Hkv), D head dim;
-// Bq × Bk the tile. Query i sits at qp = q_off + i, key j at kp = k_off + j.
+// Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads (G = Hq/Hkv), D head
+// dim; Bq × Bk the tile (attention_tiles.h). Query i sits at qp = q_off + i, key j at
+// kp = k_off + j. T: the call's thread count (one below 2^15 pairs).
 //
-// ---- forward, per task (b, h, query block of Bq rows), OpenMP dynamic over B·Hq·⌈M/Bq⌉ -------------
-//   Q [Bq, D] loaded (rope: rotated by R(qp), angles in double, cos/sin tabulated once per call);
-//   for each key block not wholly masked (causal / nonsymmetric ALiBi give the key range):
-//     K, V [Bk, D] loaded (rope: K rotated by R(kp));
-//     S [Bq, Bk] = scale·Q·Kᵀ (cblas_sgemm);
-//     + bias: it depends on kp − qp only, so the tile's Bq + Bk − 1 distinct values are computed once
-//       (ALiBi −m·|Δ|, learned −σ(w)·|Δ| per side, T5 W[bucket(Δ), h]) and row i adds a contiguous
-//       slice of that diagonal array;
+// Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
+// place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under rope,
+// rows are converted into per-thread scratch; rope rotates them there by R(pos) (SIMD; cos/sin
+// tabulated once per call for every position met: angles in double, the exact-angle sincos of
+// core/simd-inl.h).
+//
+// ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ --------------------
+//   Tasks run (b, h)-major, so that the threads share one head's K and V in cache; within a head
+//   the blocks with the most keys go first (the last ones when causal), so that the cheap ones
+//   even out the threads' ends.
+//   Q [Bq, D]; for each key block not wholly masked (causal / nonsymmetric ALiBi give the range):
+//     S [Bq, Bk] = scale·Q·Kᵀ (cblas_sgemm; cblas_sgemv for a single query row: a decode step);
+//     + bias: it depends on kp − qp only, so the tile's Bq + Bk − 1 distinct values are computed
+//       once (ALiBi −m·|Δ|, learned −σ(w)·|Δ| per side, T5 W[bucket(Δ), h] with the bucket of
+//       every Δ the call meets tabulated up front) and row i adds a slice of that diagonal array;
 //     mask (−inf), online softmax: m' = max(m, rowmax S); P = exp(S − m'); l = l·e^{m−m'} + ΣP;
-//     O = O·e^{m−m'} + P·V (cblas_sgemm);
+//     O = O·e^{m−m'} + P·V;
 //   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked).
-//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, plus rope's cos/sin table O((M + N)·r).
+//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, rope's table O((M + N)·r), t5's buckets O(M + N).
 //
-// ---- backward (FlashAttention-2, recompute) ----------------------------------------------------------
-//   pass 1, per (b, h, query block): the forward above gives out and lse; Dᵢ = dOᵢ·outᵢ. Kept: lse, D
-//     [B, Hq, M] (float32), nothing else.
-//   pass 2, per (b, kv head) — one task owns its kv head's dK, dV and its G query heads' dQ, so nothing
-//     races (parallelism is B·Hkv tasks: a single kv head runs on one thread): for each key block, for each of its query heads and query blocks not wholly masked:
+// ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
+//   pass 1, per (b, h, query block), ordered as the forward: the forward gives out and lse;
+//     Dᵢ = dOᵢ·outᵢ. Kept: lse, D [B, Hq, M] (float32), nothing else.
+//   pass 2, per unit (b, kv head), key-major: for each key block, for each of the unit's G query
+//     heads and its query blocks not wholly masked:
 //       S = scale·Q·Kᵀ + bias, P = exp(S − lse);  dP = dO·Vᵀ;  dV += Pᵀ·dO;  dS = P ⊙ (dP − D);
-//       dK += scale·dSᵀ·Q;  dQ += scale·dS·K  (dQ accumulated in float32 [G, M, D] for the task);
-//     parameter gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h]; learned
-//     ALiBi: dw[side, h] += Σ dS·(−σ(1−σ)|Δ|)), per (b, h) in double, summed over b at the end;
-//     rope: dQ, dK rotated back by R(−pos) on store.
+//       dK += scale·dSᵀ·Q;  dQ += scale·dS·K;
+//     dK, dV of the block stored once it is done (rope: dK rotated back by R(−kp)); dQ summed in
+//     float32 over the key blocks — in dq itself when dq is float32 with rows that never overlap
+//     (no buffer), else in a [G, M, D] buffer per thread — and rotated back by R(−qp) / stored at
+//     the end; parameter gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h];
+//     learned ALiBi: dw[side, h] += Σ dS·(−σ(1−σ)|Δ|)), per (b, h) in double, summed over b last.
+//   Parallelism: the first U − U mod T of the U = B·Hkv units are one task each (OpenMP dynamic;
+//     a task owns its dK, dV and dQ rows, so nothing races). Each remaining unit (all of them
+//     when U < T: one head, MQA) is split over its key blocks into T contiguous parts of about
+//     equal work (causal: the early key blocks meet the most queries), run in parallel; part 0
+//     sums dQ in the unit's accumulator, part p > 0 in a buffer of the rows it touches (at most
+//     T − 1 more [G, M, D]), added in part order afterwards (in parallel over rows); parameter
+//     gradients likewise. So results depend on T (the order of dQ's sums), never on which thread
+//     ran what; dK and dV do not depend on T at all.
+//   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread, the dQ buffers above.
 //
 // OpenBLAS is called from inside the OpenMP threads with its own threading set to 1 for the call
-// (restored after). SIMD row helpers (max, exp, scale, add) are Highway, every target compiled, the
-// best chosen at run time.
+// (restored after). SIMD row helpers (max, exp, scale, add, the rotation, diagonal adds and sums)
+// are Highway, every target compiled, the best chosen at run time (per call: tests switch).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "attention/attention_tiles.h"
+
+#ifndef POSENC_ATTENTION_EXTRA_DEFINED
+#define POSENC_ATTENTION_EXTRA_DEFINED
+namespace posenc::attn_fast {
+// This kernel's own SIMD helpers (beyond the shared Simd of attention_tiles.h), defined below.
+struct Extra {
+  void (*rope_rows)(I p0, I n, const double* inv, I half, float* c, float* s);
+  void (*rot_rows)(float* x, I n, I ld, const float* c, const float* s, I half, bool interleaved,
+                   bool inverse);
+  void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
+  void (*sum_diag)(const float* dS, I nq, I nk, I ld, float* diag);
+  void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse);
+};
+}  // namespace posenc::attn_fast
+#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/attention_cpu.cc"
@@ -51,10 +88,15 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "core/simd-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace posenc {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using attn_fast::Extra;
+using attn_fast::I;
+using attn_fast::ix;
 
 float RowMax(const float* HWY_RESTRICT x, std::size_t n) {
   const hn::ScalableTag<float> d;
@@ -131,6 +173,92 @@ attn_fast::Simd GetSimd() {
   return attn_fast::Simd{&RowMax, &ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot};
 }
 
+// cos/sin rows of positions p0 .. p0 + n − 1 for the `half` frequencies inv (c, s: [n, half]), by
+// the exact-angle sincos of core/simd-inl.h (angle formed and reduced in double; bound stated
+// there).
+void RopeTableRows(I p0, I n, const double* HWY_RESTRICT inv, I half, float* HWY_RESTRICT c,
+                   float* HWY_RESTRICT s) {
+  std::vector<float> red(ix(2 * half));
+  for (I t = 0; t < n; ++t)
+    SinCosRow(static_cast<double>(p0 + t), inv, ix(half), red.data(), red.data() + half,
+              s + t * half, c + t * half);
+}
+
+// Rotates rows x + r·ld (r < n; the first 2·half entries of each) in place by R(±pos) with table
+// rows c, s + r·half (consecutive rows at consecutive positions); inverse: R(−pos), the gradient's.
+//   interleaved: y = x·C + swap_pairs(x)·S, C = (c0 c0 c1 c1 …), S = ∓(s0, −s0, …) per vector;
+//   half:        y_a = x_a·c ∓ x_b·s, y_b = x_b·c ± x_a·s over the two contiguous halves.
+void RotRows(float* HWY_RESTRICT x, I n, I ld, const float* HWY_RESTRICT c,
+             const float* HWY_RESTRICT s, I half, bool interleaved, bool inverse) {
+  const hn::ScalableTag<float> df;
+  const I N = static_cast<I>(hn::Lanes(df));
+  const float sg = inverse ? -1.f : 1.f;
+  for (I r = 0; r < n; ++r, x += ld, c += half, s += half) {
+    I k = 0;
+    if (interleaved) {
+#if HWY_TARGET != HWY_SCALAR
+      // Each pair's cos/sin duplicated into two lanes through a 64-bit widening; the sign of the
+      // sin lanes flipped by xor (lane 2k gets −s for the forward rotation, lane 2k + 1 for the
+      // inverse).
+      const hn::Repartition<std::uint64_t, decltype(df)> d64;
+      const hn::Rebind<std::uint32_t, decltype(d64)> d32;
+      const auto flip =
+          hn::BitCast(df, hn::Set(d64, inverse ? 0x8000000000000000ull : 0x80000000ull));
+      for (; 2 * k + N <= 2 * half; k += N / 2) {
+        const auto cw =
+            hn::PromoteTo(d64, hn::LoadU(d32, reinterpret_cast<const std::uint32_t*>(c + k)));
+        const auto sw =
+            hn::PromoteTo(d64, hn::LoadU(d32, reinterpret_cast<const std::uint32_t*>(s + k)));
+        const auto C = hn::BitCast(df, hn::Or(cw, hn::ShiftLeft<32>(cw)));
+        const auto S = hn::Xor(hn::BitCast(df, hn::Or(sw, hn::ShiftLeft<32>(sw))), flip);
+        const auto v = hn::LoadU(df, x + 2 * k);
+        hn::StoreU(hn::MulAdd(hn::Shuffle2301(v), S, hn::Mul(v, C)), df, x + 2 * k);
+      }
+#endif
+      for (; k < half; ++k) {
+        const float xa = x[2 * k], xb = x[2 * k + 1], sn = sg * s[k];
+        x[2 * k] = xa * c[k] - xb * sn;
+        x[2 * k + 1] = xa * sn + xb * c[k];
+      }
+    } else {
+      const auto vs = hn::Set(df, sg);
+      for (; k + N <= half; k += N) {
+        const auto xa = hn::LoadU(df, x + k), xb = hn::LoadU(df, x + half + k);
+        const auto cv = hn::LoadU(df, c + k), sv = hn::Mul(vs, hn::LoadU(df, s + k));
+        hn::StoreU(hn::NegMulAdd(xb, sv, hn::Mul(xa, cv)), df, x + k);
+        hn::StoreU(hn::MulAdd(xa, sv, hn::Mul(xb, cv)), df, x + half + k);
+      }
+      for (; k < half; ++k) {
+        const float xa = x[k], xb = x[half + k], sn = sg * s[k];
+        x[k] = xa * c[k] - xb * sn;
+        x[half + k] = xa * sn + xb * c[k];
+      }
+    }
+  }
+}
+
+// Adds bias rows: S[i, 0 .. nk) += diag[nq − 1 − i ..] for i < nq (S's row stride ld).
+void AddDiag(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT diag) {
+  for (I i = 0; i < nq; ++i) AddTo(S + i * ld, diag + (nq - 1 - i), ix(nk));
+}
+
+// Diagonal sums: diag[nq − 1 − i + j] += dS[i, j] (diag zeroed first, nq + nk − 1 entries).
+void SumDiag(const float* HWY_RESTRICT dS, I nq, I nk, I ld, float* HWY_RESTRICT diag) {
+  std::fill(diag, diag + nq + nk - 1, 0.f);
+  for (I i = 0; i < nq; ++i) AddTo(diag + (nq - 1 - i), dS + i * ld, ix(nk));
+}
+
+// P = exp(S − lse) over rows (0 for a row whose lse is −inf), row stride ld.
+void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT lse) {
+  for (I i = 0; i < nq; ++i) {
+    float* Si = S + i * ld;
+    if (lse[i] == -HUGE_VALF) std::fill(Si, Si + nk, 0.f);
+    else ExpSubSum(Si, ix(nk), lse[i]);
+  }
+}
+
+Extra GetExtra() { return Extra{&RopeTableRows, &RotRows, &AddDiag, &SumDiag, &ExpRows}; }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace posenc
 HWY_AFTER_NAMESPACE();
@@ -139,7 +267,7 @@ HWY_AFTER_NAMESPACE();
 #include <cblas.h>
 #include <omp.h>
 
-#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -157,6 +285,7 @@ HWY_AFTER_NAMESPACE();
 
 namespace posenc {
 HWY_EXPORT(GetSimd);
+HWY_EXPORT(GetExtra);
 
 // Not cached: the tests switch targets (hwy::SetSupportedTargetsForTest) between calls.
 attn_fast::Simd attn_fast::simd() { return HWY_DYNAMIC_DISPATCH(GetSimd)(); }
@@ -166,26 +295,46 @@ namespace {
 using attn::Dims;
 using namespace attn_fast;  // NOLINT: the shared tile machinery
 
-// cos/sin of every position in [p0, p0 + n) for the r/2 rotary frequencies, float, from double angles.
+Extra extra() { return HWY_DYNAMIC_DISPATCH(GetExtra)(); }
+
+// cos/sin of every position in [p0, p0 + n) for the r/2 rotary frequencies (float; double angles).
 struct RopeTab {
   I p0 = 0, n = 0, half = 0;
   std::vector<float> c, s;  // [n, half]
-  void build(I first, I count, I r, double theta, int threads) {
+  void build(const Extra& xs, I first, I count, I r, double theta, int threads) {
     p0 = first;
     n = count;
     half = r / 2;
-    c.assign(ix(n * half), 0.f);
-    s.assign(ix(n * half), 0.f);
+    c.resize(ix(n * half));
+    s.resize(ix(n * half));
     std::vector<double> inv(ix(half));
     for (I k = 0; k < half; ++k) inv[ix(k)] = rope::inv_freq(k, r, theta);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (I t = 0; t < n; ++t)
-      for (I k = 0; k < half; ++k) {
-        const double a = static_cast<double>(p0 + t) * inv[ix(k)];
-        c[ix(t * half + k)] = static_cast<float>(std::cos(a));
-        s[ix(t * half + k)] = static_cast<float>(std::sin(a));
-      }
+    constexpr I kPiece = 512;  // positions per parallel piece: a decode step's stays on one thread
+    const I pieces = (n + kPiece - 1) / kPiece;
+    const int th = pieces > 1 ? threads : 1;
+#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
+    for (I pc = 0; pc < pieces; ++pc) {
+      const I t0 = pc * kPiece;
+      xs.rope_rows(p0 + t0, std::min(kPiece, n - t0), inv.data(), half, &c[ix(t0 * half)],
+                   &s[ix(t0 * half)]);
+    }
   }
+  const float* cos_at(I pos) const { return &c[ix((pos - p0) * half)]; }
+  const float* sin_at(I pos) const { return &s[ix((pos - p0) * half)]; }
+};
+
+// Rows of a tile as sgemm reads them: p with row stride ld (in the input itself, or in scratch).
+struct Tile {
+  const float* p;
+  I ld;
+};
+
+// Where a backward task accumulates the dQ rows of its G query heads (float32): in dq itself or in
+// a buffer [G, rows, D] whose first row is row0. p == nullptr: dq is not wanted.
+struct Acc {
+  float* p = nullptr;
+  I ld = 0, hs = 0, row0 = 0;  // row stride, head stride
+  float* row(I g, I i) const { return p + g * hs + (i - row0) * ld; }
 };
 
 // Per-thread scratch.
@@ -212,20 +361,21 @@ class Fused {
  public:
   Fused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
         const EncodingTensors& t, int threads)
-      : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads),
-        simd_(simd()) {
+      : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()), xs_(extra()) {
     const I Hq = d.Hq;
+    dir_q_ = direct(q);
+    dir_k_ = direct(k);
+    dir_v_ = direct(v);
     if (p.encoding == Encoding::kRope) {
-      rope_ = true;
       interleaved_ = p.rope.layout == RopeLayout::kInterleaved;
       // One table over both position ranges when they overlap or abut closely, else two.
       const I lo = std::min(d.q_off, d.k_off), hi = std::max(d.q_off + d.M, d.k_off + d.N);
       if (hi - lo <= d.M + d.N) {
-        tab_q_.build(lo, hi - lo, d.rdim, p.rope.theta, threads);
+        tab_q_.build(xs_, lo, hi - lo, d.rdim, p.rope.theta, threads);
         tq_ = tk_ = &tab_q_;
       } else {
-        tab_q_.build(d.q_off, d.M, d.rdim, p.rope.theta, threads);
-        tab_k_.build(d.k_off, d.N, d.rdim, p.rope.theta, threads);
+        tab_q_.build(xs_, d.q_off, d.M, d.rdim, p.rope.theta, threads);
+        tab_k_.build(xs_, d.k_off, d.N, d.rdim, p.rope.theta, threads);
         tq_ = &tab_q_;
         tk_ = &tab_k_;
       }
@@ -249,13 +399,24 @@ class Fused {
     }
     if (p.encoding == Encoding::kT5) {
       bias_ = Bias::kT5;
-      t5w_ = to_doubles(t.weights);  // [nb, Hq]
+      const I nb = p.t5.num_buckets;
+      const std::vector<double> w = to_doubles(t.weights);  // [nb, Hq]
+      t5w_.resize(ix(Hq * nb));  // [Hq, nb]: a head's row stays in cache
+      for (I bk = 0; bk < nb; ++bk)
+        for (I h = 0; h < Hq; ++h) t5w_[ix(h * nb + bk)] = static_cast<float>(w[ix(bk * Hq + h)]);
+      // The bucket of every kp − qp the call meets (M + N − 1 values, shared by the heads): the log
+      // of t5::bucket leaves the tiles.
+      rel_lo_ = d.k_off - d.q_off - (d.M - 1);
+      bucket_.resize(ix(d.M + d.N - 1));
+      for (I t = 0; t < d.M + d.N - 1; ++t)
+        bucket_[ix(t)] = static_cast<std::int32_t>(
+            t5::bucket(rel_lo_ + t, p.t5.bidirectional, nb, p.t5.max_distance));
     }
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
   void forward(const View& out, const View& lse) const {
-    const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
+    const I nqb = (d_.M + kBq - 1) / kBq, tasks = d_.B * d_.Hq * nqb;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
@@ -263,11 +424,10 @@ class Fused {
       std::vector<double> l(ix(kBq));
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < tasks; ++task) {
-        // Later query blocks (more keys when causal) first.
-        const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
-        const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
+        I b, h, q0, nq;
+        query_task(task, nqb, &b, &h, &q0, &nq);
         forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
-        store_rows(out, b, q0, nq, h, w.o.data(), nullptr, 0);
+        attn_fast::store_rows(out, d_.D, b, q0, nq, h, w.o.data());
         if (lse.present()) {
           double* base = static_cast<double*>(lse.data);
           for (I i = 0; i < nq; ++i)
@@ -277,13 +437,15 @@ class Fused {
     }
   }
 
-  // Backward. dq, dk, dv optional (absent: computed, not stored); dweights optional.
+  // Backward. dq, dk, dv optional (absent: not computed); dweights optional.
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const View& dweights) const {
-    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G;
+    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D, G = d_.G;
+    Bwd bw{dout, direct(dout), dq, dk, dv, {}, {}, 0};
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
-    std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
-    const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+    bw.lse.resize(ix(B * Hq * M));
+    bw.Dv.resize(ix(B * Hq * M));
+    const I nqb = (M + kBq - 1) / kBq;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
@@ -291,78 +453,43 @@ class Fused {
       w.init_backward(D);
       std::vector<double> l(ix(kBq));
 #pragma omp for schedule(dynamic, 1)
-      for (I task = 0; task < per * nqb; ++task) {
-        const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
-        const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
+      for (I task = 0; task < B * Hq * nqb; ++task) {
+        I b, h, q0, nq;
+        query_task(task, nqb, &b, &h, &q0, &nq);
         forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
-        load_rows(dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
+        const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
-          lse[at] = static_cast<float>(l[ix(i)]);
-          Dv[at] = simd_.dot(&w.dout[ix(i * D)], &w.o[ix(i * D)], ix(D));
+          bw.lse[at] = static_cast<float>(l[ix(i)]);
+          bw.Dv[at] = simd_.dot(dO.p + i * dO.ld, &w.o[ix(i * D)], ix(D));
         }
       }
     }
-    // pass 2: per (b, kv head)
-    const I npar = bias_ == Bias::kT5 ? p_.t5.num_buckets : bias_ == Bias::kLearned ? 2 : 0;
+    // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
+    // over the key blocks (see the file comment).
+    bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets : bias_ == Bias::kLearned ? 2 : 0;
+    const I npar = bw.npar;
     std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
-    const I kvtasks = B * d_.Hkv;
-    const float sc = static_cast<float>(d_.scale);
-#pragma omp parallel num_threads(threads_) if (threads_ > 1)
-    {
+    const I U = B * Hkv, T = threads_, whole = U - U % T, nkb = (N + kBk - 1) / kBk;
+    const bool dq_dir = dq.present() && direct_out(dq, Hq);
+#pragma omp parallel num_threads(threads_) if (threads_ > 1 && whole > 1)
+    if (whole > 0) {
       Scratch w;
       w.init(D);
       w.init_backward(D);
+      if (dq.present() && !dq_dir) w.dq.resize(ix(G * M * D));
 #pragma omp for schedule(dynamic, 1)
-      for (I task = 0; task < kvtasks; ++task) {
-        const I b = task / d_.Hkv, kh = task % d_.Hkv;
-        w.dq.assign(ix(G * M * D), 0.f);
-        for (I j0 = 0; j0 < N; j0 += kBk) {
-          const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
-          load_rows(k_, b, j0, nk, kh, w.k.data(), tk_, d_.k_off);
-          load_rows(v_, b, j0, nk, kh, w.v.data(), nullptr, 0);
-          std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
-          std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
-          for (I g = 0; g < G; ++g) {
-            const I h = kh * G + g;
-            I ilo = 0, ihi = M;
-            if (past_only(h)) ilo = std::clamp<I>(kp0 - d_.q_off, 0, M);
-            if (future_only(h)) ihi = std::clamp<I>(kp0 + nk - 1 - d_.q_off + 1, 0, M);
-            double* gwh = npar ? &gw[ix((b * Hq + h) * npar)] : nullptr;
-            for (I i0 = ilo; i0 < ihi; i0 += kBq) {
-              const I nq = std::min(kBq, ihi - i0);
-              load_rows(q_, b, i0, nq, h, w.q.data(), tq_, d_.q_off);
-              load_rows(dout, b, i0, nq, h, w.dout.data(), nullptr, 0);
-              float* S = w.s.data();
-              float* dP = w.dp.data();
-              logits(h, i0, nq, j0, nk, &w);
-              const float* L = &lse[ix((b * Hq + h) * M + i0)];
-              const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
-              for (I i = 0; i < nq; ++i) {
-                float* Si = S + i * kBk;
-                if (L[i] == kNegInfF) std::fill(Si, Si + nk, 0.f);
-                else simd_.exp_sub_sum(Si, ix(nk), L[i]);
-              }
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(D), 1.f,
-                          w.dout.data(), int(D), w.v.data(), int(D), 0.f, dP, int(kBk));
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f, S,
-                          int(kBk), w.dout.data(), int(D), 1.f, w.dv.data(), int(D));
-              for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
-              if (npar) param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w.diag.data(), gwh);
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), sc, S,
-                          int(kBk), w.q.data(), int(D), 1.f, w.dk.data(), int(D));
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), sc, S,
-                          int(kBk), w.k.data(), int(D), 1.f, &w.dq[ix((g * M + i0) * D)], int(D));
-            }
-          }
-          if (dk.present()) store_rows(dk, b, j0, nk, kh, w.dk.data(), tk_, d_.k_off);
-          if (dv.present()) store_rows(dv, b, j0, nk, kh, w.dv.data(), nullptr, 0);
-        }
-        if (dq.present())
-          for (I g = 0; g < G; ++g)
-            store_rows(dq, b, 0, M, kh * G + g, &w.dq[ix(g * M * D)], tq_, d_.q_off);
+      for (I u = 0; u < whole; ++u) {
+        const I b = u / Hkv, kh = u % Hkv;
+        const Acc acc = dq_dir         ? dq_in_place(dq, b, kh)
+                        : dq.present() ? Acc{w.dq.data(), D, M * D, 0}
+                                       : Acc{};
+        for (I g = 0; g < G && acc.p; ++g) zero_rows(acc, g, 0, M);
+        keys(bw, b, kh, 0, nkb, acc, npar ? &gw[ix((b * Hq + kh * G) * npar)] : nullptr, &w);
+        for (I g = 0; g < G && acc.p; ++g) finish_dq(dq, dq_dir, acc, b, kh, g, 0, M);
       }
     }
+    for (I u = whole; u < U; ++u) split_unit(bw, u / Hkv, u % Hkv, dq_dir, &gw);
     if (dweights.present()) {  // [npar, Hq], summed over the batch
       for (I r = 0; r < npar; ++r)
         for (I h = 0; h < Hq; ++h) {
@@ -376,85 +503,132 @@ class Fused {
  private:
   enum class Bias { kNone, kSlopes, kLearned, kT5 };
 
+  // What pass 2 reads and writes.
+  struct Bwd {
+    const View& dout;
+    bool dir_dout;
+    const View &dq, &dk, &dv;
+    std::vector<float> lse, Dv;  // [B, Hq, M]
+    I npar;                      // parameter gradients per head
+  };
+
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
   bool future_only(I h) const { return nonsym_ && h >= d_.Hq / 2; }
 
-  // Rows [r0, r0 + n) of head `head` of x [B, L, H, D] into dst [n, D] as float; rope tables rotate
-  // by R(pos) (pos = pos0 + row).
-  void load_rows(const View& x, I b, I r0, I n, I head, float* dst, const RopeTab* tab, I pos0) const {
-    attn_fast::load_rows(x, d_.D, b, r0, n, head, dst);
-    if (tab)
-      for (I r = 0; r < n; ++r) rotate(dst + r * d_.D, *tab, pos0 + r0 + r, +1.f);
+  // Task → (b, h, query block): (b, h)-major, so that the threads share a head's K and V in cache;
+  // within a head the costly blocks first (the most keys: last when causal, first for future-only
+  // heads), so the cheap ones even out the threads' ends.
+  void query_task(I task, I nqb, I* b, I* h, I* q0, I* nq) const {
+    const I bh = task / nqb, qi = task % nqb;
+    *b = bh / d_.Hq;
+    *h = bh % d_.Hq;
+    const I qb = future_only(*h) ? qi : nqb - 1 - qi;
+    *q0 = qb * kBq;
+    *nq = std::min(kBq, d_.M - *q0);
   }
 
-  // src [n, D] into rows [r0, r0 + n) of head `head` of x, rotated by R(−pos) when tab is given
-  // (the gradient of a rotated input). src is left unchanged.
-  void store_rows(const View& x, I b, I r0, I n, I head, const float* src, const RopeTab* tab,
-                  I pos0) const {
-    const I D = d_.D;
-    if (!tab) return attn_fast::store_rows(x, D, b, r0, n, head, src);
-    std::vector<float> tmp(ix(D));
-    for (I r = 0; r < n; ++r) {
-      std::memcpy(tmp.data(), src + r * D, ix(D) * sizeof(float));
-      rotate(tmp.data(), *tab, pos0 + r0 + r, -1.f);
-      store_row(x, D, b, r0 + r, head, tmp.data());
-    }
+  // Query rows [ilo, ihi) of head h that see any key of the block at kp0 .. kp0 + nk − 1.
+  void query_range(I h, I kp0, I nk, I* ilo, I* ihi) const {
+    *ilo = 0;
+    *ihi = d_.M;
+    if (past_only(h)) *ilo = std::clamp<I>(kp0 - d_.q_off, 0, d_.M);
+    if (future_only(h)) *ihi = std::clamp<I>(kp0 + nk - d_.q_off, 0, d_.M);
   }
 
-  void rotate(float* x, const RopeTab& tab, I pos, float dir) const {
-    const float* c = &tab.c[ix((pos - tab.p0) * tab.half)];
-    const float* s = &tab.s[ix((pos - tab.p0) * tab.half)];
-    const I half = tab.half;
-    if (interleaved_) {
-      for (I kk = 0; kk < half; ++kk) {
-        const float xa = x[2 * kk], xb = x[2 * kk + 1], sn = dir * s[kk];
-        x[2 * kk] = xa * c[kk] - xb * sn;
-        x[2 * kk + 1] = xa * sn + xb * c[kk];
-      }
-    } else {
-      float* xa = x;
-      float* xb = x + half;
-      for (I kk = 0; kk < half; ++kk) {
-        const float a = xa[kk], bb = xb[kk], sn = dir * s[kk];
-        xa[kk] = a * c[kk] - bb * sn;
-        xb[kk] = a * sn + bb * c[kk];
-      }
-    }
+  // Whether sgemm can read rows of x in place: float32, unit inner stride, a row stride ≥ D that
+  // fits an int (or a single row).
+  bool direct(const View& x) const {
+    return x.dtype == DType::kF32 && (x.strides[3] == 1 || d_.D == 1) &&
+           (x.shape[1] == 1 || (x.strides[1] >= d_.D && x.strides[1] <= INT_MAX));
+  }
+  // Whether dq [B, M, H, D] can take sgemm's accumulation in place: direct, and its (b, row, head)
+  // rows never overlap one another.
+  bool direct_out(const View& x, I H) const {
+    if (!direct(x) || x.strides[3] != 1) return false;
+    if (H > 1 && x.strides[2] < d_.D) return false;
+    const I row = (H - 1) * x.strides[2] + d_.D;
+    if (x.shape[1] > 1 && x.strides[1] < row) return false;
+    return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
+  }
+  Acc dq_in_place(const View& dq, I b, I kh) const {
+    float* base = static_cast<float*>(dq.data) + b * dq.strides[0] + kh * d_.G * dq.strides[2];
+    return Acc{base, d_.M == 1 ? d_.D : dq.strides[1], dq.strides[2], 0};
+  }
+  void zero_rows(const Acc& a, I g, I i0, I i1) const {
+    for (I i = i0; i < i1; ++i) std::fill(a.row(g, i), a.row(g, i) + d_.D, 0.f);
+  }
+  // dQ rows [i0, i1) of query head g of (b, kh), accumulated in a: rotated back by R(−pos) (rope)
+  // and, from a buffer, stored into dq.
+  void finish_dq(const View& dq, bool in_place, const Acc& a, I b, I kh, I g, I i0, I i1) const {
+    if (i1 <= i0) return;
+    float* y = a.row(g, i0);
+    if (tq_) rotate(y, i1 - i0, a.ld, *tq_, d_.q_off + i0, true);
+    if (!in_place) attn_fast::store_rows(dq, d_.D, b, i0, i1 - i0, kh * d_.G + g, y);
+  }
+
+  // Rows [r0, r0 + n) of head `head` of x [B, L, H, D]: in place when `dir` and no rotation, else
+  // converted into buf [n, D] and, with a rope table, rotated by R(pos) (pos = pos0 + row).
+  Tile rows(const View& x, bool dir, I b, I r0, I n, I head, float* buf, const RopeTab* tab,
+            I pos0) const {
+    if (dir && !tab)
+      return Tile{static_cast<const float*>(x.data) + b * x.strides[0] + r0 * x.strides[1] +
+                      head * x.strides[2],
+                  n == 1 ? d_.D : x.strides[1]};
+    attn_fast::load_rows(x, d_.D, b, r0, n, head, buf);
+    if (tab) rotate(buf, n, d_.D, *tab, pos0 + r0, false);
+    return Tile{buf, d_.D};
+  }
+
+  // n rows of x (row stride ld) at positions pos, pos + 1, … rotated by R(pos) or R(−pos).
+  void rotate(float* x, I n, I ld, const RopeTab& tab, I pos, bool inverse) const {
+    xs_.rot_rows(x, n, ld, tab.cos_at(pos), tab.sin_at(pos), tab.half, interleaved_, inverse);
   }
 
   // The bias of head h for the tile whose key 0 − query 0 distance is `base` (kp − qp):
   // diag[t] for kp − qp = base + t − (nq − 1), t ∈ [0, nq + nk − 1).
   void tile_bias(I h, I base, I nq, I nk, float* diag) const {
-    const I nt = nq + nk - 1;
-    for (I t = 0; t < nt; ++t) {
-      const I rel = base + t - (nq - 1);
-      const double dist = static_cast<double>(rel < 0 ? -rel : rel);
-      double b = 0;
-      switch (bias_) {
-        case Bias::kSlopes: b = -slopes_[ix(h)] * dist; break;
-        case Bias::kLearned:
-          b = rel < 0 ? -sig_[ix(h)] * dist : rel > 0 ? -sig_[ix(d_.Hq + h)] * dist : 0.0;
-          break;
-        case Bias::kT5:
-          b = t5w_[ix(t5::bucket(rel, p_.t5.bidirectional, p_.t5.num_buckets, p_.t5.max_distance) *
-                          d_.Hq + h)];
-          break;
-        default: break;
+    const I nt = nq + nk - 1, rel0 = base - (nq - 1);
+    switch (bias_) {
+      case Bias::kSlopes: {
+        const double m = slopes_[ix(h)];
+        for (I t = 0; t < nt; ++t) {
+          const I rel = rel0 + t;
+          diag[t] = static_cast<float>(-m * static_cast<double>(rel < 0 ? -rel : rel));
+        }
+        break;
       }
-      diag[t] = static_cast<float>(b);
+      case Bias::kLearned: {
+        const double past = sig_[ix(h)], fut = sig_[ix(d_.Hq + h)];
+        for (I t = 0; t < nt; ++t) {
+          const I rel = rel0 + t;
+          diag[t] = static_cast<float>(rel < 0 ? past * static_cast<double>(rel)
+                                               : -fut * static_cast<double>(rel));
+        }
+        break;
+      }
+      case Bias::kT5: {
+        const float* w = &t5w_[ix(h * p_.t5.num_buckets)];
+        const std::int32_t* bk = &bucket_[ix(rel0 - rel_lo_)];
+        for (I t = 0; t < nt; ++t) diag[t] = w[bk[t]];
+        break;
+      }
+      default: break;
     }
   }
 
-  // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf (Q in w->q, K in w->k).
-  void logits(I h, I q0, I nq, I j0, I nk, Scratch* w) const {
+  // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf.
+  void logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w) const {
     float* S = w->s.data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(d_.D),
-                static_cast<float>(d_.scale), w->q.data(), int(d_.D), w->k.data(), int(d_.D), 0.f, S,
-                int(kBk));
+    if (nq == 1)  // a decode step: no tile to reuse, so skip sgemm's packing
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(nk), int(d_.D), static_cast<float>(d_.scale),
+                  K.p, int(K.ld), Q.p, 1, 0.f, S, 1);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(d_.D),
+                  static_cast<float>(d_.scale), Q.p, int(Q.ld), K.p, int(K.ld), 0.f, S, int(kBk));
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     if (bias_ != Bias::kNone) {
       tile_bias(h, base, nq, nk, w->diag.data());
-      for (I i = 0; i < nq; ++i) simd_.add_to(S + i * kBk, w->diag.data() + (nq - 1 - i), ix(nk));
+      xs_.add_diag(S, nq, nk, kBk, w->diag.data());
     }
     // kp − qp = base + j − i; past only: j ≤ i − base; future only: j ≥ i − base.
     const bool past = past_only(h), fut = future_only(h);
@@ -475,7 +649,7 @@ class Fused {
   // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq].
   void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse) const {
     const I D = d_.D, kh = h / d_.G;
-    load_rows(q_, b, q0, nq, h, w->q.data(), tq_, d_.q_off);
+    const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, d_.q_off);
     const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;
     I jlo = 0, jhi = d_.N;
     if (past_only(h)) jhi = std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N);
@@ -488,26 +662,170 @@ class Fused {
     float* S = w->s.data();
     for (I j0 = jlo; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      load_rows(k_, b, j0, nk, kh, w->k.data(), tk_, d_.k_off);
-      load_rows(v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
-      logits(h, q0, nq, j0, nk, w);
+      const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, d_.k_off);
+      const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
+      logits(h, q0, nq, j0, nk, Q, K, w);
       online_softmax_step(simd_, S, nq, nk, m, l, o, D);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f, S,
-                  int(kBk), w->v.data(), int(D), 1.f, o, int(D));
+      if (nq == 1)
+        cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, V.p, int(V.ld), S, 1, 1.f,
+                    o, 1);
+      else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f, S,
+                    int(kBk), V.p, int(V.ld), 1.f, o, int(D));
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
+  }
+
+  // Pass 2 over key blocks [kb0, kb1) of (b, kv head kh), every query head of the group and every
+  // query block that sees the key block: dK, dV of those keys stored; dQ added into acc; parameter
+  // gradients added into gwu [G, npar] (when given).
+  void keys(const Bwd& bw, I b, I kh, I kb0, I kb1, const Acc& acc, double* gwu, Scratch* w) const {
+    const I D = d_.D, G = d_.G, M = d_.M, Hq = d_.Hq;
+    const float sc = static_cast<float>(d_.scale);
+    float* S = w->s.data();
+    float* dP = w->dp.data();
+    for (I kb = kb0; kb < kb1; ++kb) {
+      const I j0 = kb * kBk, nk = std::min(kBk, d_.N - j0), kp0 = d_.k_off + j0;
+      const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, d_.k_off);
+      const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
+      std::fill(w->dk.begin(), w->dk.begin() + nk * D, 0.f);
+      std::fill(w->dv.begin(), w->dv.begin() + nk * D, 0.f);
+      for (I g = 0; g < G; ++g) {
+        const I h = kh * G + g;
+        I ilo, ihi;
+        query_range(h, kp0, nk, &ilo, &ihi);
+        double* gwh = gwu ? gwu + g * bw.npar : nullptr;
+        for (I i0 = ilo; i0 < ihi; i0 += kBq) {
+          const I nq = std::min(kBq, ihi - i0);
+          const Tile Q = rows(q_, dir_q_, b, i0, nq, h, w->q.data(), tq_, d_.q_off);
+          const Tile dO = rows(bw.dout, bw.dir_dout, b, i0, nq, h, w->dout.data(), nullptr, 0);
+          logits(h, i0, nq, j0, nk, Q, K, w);
+          xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)]);  // P
+          const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(D), 1.f, dO.p,
+                      int(dO.ld), V.p, int(V.ld), 0.f, dP, int(kBk));
+          if (bw.dv.present())
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f, S,
+                        int(kBk), dO.p, int(dO.ld), 1.f, w->dv.data(), int(D));
+          for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+          if (gwh) param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
+          if (bw.dk.present())
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), sc, S,
+                        int(kBk), Q.p, int(Q.ld), 1.f, w->dk.data(), int(D));
+          if (acc.p)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), sc, S,
+                        int(kBk), K.p, int(K.ld), 1.f, acc.row(g, i0), int(acc.ld));
+        }
+      }
+      if (bw.dk.present()) {
+        if (tk_) rotate(w->dk.data(), nk, D, *tk_, kp0, true);
+        attn_fast::store_rows(bw.dk, D, b, j0, nk, kh, w->dk.data());
+      }
+      if (bw.dv.present()) attn_fast::store_rows(bw.dv, D, b, j0, nk, kh, w->dv.data());
+    }
+  }
+
+  // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key
+  // block meets, over the group's heads, plus a share for loading the block).
+  std::vector<I> key_cuts(I kh, I T) const {
+    const I nkb = (d_.N + kBk - 1) / kBk;
+    std::vector<double> pre(ix(nkb + 1), 0.0);  // work of the blocks before kb
+    for (I kb = 0; kb < nkb; ++kb) {
+      const I nk = std::min(kBk, d_.N - kb * kBk);
+      double c = static_cast<double>(kBq) / 4;
+      for (I g = 0; g < d_.G; ++g) {
+        I ilo, ihi;
+        query_range(kh * d_.G + g, d_.k_off + kb * kBk, nk, &ilo, &ihi);
+        c += static_cast<double>(std::max<I>(ihi - ilo, 0));
+      }
+      pre[ix(kb + 1)] = pre[ix(kb)] + c * static_cast<double>(nk);
+    }
+    std::vector<I> cuts(ix(T + 1), nkb);
+    cuts[0] = 0;
+    I x = 0;
+    for (I p = 1; p < T; ++p) {
+      const double target = pre[ix(nkb)] * static_cast<double>(p) / static_cast<double>(T);
+      while (x < nkb && pre[ix(x + 1)] <= target) ++x;
+      if (x < nkb && pre[ix(x + 1)] - target < target - pre[ix(x)]) ++x;  // the nearer cut
+      cuts[ix(p)] = x;
+    }
+    return cuts;
+  }
+
+  // Pass 2 of one unit (b, kh) split over the threads: T parts of its key blocks (key_cuts), each
+  // with its own dQ rows (part 0 in the primary accumulator — dq itself or a buffer —, the others
+  // in buffers of the rows they touch) and parameter gradients; then summed in part order, so the
+  // result depends on the thread count only, not on which thread ran what.
+  void split_unit(const Bwd& bw, I b, I kh, bool dq_dir, std::vector<double>* gw) const {
+    const I T = threads_, M = d_.M, D = d_.D, G = d_.G, npar = bw.npar;
+    const std::vector<I> cuts = key_cuts(kh, T);
+    std::vector<I> qlo(ix(T), 0), qhi(ix(T), 0);  // dQ rows each part touches
+    for (I p = 0; p < T; ++p) {
+      I lo = M, hi = 0;
+      for (I kb = cuts[ix(p)]; kb < cuts[ix(p + 1)]; ++kb)
+        for (I g = 0; g < G; ++g) {
+          I ilo, ihi;
+          query_range(kh * G + g, d_.k_off + kb * kBk, std::min(kBk, d_.N - kb * kBk), &ilo, &ihi);
+          if (ilo < ihi) lo = std::min(lo, ilo), hi = std::max(hi, ihi);
+        }
+      if (lo < hi) qlo[ix(p)] = lo, qhi[ix(p)] = hi;
+    }
+    const bool want_dq = bw.dq.present();
+    std::vector<float> prim;
+    std::vector<std::vector<float>> part(ix(T));
+    std::vector<Acc> acc(ix(T));
+    if (want_dq) {
+      if (dq_dir) {
+        acc[0] = dq_in_place(bw.dq, b, kh);
+      } else {
+        prim.resize(ix(G * M * D));
+        acc[0] = Acc{prim.data(), D, M * D, 0};
+      }
+      for (I p = 1; p < T; ++p) {
+        const I n = qhi[ix(p)] - qlo[ix(p)];
+        part[ix(p)].resize(ix(G * n * D));
+        acc[ix(p)] = Acc{part[ix(p)].data(), D, n * D, qlo[ix(p)]};
+      }
+    }
+    std::vector<double> gwp(ix(T * G * npar), 0.0);  // [T, G, npar]
+#pragma omp parallel num_threads(static_cast<int>(T))
+    {
+      Scratch w;
+      w.init(D);
+      w.init_backward(D);
+#pragma omp for schedule(dynamic, 1)
+      for (I p = 0; p < T; ++p) {
+        const Acc& a = acc[ix(p)];
+        for (I g = 0; g < G && a.p; ++g)
+          zero_rows(a, g, p == 0 ? 0 : qlo[ix(p)], p == 0 ? M : qhi[ix(p)]);
+        keys(bw, b, kh, cuts[ix(p)], cuts[ix(p + 1)], a, npar ? &gwp[ix(p * G * npar)] : nullptr,
+             &w);
+      }
+      if (want_dq) {
+#pragma omp for schedule(static)
+        for (I gi = 0; gi < G * M; ++gi) {
+          const I g = gi / M, i = gi % M;
+          float* y = acc[0].row(g, i);
+          for (I p = 1; p < T; ++p)
+            if (i >= qlo[ix(p)] && i < qhi[ix(p)]) simd_.add_to(y, acc[ix(p)].row(g, i), ix(D));
+          finish_dq(bw.dq, dq_dir, acc[0], b, kh, g, i, i + 1);
+        }
+      }
+    }
+    for (I p = 0; p < T; ++p)
+      for (I j = 0; j < G * npar; ++j)
+        (*gw)[ix((b * d_.Hq + kh * G) * npar + j)] += gwp[ix(p * G * npar + j)];
   }
 
   // Parameter gradients of one tile from dS [nq, Bk]: diagonal sums, then per distance.
   void param_grads(I h, I base, I nq, I nk, const float* dS, float* diag, double* gwh) const {
     const I nt = nq + nk - 1;
-    std::fill(diag, diag + nt, 0.f);
-    for (I i = 0; i < nq; ++i) simd_.add_to(diag + (nq - 1 - i), dS + i * kBk, ix(nk));
+    xs_.sum_diag(dS, nq, nk, kBk, diag);
     for (I t = 0; t < nt; ++t) {
       if (diag[t] == 0.f) continue;
       const I rel = base + t - (nq - 1);
       if (bias_ == Bias::kT5) {
-        gwh[t5::bucket(rel, p_.t5.bidirectional, p_.t5.num_buckets, p_.t5.max_distance)] += diag[t];
+        gwh[bucket_[ix(rel - rel_lo_)]] += diag[t];
       } else if (rel != 0) {  // learned ALiBi: ∂/∂w[side] = −σ(1 − σ)|Δ|
         const int side = rel < 0 ? 0 : 1;
         const double sg = sig_[ix(side * d_.Hq + h)];
@@ -522,14 +840,18 @@ class Fused {
   View q_, k_, v_;
   int threads_ = 1;
   Simd simd_;
-  bool rope_ = false, interleaved_ = true, nonsym_ = false;
+  Extra xs_;
+  bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
+  bool interleaved_ = true, nonsym_ = false;
   RopeTab tab_q_, tab_k_;
   const RopeTab* tq_ = nullptr;  // rope tables for query and key positions (may be the same)
   const RopeTab* tk_ = nullptr;
   Bias bias_ = Bias::kNone;
-  std::vector<double> slopes_, sig_, t5w_;  // alibi [Hq]; learned σ(w) [2, Hq]; t5 [nb, Hq]
+  std::vector<double> slopes_, sig_;  // alibi [Hq]; learned σ(w) [2, Hq]
+  std::vector<float> t5w_;            // t5 [Hq, nb]
+  std::vector<std::int32_t> bucket_;  // t5: bucket of kp − qp = rel_lo_ + t
+  I rel_lo_ = 0;
 };
-
 // Below this many (query, key) pairs over the batch and heads, the dispatcher runs the reference:
 // as fast at that size, and exact (double) where the float32 kernel is not.
 constexpr I kFusedMinPairs = I{1} << 14;

@@ -8,6 +8,7 @@
 // then gathers q·eᵀ at floor and ceil.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -41,6 +42,12 @@ inline Interp interpolate(double count, std::int64_t npos) {
   r.hi = static_cast<std::int64_t>(std::ceil(p));
   r.w = p - f;
   return r;
+}
+
+// Table rows a row of n_keys keys can reach: each gate is at most 1, so the count, and with it ⌈p⌉,
+// never exceeds n_keys; rows past min(npos − 1, n_keys) are never read and get no gradient.
+inline std::int64_t rows_reached(std::int64_t npos, std::int64_t n_keys) {
+  return std::min(npos, n_keys + 1);
 }
 
 }  // namespace posenc::cope

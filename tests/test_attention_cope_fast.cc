@@ -1,0 +1,346 @@
+// The fused CoPE attention, posenc::fused:: (src/attention/attention_cope_cpu.cc), against the
+// plain reference posenc::reference:: (src/attention/attention_ref.cc): out, lse, dq, dk, dv and
+// dtable, for causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads × global
+// offsets × float32 and bfloat16 q/k/v × float32 and float64 tables × sizes off the tile
+// (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64, 130}) × npos ∈ {1, 2, 5, 64, 300} (positions clamped
+// everywhere, on part of each row, or nowhere) × 1 and 2 threads; sparse gates (rows unclamped
+// over many keys); every SIMD target on a case that runs all tile paths; L = 989; peak memory of a
+// long sequence; the dispatcher's choice.
+//
+// The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
+// q and k are drawn with σ = 1.5, so scale·q·k has σ = 2.25 and the gates spread over (0, 1)
+// instead of sitting near 1/2.
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention/attention_fused.h"
+#include "posenc/attention.h"
+#include "posenc/half.h"
+#include "posenc/threads.h"
+#include "testing.h"
+
+namespace posenc {
+namespace {
+
+using ::posenc::testing::AllClose;
+using ::posenc::testing::randn;
+using I = std::int64_t;
+using Vec = std::vector<double>;
+
+std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
+// Storage of one dtype (float32, bfloat16 or float64) and the stored values as doubles.
+struct Tensor {
+  DType dtype;
+  std::vector<float> f;
+  std::vector<bf16> h;
+  Vec d;
+  std::vector<std::int64_t> shape;
+
+  Tensor(DType t, const Vec& src, std::vector<std::int64_t> s)
+      : dtype(t), d(src.size()), shape(std::move(s)) {
+    if (t == DType::kF32) f.assign(src.begin(), src.end());
+    if (t == DType::kBF16)
+      for (double x : src) h.push_back(to_bf16(static_cast<float>(x)));
+    for (std::size_t i = 0; i < src.size(); ++i)
+      d[i] = t == DType::kF32 ? f[i] : t == DType::kBF16 ? to_float(h[i]) : src[i];
+  }
+  Tensor(DType t, std::vector<std::int64_t> s) : Tensor(t, Vec(count(s), 0.0), s) {}
+  static std::size_t count(const std::vector<std::int64_t>& s) {
+    std::size_t n = 1;
+    for (auto x : s) n *= ix(x);
+    return n;
+  }
+  View view() {
+    void* p = dtype == DType::kF32 ? static_cast<void*>(f.data())
+              : dtype == DType::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(d.data());
+    return View::contiguous(p, dtype, shape);
+  }
+  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
+  Vec values() const {  // what the kernel wrote
+    if (dtype == DType::kF64) return d;
+    Vec r(dtype == DType::kF32 ? f.size() : h.size());
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = dtype == DType::kF32 ? f[i] : to_float(h[i]);
+    return r;
+  }
+};
+
+struct Case {
+  I B, M, N, Hq, Hkv, D;
+  std::optional<I> q_off = std::nullopt;
+  I k_off = 0;
+};
+
+// One problem's inputs, rounded to the dtype.
+struct Problem {
+  AttentionParams p;
+  Case c;
+  I npos;
+  Tensor q, k, v, dout, table;
+
+  // shift > 0 adds +shift to q's and −shift to k's first coordinate: logits near −shift²·scale,
+  // sparse gates, counts that grow slowly.
+  Problem(const Case& cs, bool causal, I np, DType dt, DType table_dt, std::uint64_t seed,
+          double shift = 0)
+      : c(cs), npos(np),
+        q(dt, shifted(randn(ix(cs.B * cs.M * cs.Hq * cs.D), seed + 1, 1.5), cs.D, shift),
+          {cs.B, cs.M, cs.Hq, cs.D}),
+        k(dt, shifted(randn(ix(cs.B * cs.N * cs.Hkv * cs.D), seed + 2, 1.5), cs.D, -shift),
+          {cs.B, cs.N, cs.Hkv, cs.D}),
+        v(dt, randn(ix(cs.B * cs.N * cs.Hkv * cs.D), seed + 3), {cs.B, cs.N, cs.Hkv, cs.D}),
+        dout(dt, randn(ix(cs.B * cs.M * cs.Hq * cs.D), seed + 4), {cs.B, cs.M, cs.Hq, cs.D}),
+        table(table_dt, randn(ix(np * cs.D), seed + 5, 0.3), {np, cs.D}) {
+    p.encoding = Encoding::kCope;
+    p.causal = causal;
+    p.q_offset = cs.q_off;
+    p.k_offset = cs.k_off;
+  }
+  static Vec shifted(Vec x, I D, double by) {
+    for (std::size_t i = 0; i < x.size(); i += ix(D)) x[i] += by;
+    return x;
+  }
+  EncodingTensors tensors() {
+    EncodingTensors t;
+    t.table = table.view();
+    return t;
+  }
+  std::vector<std::int64_t> lse_shape() const { return {c.B, c.Hq, c.M}; }
+};
+
+// Largest |x|, for tolerances scaled to the tensor.
+double amax(const Vec& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::isfinite(v) ? std::fabs(v) : 0.0);
+  return m;
+}
+
+// |got − want| ≤ atol·max|want| + rtol·|want|.
+::testing::AssertionResult Close(const Vec& got, const Vec& want, double atol, double rtol) {
+  return AllClose(got, want, atol * std::max(amax(want), 1e-30), rtol);
+}
+
+// Tolerances (|got − want| ≤ atol·max|want| + rtol·|want|). float32: the product and the softmax
+// carry the usual float32 error; the count p adds its own, ~1e-6 absolute (gates from float logits,
+// sums rounded by 2^-24 per gate), which z turns into logit error at the rate q·(e_⌈p⌉ − e_⌊p⌋), a
+// few units here: measured up to 5e-6 (out) and 2e-5 (gradients) relative to the largest entry, so
+// 2e-5 and 1e-4. bfloat16 adds its output rounding (2^-8 relative), as in test_attention_fast.cc.
+struct Tol {
+  double atol, rtol;
+};
+Tol tol_out(DType t) { return t == DType::kF32 ? Tol{2e-5, 2e-5} : Tol{8e-3, 8e-3}; }
+Tol tol_grad(DType t) { return t == DType::kF32 ? Tol{1e-4, 1e-4} : Tol{1.6e-2, 1.6e-2}; }
+
+// Forward and backward of the kernel and the reference on the same inputs.
+void check(Problem& pr) {
+  const Case& c = pr.c;
+  const DType dt = pr.q.dtype;
+  const EncodingTensors t = pr.tensors();
+  EncodingTensors t64;
+  t64.table = pr.table.view64();
+  // forward
+  Tensor out(dt, {c.B, c.M, c.Hq, c.D});
+  Vec lse(ix(c.B * c.Hq * c.M), 7.0), want(out.d.size()), want_lse(lse.size());
+  Status st = fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(),
+                                       View::contiguous(lse.data(), DType::kF64, pr.lse_shape()));
+  ASSERT_TRUE(st.ok()) << st.message();
+  st = reference::attention_forward(pr.p, pr.q.view64(), pr.k.view64(), pr.v.view64(), t64,
+                                    View::contiguous(want.data(), DType::kF64, pr.q.shape),
+                                    View::contiguous(want_lse.data(), DType::kF64, pr.lse_shape()));
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Tol to = tol_out(dt), tg = tol_grad(dt);
+  EXPECT_TRUE(Close(out.values(), want, to.atol, to.rtol)) << "out";
+  // lse is float32 inside the kernel: absolute error ~ eps·|lse| plus the logits' error
+  EXPECT_TRUE(AllClose(lse, want_lse, 1e-4, 1e-4)) << "lse";
+  // backward
+  Tensor dq(dt, pr.q.shape), dk(dt, pr.k.shape), dv(dt, pr.v.shape);
+  Tensor de(pr.table.dtype, pr.table.shape);
+  Vec wq(pr.q.d.size()), wk(pr.k.d.size()), wv(pr.v.d.size()), we(pr.table.d.size());
+  EncodingGrads g, gw;
+  g.table = de.view();
+  gw.table = View::contiguous(we.data(), DType::kF64, pr.table.shape);
+  st = fused::attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, pr.dout.view(),
+                                 dq.view(), dk.view(), dv.view(), g);
+  ASSERT_TRUE(st.ok()) << st.message();
+  st = reference::attention_backward(
+      pr.p, pr.q.view64(), pr.k.view64(), pr.v.view64(), t64, pr.dout.view64(),
+      View::contiguous(wq.data(), DType::kF64, pr.q.shape),
+      View::contiguous(wk.data(), DType::kF64, pr.k.shape),
+      View::contiguous(wv.data(), DType::kF64, pr.v.shape), gw);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_TRUE(Close(dq.values(), wq, tg.atol, tg.rtol)) << "dq";
+  EXPECT_TRUE(Close(dk.values(), wk, tg.atol, tg.rtol)) << "dk";
+  EXPECT_TRUE(Close(dv.values(), wv, tg.atol, tg.rtol)) << "dv";
+  // dtable can vanish exactly (npos = 1: every row's Σ_j dl_ij is 0), and cancels partly when most
+  // keys are clamped into one row; its float error is that of sums of dl·q, so it is measured
+  // against the scale of the gradients, max(|dtable|, |dq|).
+  const double de_scale = std::max(amax(we), amax(wq));
+  EXPECT_TRUE(AllClose(de.values(), we, tg.atol * de_scale, tg.rtol)) << "dtable";
+}
+
+struct NamedCase {
+  const char* name;
+  Case c;
+};
+
+std::vector<NamedCase> cases() {
+  return {
+      {"L1", {1, 1, 1, 2, 1, 2}},
+      {"L3_B2", {2, 3, 3, 2, 2, 6}},
+      {"L19_gqa", {1, 19, 19, 4, 2, 64}},
+      {"L130_d6", {1, 130, 130, 2, 1, 6}},
+      {"decode", {1, 1, 130, 4, 2, 64}},
+      {"M_lt_N_d130", {1, 19, 130, 2, 2, 130}},
+      {"M_gt_N", {1, 130, 19, 2, 1, 6}},  // q_off = N − M < 0: early causal rows see nothing
+      {"offsets", {2, 19, 37, 2, 1, 6, I{960}, I{955}}},
+      {"far", {1, 3, 130, 2, 2, 6, I{1000003}, I{1000000}}},
+  };
+}
+
+TEST(FastCope, MatchesReference) {
+  set_num_threads(1);
+  int n = 0;
+  for (const NamedCase& nc : cases())
+    for (bool causal : {false, true})
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        if (dt == DType::kBF16 && nc.c.D == 130) continue;  // bf16 on the smaller shapes suffices
+        for (I npos : {I{1}, I{2}, I{5}, I{64}, I{300}}) {
+          const DType tdt = ++n % 2 ? DType::kF64 : DType::kF32;
+          SCOPED_TRACE(std::string(nc.name) + (causal ? " causal " : " full ") + dtype_name(dt) +
+                       " npos " + std::to_string(npos) + " table " + dtype_name(tdt));
+          Problem pr(nc.c, causal, npos, dt, tdt, 100 + n);
+          check(pr);
+        }
+      }
+  set_num_threads(0);
+}
+
+// Sparse gates (logits centred near −4: gates mostly ~0.02): counts grow slowly, so rows stay unclamped over many
+// keys and most keys leave every lane's ⌊p⌋ where it was (the kernels then reuse the table values).
+TEST(FastCope, SparseGates) {
+  set_num_threads(1);
+  int n = 0;
+  for (bool causal : {false, true})
+    for (I npos : {I{3}, I{64}}) {
+      ++n;
+      SCOPED_TRACE(std::string(causal ? "causal" : "full") + " npos " + std::to_string(npos));
+      Problem pr({1, 131, 400, 2, 1, 16}, causal, npos, DType::kF32, DType::kF64, 1500 + n, 4.0);
+      check(pr);
+    }
+  set_num_threads(0);
+}
+
+// Two threads: against the reference, and equal to one thread (tasks partition the work; only
+// dtable sums per-thread partials, in double).
+TEST(FastCope, TwoThreads) {
+  const Case c{2, 130, 130, 4, 2, 64};  // B·Hq·M·N above the kernels' one-thread threshold
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    Problem pr(c, causal, 64, DType::kF32, DType::kF64, 900);
+    set_num_threads(2);
+    check(pr);
+    std::vector<Vec> res[2];
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Tensor out(DType::kF32, pr.q.shape), dq(DType::kF32, pr.q.shape), dk(DType::kF32, pr.k.shape),
+          dv(DType::kF32, pr.v.shape), de(DType::kF64, pr.table.shape);
+      EncodingGrads g;
+      g.table = de.view();
+      const EncodingTensors t = pr.tensors();
+      const View qv = pr.q.view(), kv = pr.k.view(), vv = pr.v.view();
+      ASSERT_TRUE(fused::attention_forward(pr.p, qv, kv, vv, t, out.view()).ok());
+      ASSERT_TRUE(fused::attention_backward(pr.p, qv, kv, vv, t, pr.dout.view(), dq.view(),
+                                            dk.view(), dv.view(), g).ok());
+      res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(), de.values()};
+    }
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+    EXPECT_TRUE(AllClose(res[1][4], res[0][4], 0, 1e-12)) << "dtable";
+  }
+  set_num_threads(0);
+}
+
+// Every SIMD target compiled and supported here, on shapes that run every tile path: three key
+// blocks, rows whose counts saturate (npos = 5: forward tiles wholly clamped, backward tiles left
+// of every j*) and rows that never clamp (npos = 300).
+TEST(FastCope, EveryTarget) {
+  set_num_threads(1);
+  int n = 0;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (bool causal : {true, false}) {
+      ++n;
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + (causal ? " causal" : " full"));
+      Problem pr({1, 131, 260, 2, 1, 32}, causal, causal ? 5 : 300, DType::kF32, DType::kF32,
+                 1000 + n);
+      check(pr);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  set_num_threads(0);
+}
+
+// A large case: several query and key blocks, counts saturating early in every row.
+TEST(FastCope, L989MatchesReference) {
+  set_num_threads(2);
+  Problem pr({1, 989, 989, 2, 1, 64}, true, 64, DType::kF32, DType::kF32, 1200);
+  check(pr);
+  set_num_threads(0);
+}
+
+// Peak memory grows by O(L·(D + ncol)), never by an L×L buffer: L = 4096 (an L×L float buffer is
+// 64 MiB; the kernel's buffers here are ~0.7 MiB). The process's peak is reset first.
+long status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::string(key).size()));
+  return -1;
+}
+
+TEST(FastCope, LongSequenceNeedsNoLxLBuffer) {
+  set_num_threads(1);
+  Problem pr({1, 4096, 4096, 1, 1, 4}, true, 16, DType::kF32, DType::kF32, 1300);
+  Tensor out(DType::kF32, pr.q.shape), dq(DType::kF32, pr.q.shape), dk(DType::kF32, pr.k.shape),
+      dv(DType::kF32, pr.v.shape), de(DType::kF32, pr.table.shape);
+  EncodingGrads g;
+  g.table = de.view();
+  std::ofstream clear("/proc/self/clear_refs");
+  if (!clear || !(clear << "5").flush())
+    GTEST_SKIP() << "cannot reset the peak (/proc/self/clear_refs)";
+  clear.close();
+  const long before = status_kb("VmRSS:");
+  ASSERT_TRUE(fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), pr.tensors(),
+                                       out.view()).ok());
+  ASSERT_TRUE(fused::attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), pr.tensors(),
+                                        pr.dout.view(), dq.view(), dk.view(), dv.view(), g).ok());
+  const long peak = status_kb("VmHWM:");
+  if (before < 0 || peak < 0) GTEST_SKIP() << "no /proc/self/status";
+  EXPECT_LT(peak - before, 16 * 1024) << "peak grew by " << (peak - before) << " kB";
+  // first row sees only key 0 (p = g_00 < 1 unclamped): out_0 = v_0
+  for (I e = 0; e < 4; ++e) EXPECT_NEAR(out.f[ix(e)], pr.v.f[ix(e)], 1e-6);
+  set_num_threads(0);
+}
+
+// The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the
+// reference.
+TEST(FastCope, PublicEntryPointsPickTheKernelOrTheReference) {
+  for (I L : {I{4}, I{200}}) {
+    Problem pr({1, L, L, 1, 1, 16}, true, 8, DType::kF32, DType::kF32, 1400);
+    const EncodingTensors t = pr.tensors();
+    Tensor a(DType::kF32, pr.q.shape), b(DType::kF32, pr.q.shape);
+    const View qv = pr.q.view(), kv = pr.k.view(), vv = pr.v.view();
+    ASSERT_TRUE(attention_forward(pr.p, qv, kv, vv, t, a.view()).ok());
+    const Status st = L == 4 ? reference::attention_forward(pr.p, qv, kv, vv, t, b.view())
+                             : fused::attention_forward(pr.p, qv, kv, vv, t, b.view());
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(a.values(), b.values()) << "L = " << L;
+  }
+}
+
+}  // namespace
+}  // namespace posenc
