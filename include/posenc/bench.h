@@ -3,30 +3,69 @@
 // NOTE: benchmarks are programs, never tests. Nothing in tests/ times anything; run these by hand on a
 // quiet machine with a Release build (`posenc bench [--filter REGEX] [--threads N] [--json]`).
 //
-// Every case measures its baseline in the same run, interleaved with the kernel (baseline, kernel,
-// baseline, kernel, …; medians): for elementwise kernels memcpy of the same bytes (threads split the
-// copy like the kernel), for bias generation (write-only) memset of the output. Throughput is
-// (bytes read + bytes written) / seconds in GB/s (10⁹ bytes) for both; ratio = kernel / baseline.
+// Every case measures its baseline in the same run, interleaved with the kernel (one warm-up call of
+// each, then rounds of baseline sample, kernel sample; medians of the samples; a sample is enough
+// calls to last ≳ 10 ms; at least 3 rounds, more while a case stays under ~0.5 s; a call of ≥ 1 s is
+// its own warm-up, so the slowest cases cost 3 calls). ratio = throughput / baseline_throughput.
+//
+// Elementwise kernels (unit GB/s = 10⁹ bytes/s): bytes = every byte read + every byte written, counted
+// from the tensors' sizes (RoPE q+k: q, k read and written; learned add: x and the table read, y
+// written; in place counts the read and the write of the same tensor). Baseline: memcpy of half those
+// bytes (so the copy too reads and writes exactly the kernel's byte count), threads splitting the copy
+// like the kernel. Bias generation is write-only: baseline memset of the output.
+//
+// Attention (unit GFLOP/s = 10⁹ useful FLOP/s): through the public posenc::attention_forward /
+// attention_backward, causal, B = 1, Hq = Hkv = 8, d = 64, every encoding the attention takes (the
+// registry's kinds other than absolute), with each encoding's default parameters and random tensors
+// (t5: 32 buckets; xl: R = 64; cope: npos = 64). Useful FLOPs of the forward: 4·B·H·M·N·d (the two
+// products q·kᵀ and P·v), halved when causal. The backward is counted as 2.5× that, as
+// FlashAttention reports it (five products of that size: q·kᵀ recomputed, dO·vᵀ, Pᵀ·dO, dSᵀ·q,
+// dS·k); its seconds are the whole public call, which computes dq, dk, dv and every parameter
+// gradient the encoding has, and first recomputes the forward's out and lse (work not counted).
+// Baseline "sgemm": the unfused attention's two products per head with OpenBLAS cblas_sgemm at the
+// row's thread count (S = q·kᵀ [L, L] over d, then S·v; float32 beside the bfloat16 rows too), its
+// throughput = its real FLOPs (4·H·L·L·d, not halved) / seconds. So ratio is the share of a dense
+// sgemm's rate that the kernel turns into useful work. `path` says whether the fused kernel or the
+// plain reference (posenc::reference, double, one thread) ran; `vs_nope` = seconds / seconds of nope
+// for the same kernel, shape, dtype and threads, when nope ran in the same invocation.
+//
+// Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L]`; not in the default
+// run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64, causal, float32) per
+// encoding, one call each (seconds and useful GFLOP/s of that call, no baseline), each in a forked
+// child process that allocates and touches its inputs and outputs, resets its peak RSS
+// (/proc/self/clear_refs), runs the call and reports VmHWM minus its RSS just before the call
+// (peak_extra_mb, MiB; one-time lazy initialisation inside the call, such as OpenBLAS buffers, counts),
+// with io_mb = the inputs' and outputs' bytes (forward q, k, v, out; backward q, k, v, dout, dq, dk,
+// dv). The issue's bound: peak_extra_mb < 64. Encodings whose attention is not fused are skipped there
+// (the reference holds double copies of every [L, H, d] tensor and would run for hours).
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "posenc/status.h"
 
 namespace posenc {
 
 struct BenchRow {
-  std::string kernel;    // "rope.forward.qk", "sinusoidal.forward", ...
+  std::string kernel;    // "rope.forward.qk.half", "attention.forward", ...
   std::string encoding;  // registry name: "rope", "sinusoidal", ...
-  std::string shape;     // "[1, 4096, 32, 128]"
+  std::string shape;     // "[1, 4096, 32, 128]" (attention: q's [B, L, H, d])
   std::string dtype;     // "float32", "bfloat16", ...
   int threads = 1;
-  double seconds = 0;              // median seconds of one call
-  double throughput = 0;           // GB/s, (bytes read + written) / seconds
-  std::string unit = "GB/s";
-  std::string baseline;            // "memcpy" / "memset"
-  double baseline_throughput = 0;  // GB/s of the baseline on the same bytes, same run
-  double ratio = 0;                // throughput / baseline_throughput
+  double seconds = 0;                   // median seconds of one call
+  double throughput = 0;                // in `unit`
+  std::string unit = "GB/s";            // "GB/s" or "GFLOP/s" (useful FLOPs, see above)
+  std::string baseline;                 // "memcpy" / "memset" / "sgemm"; "" for memory rows
+  double baseline_throughput = 0;       // the baseline's rate in `unit`, same run
+  double ratio = 0;                     // throughput / baseline_throughput
+  std::string path;                     // attention: "fused" or "reference"; "" otherwise
+  std::optional<double> vs_nope;        // attention: seconds / seconds of nope (see above)
+  std::optional<double> peak_extra_mb;  // memory rows: peak RSS − RSS before the call, MiB
+  std::optional<double> io_mb;          // memory rows: inputs + outputs, MiB
 };
 
 // Median seconds of one call of fn: `warmup` untimed calls, then `repeats` samples, each of enough
@@ -35,8 +74,20 @@ double bench_median_seconds(const std::function<void()>& fn, int warmup = 1, int
 
 // Runs the default cases whose "kernel encoding shape dtype" line matches filter_regex (ECMAScript,
 // searched; empty matches all), with `threads` threads (≤ 0: once with 1 thread and once with 2),
-// calling on_row after each row. Returns all rows.
+// calling on_row after each row and on_progress (if set) with a line before a case that takes long
+// (calls of ≥ 1 s). Returns all rows.
 std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int threads,
-                                     std::function<void(const BenchRow&)> on_row);
+                                     std::function<void(const BenchRow&)> on_row,
+                                     std::function<void(const std::string&)> on_progress = {});
+
+// The memory rows (see above) whose line matches filter_regex, with `threads` threads (≤ 0: the
+// default count, posenc::num_threads()), at L = length (the rows of the issue: 65536). Each case runs in a
+// child process (fork); call this before the process has run any OpenMP parallel region (a forked child
+// cannot reuse the parent's OpenMP threads). on_progress gets a line before each case and for each skipped
+// encoding. Fails with kInternal when a child cannot be started or dies, kInvalidArgument when the attention
+// refuses.
+Expected<std::vector<BenchRow>> run_memory_benchmarks(
+    const std::string& filter_regex, int threads, std::function<void(const BenchRow&)> on_row,
+    std::function<void(const std::string&)> on_progress = {}, std::int64_t length = 65536);
 
 }  // namespace posenc

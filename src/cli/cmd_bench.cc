@@ -1,5 +1,7 @@
-// posenc bench [--filter REGEX] [--threads N] [--json] — the benchmark cases of posenc/bench.h, each
-// with its same-run baseline (memcpy / memset of the same bytes) and the ratio. A program, not a test.
+// posenc bench [--filter REGEX] [--threads N] [--json] [--memory [--memory-length L]] — the
+// benchmark cases of posenc/bench.h, each with its same-run baseline (memcpy / memset of the same
+// bytes, sgemm for attention) and the ratio; --memory: the L = 65536 attention peak-memory rows
+// instead. A program, not a test. Progress lines for long cases go to stderr.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -16,7 +18,60 @@ struct BenchState {
   std::string filter;
   std::string threads;
   bool json = false;
+  bool memory = false;
+  std::string memory_length;
 };
+
+nlohmann::ordered_json row_json(const BenchRow& r) {
+  nlohmann::ordered_json j = {{"kernel", r.kernel},         {"encoding", r.encoding}, {"shape", r.shape},
+                              {"dtype", r.dtype},           {"threads", r.threads},   {"seconds", r.seconds},
+                              {"throughput", r.throughput}, {"unit", r.unit}};
+  if (r.baseline.empty()) {
+    j["baseline"] = nullptr;
+    j["baseline_throughput"] = nullptr;
+    j["ratio"] = nullptr;
+  } else {
+    j["baseline"] = r.baseline;
+    j["baseline_throughput"] = r.baseline_throughput;
+    j["ratio"] = r.ratio;
+  }
+  if (!r.path.empty()) j["path"] = r.path;
+  if (r.vs_nope) j["vs_nope"] = *r.vs_nope;
+  if (r.peak_extra_mb) j["peak_extra_mb"] = *r.peak_extra_mb;
+  if (r.io_mb) j["io_mb"] = *r.io_mb;
+  return j;
+}
+
+void print_row(const BenchRow& r, bool json, bool memory) {
+  if (json) {
+    std::printf("%s\n", row_json(r).dump().c_str());
+  } else if (memory) {
+    std::printf("%-19s %-6s %-18s %-8s %3d %9.2f %9.2f %7.3f %9.1f %9.1f\n", r.kernel.c_str(),
+                r.encoding.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads, r.seconds, r.throughput,
+                r.vs_nope.value_or(0), r.io_mb.value_or(0), r.peak_extra_mb.value_or(0));
+  } else {
+    char vs[16] = "-";
+    if (r.vs_nope) std::snprintf(vs, sizeof vs, "%.3f", *r.vs_nope);
+    std::printf("%-35s %-10s %-19s %-9s %3d %11.3e %9.2f %-7s %-7s %9.2f %6.3f %7s %s\n", r.kernel.c_str(),
+                r.encoding.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads, r.seconds, r.throughput,
+                r.unit.c_str(), r.baseline.c_str(), r.baseline_throughput, r.ratio, vs, r.path.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void print_header(bool memory) {
+  if (memory)
+    std::printf("%-19s %-6s %-18s %-8s %3s %9s %9s %7s %9s %9s\n", "kernel", "enc", "shape", "dtype", "thr",
+                "seconds", "GFLOP/s", "vs_nope", "io MiB", "extra MiB");
+  else
+    std::printf("%-35s %-10s %-19s %-9s %3s %11s %9s %-7s %-7s %9s %6s %7s %s\n", "kernel", "encoding", "shape",
+                "dtype", "thr", "seconds", "rate", "unit", "base", "base rate", "ratio", "vs_nope", "path");
+}
+
+void progress(const std::string& line) {
+  std::fprintf(stderr, "posenc bench: %s\n", line.c_str());
+  std::fflush(stderr);
+}
 
 void run_bench(const BenchState& st) {
   try {
@@ -30,26 +85,28 @@ void run_bench(const BenchState& st) {
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
     threads = static_cast<int>(t);
   }
-  if (!st.json)
-    std::printf("%-34s %-10s %-19s %-9s %3s %11s %9s %-7s %9s %6s\n", "kernel", "encoding", "shape", "dtype",
-                "thr", "seconds", "GB/s", "base", "base GB/s", "ratio");
-  const auto rows = run_benchmarks(st.filter, threads, [&](const BenchRow& r) {
-    if (st.json) {
-      const nlohmann::json j = {{"kernel", r.kernel},       {"encoding", r.encoding},
-                                {"shape", r.shape},         {"dtype", r.dtype},
-                                {"threads", r.threads},     {"seconds", r.seconds},
-                                {"throughput", r.throughput}, {"unit", r.unit},
-                                {"baseline", r.baseline},   {"baseline_throughput", r.baseline_throughput},
-                                {"ratio", r.ratio}};
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("%-34s %-10s %-19s %-9s %3d %11.3e %9.2f %-7s %9.2f %6.3f\n", r.kernel.c_str(),
-                  r.encoding.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads, r.seconds, r.throughput,
-                  r.baseline.c_str(), r.baseline_throughput, r.ratio);
-    }
-    std::fflush(stdout);
-  });
-  if (rows.empty()) fail(Status::Invalid("--filter", "matched no benchmark case: '" + st.filter + "'"));
+  std::int64_t length = 65536;
+  if (!st.memory_length.empty()) {
+    if (!st.memory) fail(Status::Invalid("--memory-length", "only with --memory"));
+    length = parse_int("--memory-length", st.memory_length);
+    if (length < 1 || length > (std::int64_t{1} << 22))
+      fail(Status::Invalid("--memory-length", "expected 1 .. 4194304, got " + st.memory_length));
+  }
+  bool header = st.json;  // the table's header comes with its first row (none when nothing ran)
+  const auto on_row = [&](const BenchRow& r) {
+    if (!header) print_header(st.memory);
+    header = true;
+    print_row(r, st.json, st.memory);
+  };
+  std::size_t n = 0;
+  if (st.memory) {
+    auto rows = run_memory_benchmarks(st.filter, threads, on_row, progress, length);
+    if (!rows.ok()) fail(rows.status());
+    n = rows->size();
+  } else {
+    n = run_benchmarks(st.filter, threads, on_row, progress).size();
+  }
+  if (n == 0) fail(Status::Invalid("--filter", "matched no benchmark case: '" + st.filter + "'"));
 }
 
 }  // namespace
@@ -57,13 +114,23 @@ void run_bench(const BenchState& st) {
 Command add_bench_command(CLI::App& root) {
   auto st = std::make_shared<BenchState>();
   CLI::App* app = root.add_subcommand(
-      "bench", "time the fast kernels against memcpy/memset of the same bytes (a program, never a test)");
+      "bench",
+      "time the fast kernels against memcpy/memset of the same bytes, attention against sgemm "
+      "(a program, never a test)");
   add_text(app, "--filter", &st->filter, "run the cases whose 'kernel encoding shape dtype' matches REGEX",
            "REGEX");
-  add_text(app, "--threads", &st->threads, "threads (default: each case with 1 and with 2)", "INT");
+  add_text(app, "--threads", &st->threads,
+           "threads (default: each case with 1 and with 2; --memory: the default count)", "INT");
   app->add_flag("--json", st->json,
                 "one JSON object per line: kernel, encoding, shape, dtype, threads, seconds, throughput, "
-                "unit, baseline, baseline_throughput, ratio");
+                "unit, baseline, baseline_throughput, ratio (attention also path, vs_nope; --memory "
+                "also peak_extra_mb, io_mb)");
+  app->add_flag("--memory", st->memory,
+                "instead: attention forward/backward at L = 65536, H = 8, d = 64, causal, float32, per fused "
+                "encoding, each in a child process reporting its peak RSS above its RSS before the call "
+                "(minutes)");
+  add_text(app, "--memory-length", &st->memory_length, "with --memory: L instead of 65536 (a quick look)",
+           "INT");
   return {app, [st] { run_bench(*st); }};
 }
 

@@ -1,18 +1,31 @@
 // The benchmark cases of `posenc bench` (see posenc/bench.h: programs, never tests).
 #include "posenc/bench.h"
 
+#include <cblas.h>
 #include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <regex>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "attention/attention_fused.h"
+#include "core/fast_common.h"
 #include "posenc/absolute.h"
+#include "posenc/attention.h"
 #include "posenc/bias.h"
+#include "posenc/registry.h"
 #include "posenc/rope.h"
 #include "posenc/threads.h"
 #include "posenc/view.h"
@@ -20,7 +33,10 @@
 namespace posenc {
 namespace {
 
+using I = std::int64_t;
 using Clock = std::chrono::steady_clock;
+
+inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
 double now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
@@ -30,15 +46,16 @@ struct Mem {
   std::size_t bytes = 0;
   explicit Mem(std::size_t n, int threads, unsigned char fill = 0) : bytes(n) {
     p.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (n + 63) / 64 * 64)));
-    const std::int64_t chunks = 64;
+    const I chunks = 64;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::size_t a = n * static_cast<std::size_t>(c) / chunks, b = n * static_cast<std::size_t>(c + 1) / chunks;
+    for (I c = 0; c < chunks; ++c) {
+      const std::size_t a = n * ix(c) / chunks, b = n * ix(c + 1) / chunks;
       std::memset(p.get() + a, fill, b - a);
     }
   }
   void* data() const { return p.get(); }
 };
+using Keep = std::vector<std::shared_ptr<Mem>>;
 
 // Baselines, split over threads like the kernels.
 void par_memcpy(void* dst, const void* src, std::size_t n, int threads) {
@@ -48,7 +65,7 @@ void par_memcpy(void* dst, const void* src, std::size_t n, int threads) {
   }
 #pragma omp parallel num_threads(threads)
   {
-    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), T = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t t = ix(omp_get_thread_num()), T = ix(omp_get_num_threads());
     const std::size_t a = n * t / T / 64 * 64, b = t + 1 == T ? n : n * (t + 1) / T / 64 * 64;
     std::memcpy(static_cast<char*>(dst) + a, static_cast<const char*>(src) + a, b - a);
   }
@@ -56,47 +73,94 @@ void par_memcpy(void* dst, const void* src, std::size_t n, int threads) {
 void par_memset(void* dst, std::size_t n, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), T = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t t = ix(omp_get_thread_num()), T = ix(omp_get_num_threads());
     const std::size_t a = n * t / T / 64 * 64, b = t + 1 == T ? n : n * (t + 1) / T / 64 * 64;
     std::memset(static_cast<char*>(dst) + a, 0, b - a);
   }
 }
 
-struct Case {
-  std::string kernel, encoding, shape;
-  DType dtype;
-  // Builds buffers for `threads` and returns (kernel, baseline, kernel bytes, baseline bytes, baseline name).
-  std::function<void(int threads, std::function<void()>* k, std::function<void()>* b, double* kbytes,
-                     double* bbytes, std::string* bname, std::shared_ptr<void>* keep)>
-      setup;
+// The threads a baseline splits over: those of the kernel, which stays on the calling thread below
+// fast::kParallelMin elements (a decode step; an OpenMP region would cost more than the copy).
+int baseline_threads(I elements, int threads) { return elements < fast::kParallelMin ? 1 : threads; }
+
+// The memcpy baseline of an elementwise kernel that moves `bytes` (read + written): a copy of half
+// of them between two buffers of its own, so that it too reads and writes `bytes` in all.
+std::function<void()> memcpy_baseline(double bytes, int threads, Keep* keep) {
+  const std::size_t half = static_cast<std::size_t>(bytes / 2);
+  auto src = std::make_shared<Mem>(half, threads, 1), dst = std::make_shared<Mem>(half, threads);
+  keep->push_back(src);
+  keep->push_back(dst);
+  return [=] { par_memcpy(dst->data(), src->data(), half, threads); };
+}
+
+// What a case gives the harness for one thread count.
+struct Bound {
+  std::function<void()> kernel, baseline;
+  double kernel_work = 0, baseline_work = 0;  // bytes (GB/s) or FLOPs (GFLOP/s) of one call
+  std::string baseline_name;
+  std::shared_ptr<void> keep;  // the buffers, alive while the case runs
 };
 
+struct Case {
+  Case(std::string k, std::string e, std::string s, DType dt)
+      : kernel(std::move(k)), encoding(std::move(e)), shape(std::move(s)), dtype(dt) {}
+  std::string kernel, encoding, shape;
+  DType dtype;
+  std::string unit = "GB/s";
+  std::string path;  // attention: "fused" / "reference"
+  std::function<Bound(int threads)> setup;
+};
+
+// Only a strided sample is randomised (setting every element through View would dominate the run
+// for the elementwise cases, whose speed does not depend on the values).
 void fill_random(void* p, std::size_t n_elems, DType dt) {
-  const View v = View::contiguous(p, dt, {static_cast<std::int64_t>(n_elems)});
+  const View v = View::contiguous(p, dt, {static_cast<I>(n_elems)});
   std::uint32_t s = 12345;
-  // Only a strided sample is randomised (setting every element through View would dominate the run).
   for (std::size_t i = 0; i < n_elems; i += 61) {
     s = s * 1664525u + 1013904223u;
-    v.set(static_cast<std::int64_t>(i), (static_cast<double>(s >> 8) / 16777216.0) - 0.5);
+    v.set(static_cast<I>(i), (static_cast<double>(s >> 8) / 16777216.0) - 0.5);
   }
 }
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
+// Every element uniform in [−amp, amp) (attention inputs: the softmax and CoPE's gates see real data).
+void fill_all(const View& v, std::uint32_t seed, double amp = 1.0) {
+  const I n = v.numel();
+  std::uint32_t s = seed * 2654435761u + 1u;
+  auto next = [&] {
+    s = s * 1664525u + 1013904223u;
+    return amp * (2.0 * (static_cast<double>(s >> 8) / 16777216.0) - 1.0);
+  };
+  if (v.dtype == DType::kF32 && v.is_contiguous()) {
+    float* p = static_cast<float*>(v.data);
+    for (I i = 0; i < n; ++i) p[i] = static_cast<float>(next());
+  } else {
+    for (I i = 0; i < n; ++i) v.set(i, next());
+  }
+}
+
+std::string shape_str(const std::vector<I>& s) {
   return View::contiguous(nullptr, DType::kF32, s).shape_str();
 }
 
-Case rope_case(const std::string& kernel, std::vector<std::int64_t> shape, DType dt, RopeLayout layout,
-               bool in_place, bool backward) {
-  Case c{kernel + "." + rope_layout_name(layout) + (in_place ? ".inplace" : ""), "rope", shape_str(shape), dt, {}};
-  c.setup = [=](int threads, std::function<void()>* k, std::function<void()>* b, double* kb, double* bb,
-                std::string* bn, std::shared_ptr<void>* keep) {
-    std::int64_t n = 1;
-    for (std::int64_t s : shape) n *= s;
-    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dt);
+I numel(const std::vector<I>& s) {
+  I n = 1;
+  for (I e : s) n *= e;
+  return n;
+}
+
+// ---- elementwise cases ----------------------------------------------------------------------------
+
+Case rope_case(const std::string& kernel, std::vector<I> shape, DType dt, RopeLayout layout, bool in_place,
+               bool backward) {
+  Case c{kernel + "." + rope_layout_name(layout) + (in_place ? ".inplace" : ""), "rope", shape_str(shape),
+         dt};
+  c.setup = [=](int threads) {
+    const I n = numel(shape);
+    const std::size_t bytes = ix(n) * dtype_size(dt);
     auto q = std::make_shared<Mem>(bytes, threads), kk = std::make_shared<Mem>(bytes, threads);
     auto qo = std::make_shared<Mem>(bytes, threads), ko = std::make_shared<Mem>(bytes, threads);
-    fill_random(q->data(), static_cast<std::size_t>(n), dt);
-    fill_random(kk->data(), static_cast<std::size_t>(n), dt);
+    fill_random(q->data(), ix(n), dt);
+    fill_random(kk->data(), ix(n), dt);
     RopeParams p;
     p.layout = layout;
     const View qv = View::contiguous(q->data(), dt, shape), kv = View::contiguous(kk->data(), dt, shape);
@@ -104,76 +168,245 @@ Case rope_case(const std::string& kernel, std::vector<std::int64_t> shape, DType
     const View kov = in_place ? kv : View::contiguous(ko->data(), dt, shape);
     Positions pos;
     pos.offset = shape[1] == 1 ? 4095 : 0;  // a decode step sits at the end of the context
-    *k = [=] { (void)rope_apply_qk(p, qv, kv, pos, qov, kov, backward); };
-    *b = [=] {
-      par_memcpy(qo->data(), q->data(), bytes, threads);
-      par_memcpy(ko->data(), kk->data(), bytes, threads);
-    };
-    *kb = *bb = 4.0 * static_cast<double>(bytes);
-    *bn = "memcpy";
-    *keep = std::make_shared<std::vector<std::shared_ptr<Mem>>>(std::vector<std::shared_ptr<Mem>>{q, kk, qo, ko});
+    auto keep = std::make_shared<Keep>(Keep{q, kk, qo, ko});
+    Bound b;
+    b.kernel = [=] { (void)rope_apply_qk(p, qv, kv, pos, qov, kov, backward); };
+    b.kernel_work = b.baseline_work = 4.0 * static_cast<double>(bytes);  // q, k read and written
+    b.baseline = memcpy_baseline(b.kernel_work, baseline_threads(n, threads), keep.get());
+    b.baseline_name = "memcpy";
+    b.keep = keep;
+    return b;
   };
   return c;
 }
 
-Case absolute_case(const std::string& enc, std::vector<std::int64_t> shape, DType dt, bool in_place) {
-  Case c{enc + ".forward" + (in_place ? ".inplace" : ""), enc, shape_str(shape), dt, {}};
-  c.setup = [=](int threads, std::function<void()>* k, std::function<void()>* b, double* kb, double* bb,
-                std::string* bn, std::shared_ptr<void>* keep) {
-    const std::int64_t n = shape[0] * shape[1] * shape[2];
-    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dt);
+Case absolute_case(const std::string& enc, std::vector<I> shape, DType dt, bool in_place) {
+  Case c{enc + ".forward" + (in_place ? ".inplace" : ""), enc, shape_str(shape), dt};
+  c.setup = [=](int threads) {
+    const I n = numel(shape);
+    const std::size_t bytes = ix(n) * dtype_size(dt);
     auto x = std::make_shared<Mem>(bytes, threads), y = std::make_shared<Mem>(bytes, threads);
-    fill_random(x->data(), static_cast<std::size_t>(n), dt);
+    fill_random(x->data(), ix(n), dt);
     const View xv = View::contiguous(x->data(), dt, shape);
     const View yv = in_place ? xv : View::contiguous(y->data(), dt, shape);
-    std::shared_ptr<Mem> table;
-    *bb = 2.0 * static_cast<double>(bytes);
+    auto keep = std::make_shared<Keep>(Keep{x, y});
+    Bound b;
+    b.kernel_work = 2.0 * static_cast<double>(bytes);  // x read, y written
     if (enc == "learned") {
-      const std::size_t tbytes = static_cast<std::size_t>(shape[1] * shape[2]) * dtype_size(dt);
-      table = std::make_shared<Mem>(tbytes, threads);
-      fill_random(table->data(), static_cast<std::size_t>(shape[1] * shape[2]), dt);
+      // The table rows of positions 0 .. L−1 are read once per batch element.
+      const std::size_t tbytes = ix(shape[1] * shape[2]) * dtype_size(dt);
+      auto table = std::make_shared<Mem>(tbytes, threads);
+      fill_random(table->data(), ix(shape[1] * shape[2]), dt);
+      keep->push_back(table);
       const View tv = View::contiguous(table->data(), dt, {shape[1], shape[2]});
-      *k = [=] { (void)learned_forward(LearnedParams{}, xv, tv, Positions{}, yv); };
-      *kb = 2.0 * static_cast<double>(bytes) + static_cast<double>(shape[0]) * static_cast<double>(tbytes);
+      b.kernel = [=] { (void)learned_forward(LearnedParams{}, xv, tv, Positions{}, yv); };
+      b.kernel_work += static_cast<double>(shape[0]) * static_cast<double>(tbytes);
     } else {
-      *k = [=] { (void)sinusoidal_forward(SinusoidalParams{}, xv, Positions{}, yv); };
-      *kb = 2.0 * static_cast<double>(bytes);
+      b.kernel = [=] { (void)sinusoidal_forward(SinusoidalParams{}, xv, Positions{}, yv); };
     }
-    *b = [=] { par_memcpy(y->data(), x->data(), bytes, threads); };
-    *bn = "memcpy";
-    *keep = std::make_shared<std::vector<std::shared_ptr<Mem>>>(std::vector<std::shared_ptr<Mem>>{x, y, table});
+    b.baseline_work = b.kernel_work;
+    b.baseline = memcpy_baseline(b.kernel_work, baseline_threads(n, threads), keep.get());
+    b.baseline_name = "memcpy";
+    b.keep = keep;
+    return b;
   };
   return c;
 }
 
-Case bias_case(const std::string& enc, std::vector<std::int64_t> shape, DType dt) {
-  Case c{enc + ".bias", enc, shape_str(shape), dt, {}};
-  c.setup = [=](int threads, std::function<void()>* k, std::function<void()>* b, double* kb, double* bb,
-                std::string* bn, std::shared_ptr<void>* keep) {
-    const std::int64_t n = shape[0] * shape[1] * shape[2];
-    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dt);
+Case bias_case(const std::string& enc, std::vector<I> shape, DType dt) {
+  Case c{enc + ".bias", enc, shape_str(shape), dt};
+  c.setup = [=](int threads) {
+    const std::size_t bytes = ix(numel(shape)) * dtype_size(dt);
     auto out = std::make_shared<Mem>(bytes, threads);
-    auto w = std::make_shared<Mem>(static_cast<std::size_t>(32 * shape[0]) * dtype_size(dt), 1);
-    fill_random(w->data(), static_cast<std::size_t>(32 * shape[0]), dt);
+    auto w = std::make_shared<Mem>(ix(32 * shape[0]) * dtype_size(dt), 1);
+    fill_random(w->data(), ix(32 * shape[0]), dt);
     const BiasGeometry g{shape[0], shape[1], shape[2], 0, 0};
     const View ov = View::contiguous(out->data(), dt, shape);
+    Bound b;
     if (enc == "alibi") {
-      *k = [=] { (void)alibi_bias(AlibiParams{}, g, View{}, View{}, ov); };
+      b.kernel = [=] { (void)alibi_bias(AlibiParams{}, g, View{}, View{}, ov); };
     } else {
       const View wv = View::contiguous(w->data(), dt, {32, shape[0]});
-      *k = [=] { (void)t5_bias(T5Params{}, g, wv, ov); };
+      b.kernel = [=] { (void)t5_bias(T5Params{}, g, wv, ov); };
     }
-    *b = [=] { par_memset(out->data(), bytes, threads); };
-    *kb = *bb = static_cast<double>(bytes);
-    *bn = "memset";
-    *keep = std::make_shared<std::vector<std::shared_ptr<Mem>>>(std::vector<std::shared_ptr<Mem>>{out, w});
+    const int bt = baseline_threads(numel(shape), threads);
+    b.baseline = [=] { par_memset(out->data(), bytes, bt); };
+    b.kernel_work = b.baseline_work = static_cast<double>(bytes);  // write-only (the weights are tiny)
+    b.baseline_name = "memset";
+    b.keep = std::make_shared<Keep>(Keep{out, w});
+    return b;
   };
   return c;
 }
+
+// ---- attention ------------------------------------------------------------------------------------
+
+constexpr I kHeads = 8, kHeadDim = 64, kXlR = 64, kCopeNpos = 64, kT5Buckets = 32;
+
+// One attention problem: causal, B = 1, Hq = Hkv = kHeads, d = kHeadDim, L queries and keys, with the
+// encoding's tensors (random), and for backward dout and every gradient buffer.
+struct AttnProblem {
+  AttentionParams p;
+  Keep mem;
+  std::vector<std::vector<float>> small;  // encoding tensors and their gradients
+  View q, k, v, out, dout, dq, dk, dv;
+  EncodingTensors t;
+  EncodingGrads g;
+  double io_bytes = 0;  // inputs + outputs of the call
+};
+
+std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool backward, int threads) {
+  auto a = std::make_shared<AttnProblem>();
+  a->p.encoding = enc;
+  a->p.causal = true;
+  const std::vector<I> shape = {1, L, kHeads, kHeadDim};
+  const std::size_t bytes = ix(numel(shape)) * dtype_size(dt);
+  std::uint32_t seed = 1;
+  auto big = [&](bool random) {
+    auto m = std::make_shared<Mem>(bytes, threads);
+    a->mem.push_back(m);
+    const View v = View::contiguous(m->data(), dt, shape);
+    if (random) fill_all(v, seed++);
+    a->io_bytes += static_cast<double>(bytes);
+    return v;
+  };
+  auto small = [&](std::vector<I> s, bool random, double amp) {
+    a->small.emplace_back(ix(numel(s)), 0.f);
+    const View v = View::contiguous(a->small.back().data(), DType::kF32, s);
+    if (random) fill_all(v, seed++, amp);
+    a->io_bytes += static_cast<double>(v.numel()) * 4;
+    return v;
+  };
+  a->small.reserve(8);  // views point into these vectors: no reallocation
+  a->q = big(true);
+  a->k = big(true);
+  a->v = big(true);
+  if (backward) {
+    a->dout = big(true);
+    a->dq = big(false);
+    a->dk = big(false);
+    a->dv = big(false);
+  } else {
+    a->out = big(false);
+  }
+  switch (enc) {
+    case Encoding::kT5:
+      a->t.weights = small({kT5Buckets, kHeads}, true, 1.0);
+      if (backward) a->g.weights = small({kT5Buckets, kHeads}, false, 0);
+      break;
+    case Encoding::kXL:
+      a->t.u = small({kHeads, kHeadDim}, true, 0.5);
+      a->t.v = small({kHeads, kHeadDim}, true, 0.5);
+      a->t.rel_proj = small({kHeads, kHeadDim, kXlR}, true, 0.2);
+      if (backward) {
+        a->g.u = small({kHeads, kHeadDim}, false, 0);
+        a->g.v = small({kHeads, kHeadDim}, false, 0);
+        a->g.rel_proj = small({kHeads, kHeadDim, kXlR}, false, 0);
+      }
+      break;
+    case Encoding::kCope:
+      a->t.table = small({kCopeNpos, kHeadDim}, true, 0.5);
+      if (backward) a->g.table = small({kCopeNpos, kHeadDim}, false, 0);
+      break;
+    default:
+      break;  // nope, rope, alibi (symmetric, slopes by the paper's rule): no tensors
+  }
+  return a;
+}
+
+Status run_attention(const AttnProblem& a, bool backward) {
+  if (backward) return attention_backward(a.p, a.q, a.k, a.v, a.t, a.dout, a.dq, a.dk, a.dv, a.g);
+  return attention_forward(a.p, a.q, a.k, a.v, a.t, a.out);
+}
+
+// Useful FLOPs (see bench.h): 4·B·H·M·N·d, halved when causal; backward 2.5×.
+double attention_flops(I L, bool backward) {
+  const double f = 4.0 * kHeads * static_cast<double>(L) * static_cast<double>(L) * kHeadDim / 2;
+  return backward ? 2.5 * f : f;
+}
+
+// The sgemm baseline: the unfused attention's two products per head, S = q·kᵀ then S·v, with
+// OpenBLAS at `threads` threads (restored after).
+struct SgemmAttention {
+  I L;
+  int threads;
+  Keep mem;
+  float *q, *k, *v, *s, *o;
+  SgemmAttention(I len, int t) : L(len), threads(t) {
+    const std::size_t qb = ix(L * kHeads * kHeadDim) * sizeof(float);
+    for (int i = 0; i < 4; ++i) mem.push_back(std::make_shared<Mem>(qb, t));
+    mem.push_back(std::make_shared<Mem>(ix(L * L) * sizeof(float), t));
+    q = static_cast<float*>(mem[0]->data());
+    k = static_cast<float*>(mem[1]->data());
+    v = static_cast<float*>(mem[2]->data());
+    o = static_cast<float*>(mem[3]->data());
+    s = static_cast<float*>(mem[4]->data());
+    for (int i = 0; i < 3; ++i)
+      fill_all(View::contiguous(mem[ix(i)]->data(), DType::kF32, {L, kHeads, kHeadDim}),
+               100u + static_cast<std::uint32_t>(i));
+  }
+  void run() const {
+    const int prev = openblas_get_num_threads();
+    openblas_set_num_threads(threads);
+    const int ld = static_cast<int>(kHeads * kHeadDim), n = static_cast<int>(L),
+              d = static_cast<int>(kHeadDim);
+    for (I h = 0; h < kHeads; ++h) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.f, q + h * kHeadDim, ld,
+                  k + h * kHeadDim, ld, 0.f, s, n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.f, s, n, v + h * kHeadDim, ld, 0.f,
+                  o + h * kHeadDim, ld);
+    }
+    openblas_set_num_threads(prev);
+  }
+  double flops() const { return 4.0 * kHeads * static_cast<double>(L) * static_cast<double>(L) * kHeadDim; }
+};
+
+// The encodings the attention takes: the registry's, but for the absolute ones (they act on
+// embeddings, before the first layer).
+std::vector<const EncodingInfo*> attention_encodings() {
+  std::vector<const EncodingInfo*> r;
+  for (const EncodingInfo& e : registry())
+    if (e.kind != Kind::kAbsolute) r.push_back(&e);
+  return r;
+}
+
+std::string attention_path(Encoding enc, DType dt) {
+  AttentionParams p;
+  p.encoding = enc;
+  p.causal = true;
+  return fused::supports(p, dt) ? "fused" : "reference";
+}
+
+Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward) {
+  Case c{backward ? "attention.backward" : "attention.forward", e.name, shape_str({1, L, kHeads, kHeadDim}),
+         dt};
+  c.unit = "GFLOP/s";
+  c.path = attention_path(e.id, dt);
+  const Encoding enc = e.id;
+  c.setup = [=](int threads) {
+    auto a = make_attention(enc, L, dt, backward, threads);
+    auto s = std::make_shared<SgemmAttention>(L, threads);
+    Bound b;
+    b.kernel = [=] {
+      const Status st = run_attention(*a, backward);
+      if (!st.ok()) std::fprintf(stderr, "posenc bench: attention refused: %s\n", st.message().c_str());
+    };
+    b.baseline = [=] { s->run(); };
+    b.kernel_work = attention_flops(L, backward);
+    b.baseline_work = s->flops();
+    b.baseline_name = "sgemm";
+    b.keep =
+        std::make_shared<std::tuple<std::shared_ptr<AttnProblem>, std::shared_ptr<SgemmAttention>>>(a, s);
+    return b;
+  };
+  return c;
+}
+
+// ---- the default list ------------------------------------------------------------------------------
 
 std::vector<Case> default_cases() {
   std::vector<Case> cs;
-  const std::vector<std::int64_t> qk = {1, 4096, 32, 128}, dec = {1, 1, 32, 128}, emb = {1, 4096, 4096};
+  const std::vector<I> qk = {1, 4096, 32, 128}, dec = {1, 1, 32, 128}, emb = {1, 4096, 4096};
   for (DType dt : {DType::kF32, DType::kBF16})
     for (RopeLayout l : {RopeLayout::kInterleaved, RopeLayout::kHalf}) {
       cs.push_back(rope_case("rope.forward.qk", qk, dt, l, false, false));
@@ -189,67 +422,275 @@ std::vector<Case> default_cases() {
     }
   cs.push_back(bias_case("alibi", {8, 2048, 2048}, DType::kF32));
   cs.push_back(bias_case("t5", {8, 2048, 2048}, DType::kF32));
+  // Attention: nope first within each (kernel, shape, dtype), so the others' vs_nope is known.
+  for (I L : {I{1024}, I{4096}})
+    for (bool backward : {false, true}) {
+      for (const EncodingInfo* e : attention_encodings())
+        cs.push_back(attention_case(*e, L, DType::kF32, backward));
+      if (L == 4096)
+        for (const EncodingInfo* e : attention_encodings())
+          if (e->id == Encoding::kNope || e->id == Encoding::kRope)
+            cs.push_back(attention_case(*e, L, DType::kBF16, backward));
+    }
   return cs;
+}
+
+std::string case_line(const Case& c) {
+  return c.kernel + " " + c.encoding + " " + c.shape + " " + dtype_name(c.dtype);
+}
+
+// ---- timing -----------------------------------------------------------------------------------------
+
+constexpr double kSampleSeconds = 0.01;  // a sample lasts at least this long
+constexpr double kCaseSeconds = 0.5;     // more rounds while a case stays under this
+constexpr double kSlowCall = 1.0;        // a call this long is its own warm-up
+constexpr int kMinRounds = 3, kMaxRounds = 9;
+
+double time_calls(const std::function<void()>& fn, int calls) {
+  const double a = now();
+  for (int i = 0; i < calls; ++i) fn();
+  return (now() - a) / calls;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timing {
+  double kernel, baseline;
+};
+
+// Baseline and kernel interleaved (so both see the same machine state), see bench.h.
+Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline,
+               const std::function<void(double)>& on_slow) {
+  const double wb = time_calls(baseline, 1);
+  const double wk = time_calls(kernel, 1);
+  if (wk >= kSlowCall && on_slow) on_slow(wk);
+  const int ib = std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(wb, 1e-9))));
+  const int ik = std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(wk, 1e-9))));
+  const double round = ib * wb + ik * wk;
+  int rounds = std::clamp(static_cast<int>(kCaseSeconds / round), kMinRounds, kMaxRounds);
+  rounds |= 1;  // odd: the median is one sample
+  std::vector<double> bs, ks;
+  if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
+    bs.push_back(time_calls(baseline, ib));
+    ks.push_back(wk);
+  }
+  while (static_cast<int>(ks.size()) < rounds) {
+    bs.push_back(time_calls(baseline, ib));
+    ks.push_back(time_calls(kernel, ik));
+  }
+  return {median(ks), median(bs)};
+}
+
+char fmt_buf[64];
+const char* fmt(double x) {
+  std::snprintf(fmt_buf, sizeof fmt_buf, "%.3g", x);
+  return fmt_buf;
+}
+
+// ---- memory rows ----------------------------------------------------------------------------------
+
+// A field of /proc/self/status in kB ("VmRSS", "VmHWM"); −1 if unreadable.
+double proc_status_kb(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  double kb = -1;
+  const std::size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') {
+      kb = std::strtod(line + n + 1, nullptr);
+      break;
+    }
+  std::fclose(f);
+  return kb;
+}
+
+// Resets VmHWM to the current RSS (Linux ≥ 4.0); false where not possible.
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+struct MemoryResult {  // what a child writes to its pipe
+  int ok = 0;
+  double seconds = 0, peak_extra_mb = 0, io_mb = 0;
+  char message[512] = {};
+};
+
+// In the child: one call, its time and its peak RSS above the RSS just before it.
+MemoryResult memory_child(Encoding enc, I L, bool backward, int threads) {
+  MemoryResult r;
+  set_num_threads(threads);
+  auto a = make_attention(enc, L, DType::kF32, backward, threads);
+  r.io_mb = a->io_bytes / (1024.0 * 1024.0);
+  const bool reset = reset_peak_rss();
+  const double before = proc_status_kb("VmRSS");
+  const double t0 = now();
+  const Status st = run_attention(*a, backward);
+  r.seconds = now() - t0;
+  const double peak = proc_status_kb("VmHWM");
+  if (!st.ok()) {
+    std::snprintf(r.message, sizeof r.message, "%s", st.message().c_str());
+    return r;
+  }
+  if (!reset || before < 0 || peak < 0) {
+    std::snprintf(r.message, sizeof r.message, "cannot read the peak RSS (/proc/self/clear_refs, VmHWM)");
+    return r;
+  }
+  r.peak_extra_mb = std::max(0.0, peak - before) / 1024.0;
+  r.ok = 1;
+  return r;
+}
+
+Expected<MemoryResult> run_in_child(Encoding enc, I L, bool backward, int threads) {
+  int fds[2];
+  if (pipe(fds) != 0) return Status::Internal(std::string("pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return Status::Internal(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    const MemoryResult r = memory_child(enc, L, backward, threads);
+    const char* p = reinterpret_cast<const char*>(&r);
+    std::size_t left = sizeof r;
+    while (left > 0) {
+      const ssize_t w = write(fds[1], p, left);
+      if (w <= 0) break;
+      p += w;
+      left -= static_cast<std::size_t>(w);
+    }
+    _exit(left == 0 ? 0 : 1);
+  }
+  close(fds[1]);
+  MemoryResult r;
+  char* p = reinterpret_cast<char*>(&r);
+  std::size_t got = 0;
+  while (got < sizeof r) {
+    const ssize_t n = read(fds[0], p + got, sizeof r - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  close(fds[0]);
+  int wst = 0;
+  while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+  }
+  if (got != sizeof r || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0)
+    return Status::Internal(WIFSIGNALED(wst) ? "the benchmark child was killed by signal " +
+                                                   std::to_string(WTERMSIG(wst)) + " (out of memory?)"
+                                             : std::string("the benchmark child failed"));
+  return r;
 }
 
 }  // namespace
 
 double bench_median_seconds(const std::function<void()>& fn, int warmup, int repeats) {
   for (int i = 0; i < warmup; ++i) fn();
-  const double t0 = now();
-  fn();
-  const double once = std::max(now() - t0, 1e-9);
-  const int iters = std::max(1, static_cast<int>(0.01 / once));
+  const double once = std::max(time_calls(fn, 1), 1e-9);
+  const int iters = std::max(1, static_cast<int>(std::ceil(kSampleSeconds / once)));
   std::vector<double> samples;
-  for (int r = 0; r < repeats; ++r) {
-    const double a = now();
-    for (int i = 0; i < iters; ++i) fn();
-    samples.push_back((now() - a) / iters);
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  for (int r = 0; r < std::max(1, repeats); ++r) samples.push_back(time_calls(fn, iters));
+  return median(samples);
 }
 
 std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int threads,
-                                     std::function<void(const BenchRow&)> on_row) {
+                                     std::function<void(const BenchRow&)> on_row,
+                                     std::function<void(const std::string&)> on_progress) {
   const std::regex re(filter_regex.empty() ? std::string(".*") : filter_regex);
   const std::vector<int> counts = threads > 0 ? std::vector<int>{threads} : std::vector<int>{1, 2};
   const int saved = num_threads();
   std::vector<BenchRow> rows;
+  std::map<std::tuple<std::string, std::string, std::string, int>, double> nope;  // seconds of nope
   for (const Case& c : default_cases()) {
-    const std::string line = c.kernel + " " + c.encoding + " " + c.shape + " " + dtype_name(c.dtype);
+    const std::string line = case_line(c);
     if (!std::regex_search(line, re)) continue;
     for (int t : counts) {
       set_num_threads(t);
-      std::function<void()> k, b;
-      double kb = 0, bb = 0;
-      std::string bn;
-      std::shared_ptr<void> keep;
-      c.setup(t, &k, &b, &kb, &bb, &bn, &keep);
-      // Interleave baseline and kernel so both see the same machine state; medians of the rounds.
-      std::vector<double> ks, bs;
-      for (int round = 0; round < 3; ++round) {
-        bs.push_back(bench_median_seconds(b, 1, 3));
-        ks.push_back(bench_median_seconds(k, 1, 3));
-      }
-      std::sort(ks.begin(), ks.end());
-      std::sort(bs.begin(), bs.end());
+      const Bound b = c.setup(t);
+      const Timing tm = measure(b.kernel, b.baseline, [&](double once) {
+        if (on_progress)
+          on_progress(line + " threads " + std::to_string(t) + (c.path.empty() ? "" : " (" + c.path + ")") +
+                      ": " + fmt(once) + " s a call, 3 calls");
+      });
       BenchRow r;
       r.kernel = c.kernel;
       r.encoding = c.encoding;
       r.shape = c.shape;
       r.dtype = dtype_name(c.dtype);
       r.threads = t;
-      r.seconds = ks[1];
-      r.throughput = kb / r.seconds / 1e9;
-      r.baseline = bn;
-      r.baseline_throughput = bb / bs[1] / 1e9;
+      r.seconds = tm.kernel;
+      r.unit = c.unit;
+      r.throughput = b.kernel_work / r.seconds / 1e9;
+      r.baseline = b.baseline_name;
+      r.baseline_throughput = b.baseline_work / tm.baseline / 1e9;
       r.ratio = r.throughput / r.baseline_throughput;
+      r.path = c.path;
+      if (c.kernel.rfind("attention.", 0) == 0) {
+        const auto key = std::make_tuple(c.kernel, c.shape, r.dtype, t);
+        if (c.encoding == "nope") nope[key] = r.seconds;
+        const auto it = nope.find(key);
+        if (it != nope.end()) r.vs_nope = r.seconds / it->second;
+      }
       rows.push_back(r);
       if (on_row) on_row(r);
     }
   }
   set_num_threads(saved == omp_get_max_threads() ? 0 : saved);
+  return rows;
+}
+
+Expected<std::vector<BenchRow>> run_memory_benchmarks(const std::string& filter_regex, int threads,
+                                                      std::function<void(const BenchRow&)> on_row,
+                                                      std::function<void(const std::string&)> on_progress,
+                                                      std::int64_t length) {
+  if (length < 1) return Status::Invalid("length", "expected ≥ 1, got " + std::to_string(length));
+  const std::regex re(filter_regex.empty() ? std::string(".*") : filter_regex);
+  const int t = threads > 0 ? threads : num_threads();
+  const std::string shape = shape_str({1, length, kHeads, kHeadDim});
+  std::vector<BenchRow> rows;
+  std::map<std::string, double> nope;
+  for (bool backward : {false, true})
+    for (const EncodingInfo* e : attention_encodings()) {
+      const std::string kernel = backward ? "attention.backward" : "attention.forward";
+      const std::string line = kernel + " " + e->name + " " + shape + " float32";
+      if (!std::regex_search(line, re)) continue;
+      const std::string path = attention_path(e->id, DType::kF32);
+      if (path != "fused") {
+        if (on_progress)
+          on_progress(line + ": skipped, " + e->name +
+                      "'s attention is not fused (the reference would run for hours)");
+        continue;
+      }
+      if (on_progress) on_progress(line + " threads " + std::to_string(t) + ": running in a child process");
+      Expected<MemoryResult> m = run_in_child(e->id, length, backward, t);
+      if (!m.ok()) return m.status();
+      if (!m->ok) return Status::Invalid("memory", line + ": " + m->message);
+      BenchRow r;
+      r.kernel = kernel;
+      r.encoding = e->name;
+      r.shape = shape;
+      r.dtype = "float32";
+      r.threads = t;
+      r.seconds = m->seconds;
+      r.unit = "GFLOP/s";
+      r.throughput = attention_flops(length, backward) / r.seconds / 1e9;
+      r.path = path;
+      r.peak_extra_mb = m->peak_extra_mb;
+      r.io_mb = m->io_mb;
+      if (e->id == Encoding::kNope) nope[kernel] = r.seconds;
+      if (nope.count(kernel)) r.vs_nope = r.seconds / nope[kernel];
+      rows.push_back(r);
+      if (on_row) on_row(r);
+    }
   return rows;
 }
 
