@@ -4,7 +4,9 @@
 #   scripts/deps.sh --tests    plus what the tests use (GoogleTest; numpy and torch as test oracles)
 set -euo pipefail
 
-pkgs=(g++ cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev)
+# bible-kjv: the study's built-in corpus; gnuplot-nox: its plots and `posenc plot`.
+pkgs=(g++ cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
+      bible-kjv gnuplot-nox)
 if [[ "${1:-}" == "--tests" ]]; then
   pkgs+=(libgtest-dev python3 python3-numpy python3-torch)
 fi
