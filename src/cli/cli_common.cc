@@ -407,4 +407,10 @@ void print_catalogue() {
   }
 }
 
+Corpus corpus_or_fail(const std::string& path) {
+  Expected<Corpus> c = load_corpus(path);
+  if (!c.ok()) check_lib(c.status());
+  return std::move(c).value();
+}
+
 }  // namespace posenc::cli

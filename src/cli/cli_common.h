@@ -18,6 +18,7 @@
 
 #include "cli/npy.h"
 #include "posenc/posenc.h"
+#include "posenc/study.h"
 
 namespace posenc::cli {
 
@@ -43,6 +44,9 @@ using FlagMap = std::vector<std::pair<std::string, std::string>>;
 std::string flag_for(const std::string& arg, const FlagMap& extra = {});
 // Throws a failing library Status with its argument renamed to the flag.
 void check_lib(const Status& s, const FlagMap& extra = {});
+
+// The study's corpus (posenc/study.h's load_corpus), or a failure naming --corpus.
+Corpus corpus_or_fail(const std::string& path);
 
 // The single line main() prints for a failure (no newlines inside).
 std::string one_line(const std::string& s);

@@ -2,14 +2,26 @@
 // same held-out bytes at 1×, 2×, 4×, 8× and 16× that length (posenc/study.h). A progress bar with an
 // ETA goes to stderr, the table to stdout, and --out DIR receives results.json, results.csv and
 // ppl_vs_length.png (drawn by gnuplot), all written at the end or not at all.
+//
+// Encodings train in parallel: W = min(--threads, number of encodings) worker processes, forked
+// before any OpenMP region, each training one encoding at a time with --threads / W threads (so the
+// default run on a 2-core machine trains two encodings at once, each on one thread, and gives the same
+// numbers bit for bit as `--threads 1`). Workers take the next encoding from the parent over a pipe
+// and send back progress lines and each result as JSON (doubles round-trip exactly).
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -23,6 +35,7 @@ namespace {
 struct StudyState {
   std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
   std::string batch, eval_tokens, task;
+  CLI::Option* encodings_opt = nullptr;
 };
 
 // The presets: quick finishes in a few minutes on 2 cores; full trains a larger model for longer.
@@ -59,24 +72,36 @@ std::string fmt_seconds(double s) {
   return buf;
 }
 
-// One line on stderr, redrawn in place: a bar over all steps of all encodings, and an ETA.
+// One line on stderr, redrawn in place: a bar over all steps of all encodings (some training at
+// once), the encodings in progress, and an ETA.
 class Progress {
  public:
   Progress(std::vector<std::string> names, std::int64_t steps)
-      : names_(std::move(names)), steps_(steps), t0_(std::chrono::steady_clock::now()), tty_(isatty(2)) {}
+      : names_(std::move(names)), steps_(steps), done_(names_.size(), 0),
+        t0_(std::chrono::steady_clock::now()), tty_(isatty(2)) {}
   void update(std::size_t enc, std::int64_t step, double loss) {
+    const std::int64_t before = done_[enc];
+    done_[enc] = std::min(step, steps_ + 1);
     const double total = double(names_.size()) * double(steps_ + 1);
-    const double done = double(enc) * double(steps_ + 1) + double(std::min(step, steps_ + 1));
+    double done = 0;
+    std::string active;
+    for (std::size_t e = 0; e < done_.size(); ++e) {
+      done += double(done_[e]);
+      if (done_[e] > 0 && done_[e] <= steps_) active += (active.empty() ? "" : ",") + names_[e];
+    }
+    if (active.empty()) active = names_[enc];
     const double el = elapsed();
-    if (tty_ && el - last_ < 0.2 && step <= steps_) return;
-    if (!tty_ && step % std::max<std::int64_t>(1, steps_ / 4) != 0 && step <= steps_) return;
+    // Not a terminal: a line when an encoding passes a quarter of its steps or starts evaluating.
+    const std::int64_t q = std::max<std::int64_t>(1, steps_ / 4);
+    if (tty_ ? (el - last_ < 0.2 && step <= steps_) : (step / q == before / q && step <= steps_)) return;
+    if (!tty_ && step > steps_ && before > steps_) return;
     last_ = el;
     const int width = 30, fill = int(width * done / total);
     const double eta = done > 0 ? el * (total - done) / done : 0;
     std::string bar(std::size_t(fill), '#');
     bar.resize(width, '.');
-    std::fprintf(stderr, "%s[%s] %-10s %s  loss %.3f  elapsed %s  ETA %s   %s", tty_ ? "\r" : "", bar.c_str(),
-                 names_[enc].c_str(),
+    std::fprintf(stderr, "%s[%s] %-22s %s  loss %.3f  elapsed %s  ETA %s   %s", tty_ ? "\r" : "", bar.c_str(),
+                 active.c_str(),
                  step <= steps_ ? ("step " + std::to_string(step) + "/" + std::to_string(steps_)).c_str()
                                 : "evaluating",
                  loss, fmt_seconds(el).c_str(), fmt_seconds(eta).c_str(), tty_ ? "" : "\n");
@@ -92,10 +117,210 @@ class Progress {
  private:
   std::vector<std::string> names_;
   std::int64_t steps_;
+  std::vector<std::int64_t> done_;
   std::chrono::steady_clock::time_point t0_;
   bool tty_;
   double last_ = -1;
 };
+
+// ---- worker processes ----------------------------------------------------------------------------
+
+nlohmann::json result_to_json(const StudyResult& r) {
+  nlohmann::json j = {{"encoding", int(r.encoding)},
+                      {"final_train_loss", r.final_train_loss},
+                      {"train_seconds", r.train_seconds},
+                      {"tokens_per_second", r.tokens_per_second}};
+  j["eval"] = nlohmann::json::array();
+  for (const EvalPoint& p : r.eval)
+    j["eval"].push_back({{"len", p.len},
+                         {"ppl", p.ppl ? nlohmann::json(*p.ppl) : nlohmann::json(nullptr)},
+                         {"acc", p.acc ? nlohmann::json(*p.acc) : nlohmann::json(nullptr)}});
+  return j;
+}
+
+StudyResult result_from_json(const nlohmann::json& j) {
+  StudyResult r;
+  r.encoding = Encoding(j.at("encoding").get<int>());
+  r.final_train_loss = j.at("final_train_loss").get<double>();
+  r.train_seconds = j.at("train_seconds").get<double>();
+  r.tokens_per_second = j.at("tokens_per_second").get<double>();
+  for (const nlohmann::json& p : j.at("eval")) {
+    EvalPoint pt;
+    pt.len = p.at("len").get<std::int64_t>();
+    if (!p.at("ppl").is_null()) pt.ppl = p.at("ppl").get<double>();
+    if (!p.at("acc").is_null()) pt.acc = p.at("acc").get<double>();
+    r.eval.push_back(pt);
+  }
+  return r;
+}
+
+bool write_all(int fd, const std::string& s) {
+  std::size_t at = 0;
+  while (at < s.size()) {
+    const ssize_t n = write(fd, s.data() + at, s.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    at += std::size_t(n);
+  }
+  return true;
+}
+
+// A worker: reads encoding indices (int32, −1 = stop) from `in`, trains and evaluates each, writes
+// "P index step loss", then "R json" or "E message" lines to `out`. Never returns.
+[[noreturn]] void worker_main(const StudyConfig& cfg, const Corpus& corpus, int threads, int in, int out) {
+  set_num_threads(threads);
+  for (;;) {
+    std::int32_t idx = -1;
+    std::size_t got = 0;
+    while (got < sizeof idx) {
+      const ssize_t n = read(in, reinterpret_cast<char*>(&idx) + got, sizeof idx - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) _exit(0);
+      got += std::size_t(n);
+    }
+    if (idx < 0) _exit(0);
+    Expected<StudyResult> r = run_one(cfg, corpus, cfg.encodings[std::size_t(idx)], std::size_t(idx),
+                                      [&](std::size_t e, std::int64_t s, double l) {
+                                        char buf[96];
+                                        std::snprintf(buf, sizeof buf, "P %zu %lld %.17g\n", e, (long long)s, l);
+                                        write_all(out, buf);
+                                      });
+    if (!r.ok()) {
+      std::string m = r.status().message();
+      for (char& c : m)
+        if (c == '\n') c = ' ';
+      write_all(out, "E " + m + "\n");
+      _exit(2);
+    }
+    nlohmann::json j = result_to_json(r.value());
+    j["index"] = idx;
+    if (!write_all(out, "R " + j.dump() + "\n")) _exit(3);
+  }
+}
+
+// Trains every encoding of cfg, `workers` at a time in child processes of `per_worker` threads each;
+// results in cfg.encodings' order. A worker's failure ends the others and fails with its message.
+std::vector<StudyResult> train_in_workers(const StudyConfig& cfg, const Corpus& corpus, int workers,
+                                          int per_worker, Progress& bar) {
+  struct Child {
+    pid_t pid = -1;
+    int to = -1, from = -1;
+    std::string buf;
+    bool open = false;
+  };
+  std::vector<Child> kids(static_cast<std::size_t>(workers));
+  const auto stop_all = [&] {
+    for (Child& c : kids)
+      if (c.pid > 0) kill(c.pid, SIGTERM);
+    for (Child& c : kids)
+      if (c.pid > 0) waitpid(c.pid, nullptr, 0);
+  };
+  std::fflush(nullptr);
+  for (Child& c : kids) {
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) {
+      stop_all();
+      fail(Status::Internal("cannot create a pipe for a study worker"));
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      stop_all();
+      fail(Status::Internal("cannot start a study worker (fork failed)"));
+    }
+    if (pid == 0) {
+      close(down[1]);
+      close(up[0]);
+      for (const Child& o : kids)  // the earlier workers' pipe ends are not this worker's
+        if (o.pid > 0) close(o.to), close(o.from);
+      worker_main(cfg, corpus, per_worker, down[0], up[1]);
+    }
+    close(down[0]);
+    close(up[1]);
+    c.pid = pid;
+    c.to = down[1];
+    c.from = up[0];
+    c.open = true;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  std::vector<std::optional<StudyResult>> results(cfg.encodings.size());
+  std::size_t next = 0, finished = 0;
+  const auto hand_out = [&](Child& c) {
+    const std::int32_t idx = next < cfg.encodings.size() ? std::int32_t(next++) : -1;
+    return write_all(c.to, std::string(reinterpret_cast<const char*>(&idx), sizeof idx));
+  };
+  for (Child& c : kids) hand_out(c);
+  std::string error;
+  while (finished < cfg.encodings.size() && error.empty()) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> who;
+    for (Child& c : kids)
+      if (c.open) fds.push_back({c.from, POLLIN, 0}), who.push_back(&c);
+    if (fds.empty()) {
+      error = "study workers ended before every encoding was trained";
+      break;
+    }
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      error = "poll failed";
+      break;
+    }
+    for (std::size_t i = 0; i < fds.size() && error.empty(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Child& c = *who[i];
+      char chunk[1 << 16];
+      const ssize_t n = read(c.from, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        c.open = false;
+        continue;
+      }
+      c.buf.append(chunk, std::size_t(n));
+      std::size_t nl;
+      while (error.empty() && (nl = c.buf.find('\n')) != std::string::npos) {
+        const std::string line = c.buf.substr(0, nl);
+        c.buf.erase(0, nl + 1);
+        if (line.rfind("P ", 0) == 0) {
+          std::size_t e = 0;
+          long long s = 0;
+          double l = 0;
+          if (std::sscanf(line.c_str() + 2, "%zu %lld %lg", &e, &s, &l) == 3 && e < results.size())
+            bar.update(e, s, l);
+        } else if (line.rfind("R ", 0) == 0) {
+          const nlohmann::json j = nlohmann::json::parse(line.substr(2), nullptr, false);
+          if (j.is_discarded()) {
+            error = "a study worker sent a malformed result";
+            break;
+          }
+          const std::size_t at = j.value("index", results.size());
+          if (at >= results.size() || results[at]) {
+            error = "a study worker sent a result for an encoding it was not given";
+            break;
+          }
+          results[at] = result_from_json(j);
+          ++finished;
+          hand_out(c);
+        } else if (line.rfind("E ", 0) == 0) {
+          error = line.substr(2);
+        }
+      }
+    }
+  }
+  for (Child& c : kids) {
+    close(c.to);
+    close(c.from);
+  }
+  if (!error.empty()) {
+    stop_all();
+    fail(Status::Internal(error));
+  }
+  for (Child& c : kids) {
+    int st = 0;
+    waitpid(c.pid, &st, 0);
+  }
+  std::vector<StudyResult> out;
+  for (auto& r : results) out.push_back(std::move(*r));
+  return out;
+}
 
 std::string ppl_str(const std::optional<double>& p) {
   if (!p) return "-";
@@ -142,12 +367,15 @@ void write_file(const std::string& path, const std::string& text) {
 
 void run_study(const StudyState& st) {
   StudyConfig cfg = preset(st.preset);
-  if (!st.encodings.empty()) {
+  if (st.encodings_opt->count() > 0) {
+    if (st.encodings.empty()) fail(Status::Invalid("--encodings", "expected a comma-separated list of encodings"));
     std::stringstream ss(st.encodings);
     std::string name;
     while (std::getline(ss, name, ',')) {
       Expected<EncodingInfo> e = find_encoding(name);
       if (!e.ok()) fail(Status::Invalid("--encodings", "unknown encoding '" + name + "' (see posenc list)"));
+      if (std::find(cfg.encodings.begin(), cfg.encodings.end(), e.value().id) != cfg.encodings.end())
+        fail(Status::Invalid("--encodings", "'" + name + "' is listed twice"));
       cfg.encodings.push_back(e.value().id);
     }
     if (cfg.encodings.empty()) fail(Status::Invalid("--encodings", "expected a comma-separated list"));
@@ -175,11 +403,16 @@ void run_study(const StudyState& st) {
     if (s < 0) fail(Status::Invalid("--seed", "expected a non-negative integer"));
     cfg.seed = std::uint64_t(s);
   }
+  int threads = num_threads();
   if (!st.threads.empty()) {
     const std::int64_t t = parse_int("--threads", st.threads);
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
-    set_num_threads(int(t));
+    threads = int(t);
   }
+  // W workers of threads / W threads each (see the top of this file); one worker: in this process.
+  const int workers = int(std::min<std::size_t>(std::size_t(threads), cfg.encodings.size()));
+  const int per_worker = std::max(1, threads / workers);
+  set_num_threads(per_worker);
   if (!st.task.empty()) {
     Expected<Task> t = parse_task(st.task);
     if (!t.ok()) fail(Status::Invalid("--task", t.status().what()));
@@ -197,21 +430,26 @@ void run_study(const StudyState& st) {
     fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
 
   const Corpus corpus = cfg.task ? Corpus{std::string("task ") + task_name(*cfg.task), {}, {}}
-                                 : take(load_corpus(st.corpus));
+                                 : corpus_or_fail(st.corpus);
   if (!cfg.task && std::int64_t(corpus.held.size()) <= longest)
     fail(Status::Invalid("--corpus", "held-out part shorter than the longest evaluation length " +
                                          std::to_string(longest)));
   std::vector<std::string> names;
   for (Encoding e : cfg.encodings) names.push_back(encoding_info(e).name);
   std::fprintf(stderr, "posenc study: %zu encodings, %s corpus (%zu train / %zu held-out bytes), "
-                       "train length %lld, %lld steps of %lld, %d threads\n",
+                       "train length %lld, %lld steps of %lld, %d at a time on %d thread%s each\n",
                names.size(), corpus.name.c_str(), corpus.train.size(), corpus.held.size(),
-               (long long)cfg.train_len, (long long)cfg.steps, (long long)cfg.batch, num_threads());
+               (long long)cfg.train_len, (long long)cfg.steps, (long long)cfg.batch, workers, per_worker,
+               per_worker == 1 ? "" : "s");
   Progress bar(names, cfg.steps);
   std::vector<StudyResult> results;
-  for (std::size_t i = 0; i < cfg.encodings.size(); ++i)
-    results.push_back(take(run_one(cfg, corpus, cfg.encodings[i], i,
-                                   [&](std::size_t e, std::int64_t s, double l) { bar.update(e, s, l); })));
+  if (workers > 1) {
+    results = train_in_workers(cfg, corpus, workers, per_worker, bar);
+  } else {
+    for (std::size_t i = 0; i < cfg.encodings.size(); ++i)
+      results.push_back(take(run_one(cfg, corpus, cfg.encodings[i], i,
+                                     [&](std::size_t e, std::int64_t s, double l) { bar.update(e, s, l); })));
+  }
   bar.finish();
 
   // the table
@@ -242,7 +480,9 @@ void run_study(const StudyState& st) {
   j["steps"] = cfg.steps;
   j["batch"] = cfg.batch;
   j["seed"] = cfg.seed;
-  j["threads"] = num_threads();
+  j["threads"] = threads;
+  j["workers"] = workers;
+  j["threads_per_worker"] = per_worker;
   j["eval_tokens"] = cfg.eval_tokens;
   j["model"] = {{"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
                 {"n_heads", cfg.model.n_heads}, {"d_ff", cfg.model.d_ff}};
@@ -289,7 +529,7 @@ Command add_study_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "study", "train a tiny LM per encoding at one length and measure perplexity at longer ones");
   add_text(app, "--preset", &st->preset, "quick (default: minutes on 2 cores) or full (larger, longer)", "NAME");
-  add_text(app, "--encodings", &st->encodings, "comma-separated encodings (default: the whole catalogue)", "LIST");
+  st->encodings_opt = add_text(app, "--encodings", &st->encodings, "comma-separated encodings (default: the whole catalogue)", "LIST");
   add_text(app, "--train-len", &st->train_len, "training length L (default 64); evaluation at 1, 2, 4, 8, 16 x L",
            "INT");
   add_text(app, "--steps", &st->steps, "training steps per encoding (default: the preset's)", "INT");

@@ -64,7 +64,7 @@ void run_train(const TrainState& st) {
   if (!st.save.empty()) check(outs.reserve("--save", st.save));
   if (!st.init_out.empty()) check(outs.reserve("--init-out", st.init_out));
   if (!st.dump.empty()) check(outs.reserve("--dump-batches", st.dump));
-  const Corpus corpus = take(load_corpus(st.corpus));
+  const Corpus corpus = corpus_or_fail(st.corpus);
 
   Model<float> model(mc, std::uint64_t(seed));
   if (!st.init_out.empty()) check(save_checkpoint(st.init_out, mc, model.params()));

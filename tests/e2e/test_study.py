@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+"""posenc study, plot and check end to end: what they write, what they refuse, and that the study's
+worker processes change nothing in the numbers.
+
+    /usr/bin/python3 tests/e2e/test_study.py --posenc PATH/TO/posenc [--seeds IGNORED] [-k NAME]
+
+The study runs here on a small generated corpus with a few steps (seconds, not minutes): the checks
+are about the command (results.json's shape, the CSV, the picture, `learned` reported as null past
+its table, two workers giving the numbers of one, bad input refused with one line and no output),
+not about which encoding extrapolates — that is the README's main job. PNGs are decoded here (zlib +
+the PNG filters) and must be real pictures: the stated size and more than a handful of colours.
+
+Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
+case failed.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--posenc", required=True, help="the posenc binary")
+ap.add_argument("--seeds", default="", help="unused")
+ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
+ARGS = ap.parse_args()
+POSENC = os.path.abspath(ARGS.posenc)
+
+CASES = []
+
+
+def case(fn):
+    CASES.append(fn)
+    return fn
+
+
+def run(*args, ok=True, timeout=300):
+    r = subprocess.run([POSENC, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if ok and r.returncode != 0:
+        raise AssertionError(f"posenc {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
+    return r
+
+
+def expect_error(args, flag, absent=()):
+    """Bad input: exit 2, one stderr line 'posenc: ...' naming `flag`, none of `absent` exists."""
+    r = run(*args, ok=False)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2, f"exit {r.returncode}, expected 2; stderr: {r.stderr!r}"
+    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {r.stderr!r}"
+    assert lines[0].startswith("posenc: ") and flag in lines[0], f"stderr does not name {flag}: {lines[0]!r}"
+    assert r.stdout == "", f"stdout written on an error: {r.stdout!r}"
+    for p in absent:
+        assert not os.path.exists(p), f"{p} exists after a failed run"
+
+
+def png_pixels(path):
+    """(width, height, set of distinct pixels) of an 8-bit, non-interlaced PNG."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    at, idat, ihdr = 8, b"", None
+    while at < len(data):
+        n, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + n]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[at + 8 + n:at + 12 + n])[0], "bad chunk CRC"
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        at += 12 + n
+    w, h, depth, color, _, _, interlace = ihdr
+    assert depth == 8 and interlace == 0, f"unexpected PNG format {ihdr}"
+    bpp = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color]
+    raw, stride = zlib.decompress(idat), w * bpp
+    prev, pixels = bytearray(stride), set()
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            if f == 1:
+                line[x] = (line[x] + a) & 255
+            elif f == 2:
+                line[x] = (line[x] + b) & 255
+            elif f == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        if y % 4 == 0:  # every fourth row is plenty to count colours
+            pixels.update(bytes(line[i:i + bpp]) for i in range(0, stride, bpp))
+        prev = line
+    return w, h, pixels
+
+
+def assert_picture(path, w=None, h=None, colours=6):
+    pw, ph, px = png_pixels(path)
+    assert (w is None or pw == w) and (h is None or ph == h), f"{path}: {pw}x{ph}, expected {w}x{h}"
+    assert len(px) >= colours, f"{path}: only {len(px)} distinct colours — not a real picture"
+
+
+def corpus(d):
+    """~60 KB of text with structure a tiny model can learn a little of."""
+    words = ["the", "word", "was", "with", "and", "in", "beginning", "light", "day", "night", "God"]
+    out, x = [], 7
+    for i in range(12000):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(words[x % len(words)])
+        if i % 13 == 12:
+            out.append(f"{i % 97}.\n")
+    p = os.path.join(d, "corpus.txt")
+    with open(p, "w") as f:
+        f.write(" ".join(out))
+    return p
+
+
+SMALL = ["--train-len", 16, "--steps", 12, "--batch", 4, "--eval-tokens", 512]
+
+
+def study(d, out, *extra):
+    return run("study", "--corpus", corpus(d), *SMALL, "--out", out, *extra)
+
+
+@case
+def study_writes_results_csv_and_picture(d):
+    out = os.path.join(d, "out")
+    r = study(d, out, "--encodings", "nope,learned,alibi,rope", "--threads", "2")
+    j = json.load(open(os.path.join(out, "results.json")))
+    assert j["train_len"] == 16, j["train_len"]
+    assert [e["encoding"] for e in j["encodings"]] == ["nope", "learned", "alibi", "rope"]
+    for e in j["encodings"]:
+        assert [p["len"] for p in e["eval"]] == [16, 32, 64, 128, 256], e["eval"]
+        for p in e["eval"]:
+            if e["encoding"] == "learned" and p["len"] > 16:
+                assert p["ppl"] is None, f"learned has a perplexity past its table: {p}"
+            else:
+                # a dozen steps: finite, above 1 (it may still be worse than uniform over 256 bytes)
+                assert p["ppl"] is not None and 1 < p["ppl"] < math.inf, p
+    rows = list(csv.DictReader(open(os.path.join(out, "results.csv"))))
+    assert len(rows) == 4 * 5 and rows[0].keys() >= {"encoding", "len", "ppl"}, rows[:2]
+    learned = [r_ for r_ in rows if r_["encoding"] == "learned"]
+    assert [r_["ppl"] == "" for r_ in learned] == [False, True, True, True, True], learned
+    by = {(e["encoding"], p["len"]): p["ppl"] for e in j["encodings"] for p in e["eval"]}
+    for r_ in rows:
+        if r_["ppl"]:
+            assert abs(float(r_["ppl"]) - by[(r_["encoding"], int(r_["len"]))]) < 1e-3, r_
+    assert_picture(os.path.join(out, "ppl_vs_length.png"), 960, 640)
+    # the table on stdout: one row per encoding, '-' where learned cannot run
+    table = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()}
+    assert table["learned"][2:6] == ["-"] * 4, table["learned"]
+    assert set(os.listdir(out)) == {"results.json", "results.csv", "ppl_vs_length.png"}, os.listdir(out)
+
+
+@case
+def study_workers_give_the_numbers_of_one_thread(d):
+    a, b = os.path.join(d, "a"), os.path.join(d, "b")
+    study(d, a, "--encodings", "sinusoidal,alibi,t5", "--threads", "1")
+    study(d, b, "--encodings", "sinusoidal,alibi,t5", "--threads", "2")
+    ja, jb = (json.load(open(os.path.join(x, "results.json"))) for x in (a, b))
+    assert jb["workers"] == 2 and jb["threads_per_worker"] == 1, jb
+    for ea, eb in zip(ja["encodings"], jb["encodings"]):
+        assert ea["encoding"] == eb["encoding"]
+        assert ea["eval"] == eb["eval"], f"{ea['encoding']}: {ea['eval']} != {eb['eval']}"
+        assert ea["final_train_loss"] == eb["final_train_loss"]
+
+
+@case
+def study_task_reports_accuracy(d):
+    out = os.path.join(d, "out")
+    run("study", "--task", "copy", "--encodings", "alibi,learned", "--train-len", 16, "--steps", 8,
+        "--batch", 4, "--threads", "2", "--out", out)
+    j = json.load(open(os.path.join(out, "results.json")))
+    assert j["task"] == "copy"
+    for e in j["encodings"]:
+        for p in e["eval"]:
+            if e["encoding"] == "learned" and p["len"] > 16:
+                assert p["acc"] is None and p["ppl"] is None, p
+            else:
+                assert 0 <= p["acc"] <= 1 and p["ppl"] > 1, p
+    assert_picture(os.path.join(out, "acc_vs_length.png"), 960, 640)
+
+
+@case
+def study_refuses_bad_input(d):
+    c, out = corpus(d), os.path.join(d, "never")
+    base = ["study", "--corpus", c, *SMALL, "--out", out]
+    expect_error(base + ["--encodings", "nope,frob"], "--encodings", [out])
+    expect_error(base + ["--encodings", "rope,rope"], "--encodings", [out])
+    expect_error(base + ["--encodings", ""], "--encodings", [out])
+    expect_error(base + ["--threads", 0], "--threads", [out])
+    expect_error(base + ["--threads", "two"], "--threads", [out])
+    expect_error(base + ["--steps", 0], "--steps", [out])
+    expect_error(base + ["--train-len", 1], "--train-len", [out])
+    expect_error(base + ["--preset", "huge"], "--preset", [out])
+    expect_error(base + ["--task", "juggling"], "--task", [out])
+    expect_error(["study", "--corpus", os.path.join(d, "missing.txt"), *SMALL, "--out", out], "--corpus", [out])
+    tiny = os.path.join(d, "tiny.txt")
+    open(tiny, "w").write("too short")
+    expect_error(["study", "--corpus", tiny, *SMALL, "--out", out], "--corpus", [out])
+    afile = os.path.join(d, "afile")
+    open(afile, "w").write("x")
+    expect_error(["study", "--corpus", c, *SMALL, "--out", afile], "--out")
+    assert open(afile).read() == "x"
+
+
+@case
+def plot_draws_every_picture(d):
+    whats = run("plot", "--help").stdout.splitlines()[0].split(": ", 1)[1].split(", ")
+    assert set(whats) == {"sinusoid-matrix", "sine-waves", "rope-decay", "alibi-bias", "t5-buckets",
+                          "cope-positions"}, whats
+    for w in whats:
+        p = os.path.join(d, w + ".png")
+        run("plot", w, "--out", p)
+        assert_picture(p)
+    expect_error(["plot", "spiral", "--out", os.path.join(d, "s.png")], "WHAT", [os.path.join(d, "s.png")])
+    expect_error(["plot", "rope-decay", "--dim", 3, "--out", os.path.join(d, "r.png")], "--dim",
+                 [os.path.join(d, "r.png")])
+
+
+@case
+def check_lists_every_encoding(d):
+    out = os.path.join(d, "out")
+    study(d, out, "--encodings", "alibi", "--threads", "1")
+    r = run("check", "--study", out, "--len", 64, "--dim", 16)
+    names = [e["name"] for e in json.loads(run("list", "--json").stdout)]
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[1:] if line.strip()}
+    assert list(rows) == names, f"check's rows {list(rows)} are not the catalogue {names}"
+    assert "at 256 vs 16" in rows["alibi"], rows["alibi"]           # read from the study
+    assert "not in the study" in rows["rope"], rows["rope"]
+    assert rows["sinusoidal"].split()[1] == "yes:" and rows["nope"].split()[1] == "no:", rows
+
+
+def main():
+    if not os.access(POSENC, os.X_OK):
+        print(f"FAIL: the posenc binary {POSENC} is not executable")
+        print("0 passed, 1 failed")
+        return 1
+    passed = failed = 0
+    t0 = time.time()
+    for fn in CASES:
+        if ARGS.k and ARGS.k not in fn.__name__:
+            continue
+        with tempfile.TemporaryDirectory(prefix="posenc-study-") as tmp:
+            t = time.time()
+            try:
+                fn(tmp)
+                passed += 1
+                print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
+            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                failed += 1
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
+            sys.stdout.flush()
+    print(f"# {time.time() - t0:.1f} s")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
