@@ -35,13 +35,14 @@
 //       built once) whose tile slice row i adds in place;
 //     FIRE depends on qp too (ψ(max(L, qp))): its MLP is piecewise linear in x = ψ(Δ)/ψ(n)
 //       (fire_math.h), so row i is a few runs of keys, each adding α + (β/ψ(n_i))·ψ(|Δ|) over a
-//       slice of a per-call ψ table (runs cut at the MLP's breakpoints by binary search; usually
-//       one or two per row and part): no per-pair MLP;
+//       slice of a per-call ψ table (runs cut where |Δ| reaches the row's tabulated threshold of
+//       an MLP breakpoint, O(M·S) integers built once; usually one or two runs per row and part):
+//       no per-pair MLP;
 //     mask (−inf), online softmax: m' = max(m, rowmax S); P = exp(S − m'); l = l·e^{m−m'} + ΣP;
 //     O = O·e^{m−m'} + P·V;
 //   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked).
 //   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, rope's table O((M + N)·r), t5's buckets O(M + N),
-//   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N).
+//   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
 //   pass 1, per (b, h, query block), ordered as the forward: the forward gives out and lse;
@@ -972,28 +973,45 @@ class Fused {
       fire_cf_[ix(i)] = fire::psi_dc(c, n) * inv;
       fire_lf_[ix(i)] = fire::by_threshold(L, qp) ? -fire::psi_dx(c, n) * inv * inv : 0.0;
     }
+    // Per row, the smallest distance at or past each breakpoint: x(d) ≥ t_k ⇔ d ≥ (e^{t_k·ψ(n)} − 1)/c,
+    // clamped past the call's largest distance (rows at or below L share n = L).
+    const I nb = fire_p_.S;
+    fire_th_.resize(ix(M * nb));
+    const double dmax = static_cast<double>(std::max(std::llabs(rel_lo_), std::llabs(rel_lo_ + nd - 1))) + 1;
+    for (I i = 0; i < M; ++i) {
+      const I qp = d_.q_off + i;
+      if (i > 0 && fire::by_threshold(L, qp) && fire::by_threshold(L, qp - 1)) {
+        std::copy_n(&fire_th_[ix((i - 1) * nb)], nb, &fire_th_[ix(i * nb)]);
+        continue;
+      }
+      const double pn = fire::psi(c, fire::norm_arg(L, qp));
+      for (I k = 0; k < nb; ++k) {
+        const double dt = std::ceil(std::expm1(fire_p_.t[ix(k)] * pn) / c);
+        fire_th_[ix(i * nb + k)] = static_cast<I>(dt < dmax ? dt : dmax);
+      }
+    }
     fire_a_.resize(fire_p_.alpha.size());
     for (std::size_t e = 0; e < fire_a_.size(); ++e) fire_a_[e] = static_cast<float>(fire_p_.alpha[e]);
   }
 
   // FIRE over the rows [q0, q0 + nq) of head h against nk keys, the tile's key 0 − query 0 distance
   // being `base`. Each row splits into runs of keys whose normalised distance x = ψ(d)/ψ(n) lies in
-  // one linear piece of the MLP: keys before the query (x falling along the row) and from it on (x
-  // rising), each cut at the pieces' breakpoints (binary search on the monotone ψ slice; the
-  // diagonal, x = 0, its own run). Forward (S): S += α + (β/ψ(n))·ψ over each run. Backward (dS):
-  // each run's Σ dS, Σ dS·ψ, Σ dS·∂ψ/∂c, turned into the segment moments and the c, L sums of gwh
-  // [M0 (S + 2), M1 (S + 2), dc, dL] (fire_math.h).
+  // one linear piece of the MLP: keys before the query (d falling along the row) and from it on (d
+  // rising), cut where d crosses the row's thresholds (the smallest d with x ≥ t_k, tabulated per
+  // row; the diagonal d = 0 its own run). Forward (S): S += α + (β/ψ(n))·ψ(d) over each run.
+  // Backward (dS): each run's Σ dS, Σ dS·ψ, Σ dS·∂ψ/∂c, turned into the segment moments and the c,
+  // L sums of gwh [M0 (S + 2), M1 (S + 2), dc, dL] (fire_math.h).
   void fire_tile(I h, I q0, I base, I nq, I nk, float* S, const float* dS, double* gwh) const {
     const fire::Pieces& P = fire_p_;
-    const I segs = P.segs();
+    const I segs = P.segs(), nb = P.S;
     const float* alpha = &fire_a_[ix(h * segs)];
     I hint = 0;
     for (I i = 0; i < nq; ++i) {
       const I row = q0 + i, r0 = base - i;  // kp − qp of the row's key 0
       const float* ps = &fire_psi_[ix(r0 - rel_lo_)];
       const float* dps = &fire_dpsi_[ix(r0 - rel_lo_)];
+      const I* th = nb ? &fire_th_[ix(row * nb)] : nullptr;
       const double inv = fire_inv_[ix(row)];
-      const I jz = std::clamp<I>(-r0, 0, nk);  // the first key at or after the query
       auto run = [&](I j0, I j1, I sg) {
         if (S) {
           xs_.affine_add(S + i * kBk + j0, ps + j0, j1 - j0, alpha[sg], static_cast<float>(P.b(h, sg) * inv));
@@ -1007,37 +1025,28 @@ class Fused {
         gwh[2 * segs] += beta * inv * (m[2] - static_cast<double>(m[1]) * fire_cf_[ix(row)]);
         gwh[2 * segs + 1] += beta * m[1] * fire_lf_[ix(row)];
       };
-      fire_walk(ps, inv, 0, jz, false, &hint, run);
-      fire_walk(ps, inv, jz, nk, true, &hint, run);
-    }
-  }
-
-  // Keys [a, b) of a row whose x = ps[j]·inv rises (up) or falls along j: calls run(j0, j1, segment)
-  // for each maximal run in one segment.
-  template <class Run>
-  void fire_walk(const float* ps, double inv, I a, I b, bool up, I* hint, const Run& run) const {
-    const fire::Pieces& P = fire_p_;
-    I j = a;
-    while (j < b) {
-      const I sg = P.segment_near(static_cast<double>(ps[j]) * inv, *hint);
-      *hint = sg;
-      I e = b;
-      if (sg == P.zero()) {
-        e = j + 1;
-      } else if (up ? sg < P.S : sg > 0) {
-        // The run ends at the first key past the segment's bound (x ≥ t_sg rising, x < t_{sg−1} falling).
-        const double bound = P.t[ix(up ? sg : sg - 1)];
-        I lo = j + 1, hi = b;
-        while (lo < hi) {
-          const I mid = lo + (hi - lo) / 2;
-          const double x = static_cast<double>(ps[mid]) * inv;
-          if (up ? x >= bound : x < bound) hi = mid;
-          else lo = mid + 1;
-        }
-        e = lo;
+      // segment of distance d ≥ 1: the number of thresholds ≤ d, walked from the last one found
+      auto seg = [&](I d) {
+        I sg = hint > nb ? 0 : hint;
+        while (sg > 0 && d < th[sg - 1]) --sg;
+        while (sg < nb && d >= th[sg]) ++sg;
+        return hint = sg;
+      };
+      const I jz = std::clamp<I>(-r0, 0, nk);  // the first key at or after the query
+      for (I j = 0; j < jz;) {  // before the query: d = −r0 − j falls
+        const I sg = seg(-r0 - j);
+        const I e = sg > 0 ? std::min(jz, -r0 - th[sg - 1] + 1) : jz;  // until d < th[sg − 1]
+        run(j, e, sg);
+        j = e;
       }
-      run(j, e, sg);
-      j = e;
+      I j = jz;
+      if (j < nk && r0 + j == 0) run(j, j + 1, P.zero()), ++j;  // the diagonal: x = 0
+      while (j < nk) {  // after it: d = r0 + j rises
+        const I sg = seg(r0 + j);
+        const I e = sg < nb ? std::min(nk, th[sg] - r0) : nk;  // until d ≥ th[sg]
+        run(j, e, sg);
+        j = e;
+      }
     }
   }
 
@@ -1088,6 +1097,7 @@ class Fused {
   fire::Pieces fire_p_;
   std::vector<float> fire_psi_, fire_dpsi_, fire_a_;
   std::vector<double> fire_inv_, fire_cf_, fire_lf_;
+  std::vector<I> fire_th_;  // [M, S]: per row, the smallest distance in each breakpoint's segment
 };
 // Below this many (query, key) pairs over the batch and heads, the dispatcher runs the reference:
 // as fast at that size, and exact (double) where the float32 kernel is not.
