@@ -493,6 +493,41 @@ TEST(FastAttentionLarge, LongSequenceNeedsNoLxLBuffer) {
   for (I e = 0; e < D; ++e) EXPECT_FLOAT_EQ(out[ix(e)], v[ix(e)]);
 }
 
+// The same for KERPLE, Sandwich and FIRE (their tables are O(Hq·L), FIRE's thresholds O(L·W)):
+// forward for each, backward for FIRE (its per-segment moments), the peak reset before each call.
+TEST(FastAttentionLarge, LongSequenceWithTheNewBiasesNeedsNoLxLBuffer) {
+  const I L = 16384, D = 64, W = 32;
+  std::vector<float> q(ix(L * D)), out(ix(L * D), 1.f), dq(ix(L * D), 1.f), dk(ix(L * D), 1.f), dv(ix(L * D), 1.f);
+  const Vec r = randn(ix(L * D), 6);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(r[i]);
+  Vec r1 = {0.8}, r2 = {0.3}, w1 = randn(ix(W), 7), b1 = randn(ix(W), 8, 0.5), w2 = randn(ix(W), 9, 0.3), b2 = {0.1},
+      c = {0.1}, thr = {512.0};
+  const View qv = View::contiguous(q.data(), DType::kF32, {1, L, 1, D});
+  auto v64 = [](Vec& x, std::initializer_list<std::int64_t> s) { return View::contiguous(x.data(), DType::kF64, s); };
+  auto v32 = [&](std::vector<float>& x) { return View::contiguous(x.data(), DType::kF32, {1, L, 1, D}); };
+  for (Encoding e : {Encoding::kKerple, Encoding::kSandwich, Encoding::kFire})
+    for (bool backward : {false, true}) {
+      if (backward && e != Encoding::kFire) continue;
+      SCOPED_TRACE(std::string(encoding_info(e).name) + (backward ? " backward" : " forward"));
+      AttentionParams p;
+      p.encoding = e;
+      p.causal = true;
+      EncodingTensors t;
+      if (e == Encoding::kKerple) t.r1 = v64(r1, {1}), t.r2 = v64(r2, {1});
+      if (e == Encoding::kFire) t.fire = FireTensors{v64(w1, {W}), v64(b1, {W}), v64(w2, {1, W}), v64(b2, {1}), v64(c, {1}), v64(thr, {1})};
+      std::FILE* f = std::fopen("/proc/self/clear_refs", "w");  // VmHWM := VmRSS (Linux ≥ 4.0)
+      const bool reset = f && std::fputs("5", f) >= 0;
+      if (f) std::fclose(f);
+      if (!reset) GTEST_SKIP() << "cannot reset the peak resident memory here";
+      const long before = peak_kb();
+      const Status st = backward ? attention_backward(p, qv, qv, qv, t, qv, v32(dq), v32(dk), v32(dv), {})
+                                 : attention_forward(p, qv, qv, qv, t, v32(out));
+      ASSERT_TRUE(st.ok()) << st.message();
+      const long after = peak_kb();
+      EXPECT_LT(after - before, 64 * 1024) << "peak grew by " << (after - before) << " kB";
+    }
+}
+
 // The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the reference.
 TEST(FastAttentionDispatch, PublicEntryPointsPickTheKernelOrTheReference) {
   Variant var{"alibi", Encoding::kAlibi};

@@ -193,7 +193,7 @@ void run_check(const CheckState& st) {
     } else if (e == Encoding::kCope) {
       uniq = "no: counts of gated tokens";
     } else if (e == Encoding::kFire) {
-      uniq = "no: offsets, normalised by the query's position";
+      uniq = "no: offsets over psi(max(L, query))";
     } else {
       uniq = "no: sees offsets only";
     }
