@@ -528,6 +528,31 @@ TEST(FastAttentionLarge, LongSequenceWithTheNewBiasesNeedsNoLxLBuffer) {
     }
 }
 
+// No keys at all: the kernels write out = 0 and every gradient, parameter gradients included, as 0
+// (not left unwritten), like the reference.
+TEST(FastAttentionEdges, NoKeysWritesZeroGradients) {
+  for (const Variant& var : variants()) {
+    if (var.enc != Encoding::kKerple && var.enc != Encoding::kFire && var.enc != Encoding::kSandwich &&
+        var.enc != Encoding::kT5)
+      continue;
+    for (I M : {1, 3}) {  // M = 1: no distance at all (M + N − 1 = 0)
+      SCOPED_TRACE(var.name + " M=" + std::to_string(M));
+      Problem pr(var, {1, M, 0, 2, 1, 4}, false, 1800);
+      std::vector<float> q(ix(M * 2 * 4), 0.5f), kv(1, 0.f), out(q.size(), 7.f), dq(q.size(), 7.f), dout(q.size(), 1.f);
+      const View qv = View::contiguous(q.data(), DType::kF32, {1, M, 2, 4});
+      const View kvv = View::contiguous(kv.data(), DType::kF32, {1, 0, 1, 4});
+      ASSERT_TRUE(fused::attention_forward(pr.p, qv, kvv, kvv, pr.tensors(), View::contiguous(out.data(), DType::kF32, {1, M, 2, 4})).ok());
+      for (float x : out) EXPECT_EQ(x, 0.f);
+      Problem::Grads g = pr.grads(7.0);
+      ASSERT_TRUE(fused::attention_backward(pr.p, qv, kvv, kvv, pr.tensors(), View::contiguous(dout.data(), DType::kF32, {1, M, 2, 4}),
+                                            View::contiguous(dq.data(), DType::kF32, {1, M, 2, 4}), View{}, View{}, g.g).ok());
+      for (float x : dq) EXPECT_EQ(x, 0.f);
+      for (const Vec& b : g.bufs)
+        for (double x : b) EXPECT_EQ(x, 0.0);
+    }
+  }
+}
+
 // The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the reference.
 TEST(FastAttentionDispatch, PublicEntryPointsPickTheKernelOrTheReference) {
   Variant var{"alibi", Encoding::kAlibi};

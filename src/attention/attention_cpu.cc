@@ -521,7 +521,7 @@ class Fused {
     // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
     // over the key blocks (see the file comment).
     bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets
-              : bias_ == Bias::kLearned || (bias_ == Bias::kLut && !dlut_.empty()) ? 2
+              : bias_ == Bias::kLearned || p_.encoding == Encoding::kKerple ? 2
               : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
                                      : 0;
     const I npar = bw.npar;
