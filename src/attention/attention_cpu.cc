@@ -3,13 +3,12 @@
 //
 // Validation is shared with the reference (attention_check.h), so errors are identical. The fused
 // kernels run nope, rope, alibi (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
-// on float32, bfloat16
-// and float16 q/k/v (any strides; tiles are converted to float32 on load, outputs rounded once on
-// store); xl and cope run the kernels of attention_xl_cpu.cc and attention_cope_cpu.cc where those
-// are built. Float64 inputs, outputs that overlap an input, and small problems (fewer than 2^14
-// (query, key) pairs over batch and heads: as fast there, and exact) fall back to
-// posenc::reference (attention_ref.cc, double accumulation) — the function the tests compare
-// against. The kernels themselves, without the small-problem rule, are posenc::fused::
+// on float32, bfloat16 and float16 q/k/v (any strides; tiles are converted to float32 on load,
+// outputs rounded once on store); xl and cope run the kernels of attention_xl_cpu.cc and
+// attention_cope_cpu.cc where those are built. Float64 inputs, outputs that overlap an input, and
+// small problems (fewer than 2^14 (query, key) pairs over batch and heads: as fast there, and
+// exact) fall back to posenc::reference (attention_ref.cc, double accumulation) — the function the
+// tests compare against. The kernels themselves, without the small-problem rule, are posenc::fused::
 // (attention_fused.h) for the tests.
 //
 // Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads (G = Hq/Hkv), D head
