@@ -1,12 +1,15 @@
 // Attention with positional encodings: the reference (src/attention/attention_ref.cc) against
 //   * a naive computation written here from the papers' formulas (materialised logits [B, Hq, M, N],
 //     softmax, weighted sum) — its own RoPE (complex / rotate_half forms), ALiBi slopes, T5 buckets,
-//     XL sinusoids and CoPE in the paper's gather form;
-//   * the public building blocks rope_forward, alibi_bias and t5_bias (AttentionBuildingBlocks);
+//     XL sinusoids, CoPE in the paper's gather form, KERPLE's kernels, Sandwich as a sum of cosines
+//     and FIRE's MLP on the normalised log distance;
+//   * the public building blocks rope_forward, alibi_bias, t5_bias, kerple_bias, sandwich_bias and
+//     fire_bias (AttentionBuildingBlocks);
 //   * central differences of a random-projection loss for every backward output (AttentionGrad);
 //   * properties: permutation equivariance without positions (and its loss with any encoding, the
 //     articles' 我妈想你了 / 我想你妈了), causality, decode = last prefill row, query and key shards,
-//     grouped-query heads = repeated kv heads, shift invariance, all-masked rows;
+//     grouped-query heads = repeated kv heads, shift invariance (and FIRE's loss of it once queries
+//     pass its threshold L), all-masked rows;
 //   * bad inputs: a Status naming the argument, nothing written.
 //
 // Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads, D head dim.
@@ -50,6 +53,9 @@ struct Case {
   Vec weights;                            // alibi learned [2, Hq] / t5 [num_buckets, Hq]
   Vec u, vb, W;                           // xl [Hq, D], [Hq, D], [Hq, D, R]
   Vec table;                              // cope [npos, D]
+  Vec r1, r2;                             // kerple [Hq] each
+  I fw = 5;                               // fire: MLP width
+  Vec fw1, fb1, fw2, fb2, fc, fL;         // fire [fw], [fw], [Hq, fw], [Hq], [1], [1]
 
   I q_off() const { return p.q_offset ? *p.q_offset : p.k_offset + N - M; }
   double scale() const { return p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(D)); }
@@ -68,6 +74,9 @@ struct Case {
       t.rel_proj = V(W, {Hq, D, R});
     }
     if (p.encoding == Encoding::kCope) t.table = V(table, {npos, D});
+    if (p.encoding == Encoding::kKerple) t.r1 = V(r1, {Hq}), t.r2 = V(r2, {Hq});
+    if (p.encoding == Encoding::kFire)
+      t.fire = FireTensors{V(fw1, {fw}), V(fb1, {fw}), V(fw2, {Hq, fw}), V(fb2, {Hq}), V(fc, {1}), V(fL, {1})};
     return t;
   }
 };
@@ -86,6 +95,18 @@ void fill(Case* c, std::uint64_t seed) {
     c->W = randn(ix(c->Hq * c->D * c->R), seed + 7, 0.5);
   }
   if (c->p.encoding == Encoding::kCope) c->table = randn(ix(c->npos * c->D), seed + 8);
+  if (c->p.encoding == Encoding::kKerple) {  // inside the kernel's domain: r1 > 0, 0 < r2 < 2
+    c->r1 = randn(ix(c->Hq), seed + 9);
+    c->r2 = randn(ix(c->Hq), seed + 10);
+    for (double& x : c->r1) x = 0.1 + 1.5 * (0.5 + 0.5 * std::tanh(x));
+    for (double& x : c->r2) x = 0.1 + 1.8 * (0.5 + 0.5 * std::tanh(x));
+  }
+  if (c->p.encoding == Encoding::kFire) {  // c and L set by the variant (make_case)
+    c->fw1 = randn(ix(c->fw), seed + 11, 1.5);
+    c->fb1 = randn(ix(c->fw), seed + 12, 0.7);
+    c->fw2 = randn(ix(c->Hq * c->fw), seed + 13, 0.8);
+    c->fb2 = randn(ix(c->Hq), seed + 14, 0.5);
+  }
 }
 
 // ---- the variants under test: every encoding and option -----------------------------------------
@@ -99,6 +120,8 @@ struct Variant {
   bool caller_slopes = false;
   bool bidirectional = true;
   I npos = 4;
+  KerpleKernel kernel = KerpleKernel::kLog;
+  double fire_L = 3.5;  // fire: the threshold (3.5: the small cases' queries sit on both sides of it)
 };
 
 std::vector<Variant> all_variants() {
@@ -142,6 +165,21 @@ std::vector<Variant> all_variants() {
     x.npos = 3;  // counts above 2 are clamped
     v.push_back(x);
   }
+  {
+    Variant x{"kerple_log", Encoding::kKerple};
+    v.push_back(x);
+    x.name = "kerple_power";
+    x.kernel = KerpleKernel::kPower;
+    v.push_back(x);
+  }
+  v.push_back({"sandwich", Encoding::kSandwich});
+  {
+    Variant x{"fire", Encoding::kFire};
+    v.push_back(x);
+    x.name = "fire_long_threshold";  // every query of the tests at or below L: ψ(max(L, i)) = ψ(L)
+    x.fire_L = 5000.5;
+    v.push_back(x);
+  }
   return v;
 }
 
@@ -165,6 +203,11 @@ Case make_case(const Variant& var, I B, I M, I N, I Hq, I Hkv, I D, bool causal,
   c.p.t5.num_buckets = 8;
   c.p.t5.max_distance = 12;
   c.npos = var.npos;
+  c.p.kerple.kernel = var.kernel;
+  c.p.sandwich.sinusoid_dim = 8;
+  c.p.sandwich.base = 100;  // frequencies 100^(−k/4): the bias varies over the tests' short distances
+  c.fc = {0.4};
+  c.fL = {var.fire_L};
   fill(&c, seed);
   if (var.caller_slopes) c.slopes = Vec{0.7, 0.3, 0.05, 0.9, 0.2, 0.4, 0.6, 0.1}, c.slopes.resize(ix(Hq));
   return c;
@@ -189,6 +232,8 @@ Fwd forward(Case c) {
 struct Bwd {
   Status st;
   Vec dq, dk, dv, dweights, du, dvb, dW, dtable;
+  Vec dr1, dr2;                                   // kerple
+  Vec dfw1, dfb1, dfw2, dfb2, dfc, dfL;          // fire
 };
 
 Bwd backward(Case c, Vec dout) {
@@ -212,6 +257,22 @@ Bwd backward(Case c, Vec dout) {
   if (c.p.encoding == Encoding::kCope) {
     r.dtable.assign(c.table.size(), std::nan(""));
     g.table = V(r.dtable, {c.npos, c.D});
+  }
+  if (c.p.encoding == Encoding::kKerple) {
+    r.dr1.assign(c.r1.size(), std::nan(""));
+    r.dr2.assign(c.r2.size(), std::nan(""));
+    g.r1 = V(r.dr1, {c.Hq});
+    g.r2 = V(r.dr2, {c.Hq});
+  }
+  if (c.p.encoding == Encoding::kFire) {
+    r.dfw1.assign(c.fw1.size(), std::nan(""));
+    r.dfb1.assign(c.fb1.size(), std::nan(""));
+    r.dfw2.assign(c.fw2.size(), std::nan(""));
+    r.dfb2.assign(c.fb2.size(), std::nan(""));
+    r.dfc.assign(1, std::nan(""));
+    r.dfL.assign(1, std::nan(""));
+    g.fire = FireTensors{V(r.dfw1, {c.fw}), V(r.dfb1, {c.fw}), V(r.dfw2, {c.Hq, c.fw}), V(r.dfb2, {c.Hq}),
+                         V(r.dfc, {1}), V(r.dfL, {1})};
   }
   r.st = attention_backward(c.p, V(c.q, {c.B, c.M, c.Hq, c.D}), V(c.k, {c.B, c.N, c.Hkv, c.D}),
                             V(c.v, {c.B, c.N, c.Hkv, c.D}), c.tensors(), V(dout, {c.B, c.M, c.Hq, c.D}),
@@ -340,6 +401,28 @@ Vec naive_logits(const Case& c, const Vec* bias = nullptr) {
                 extra += c.u[ix(h * D + d)] * kj[ix(d)] + (qi[ix(d)] + c.vb[ix(h * D + d)]) * r;
               }
               l += sc * extra;
+              break;
+            }
+            case Encoding::kKerple:  // Chi et al. 2022: −r1·log(1 + r2|m − n|), −r1·|m − n|^r2
+              l += c.p.kerple.kernel == KerpleKernel::kPower
+                       ? -c.r1[ix(h)] * std::pow(dist, c.r2[ix(h)])
+                       : -c.r1[ix(h)] * std::log(1.0 + c.r2[ix(h)] * dist);
+              break;
+            case Encoding::kSandwich: {  // Σ_{k=1}^{d/2} cos((m − n)/base^(2k/d)) − d/2, head h ÷ 8(h+1)/H
+              const I sd = c.p.sandwich.sinusoid_dim;
+              double ip = 0;
+              for (I kk = 1; kk <= sd / 2; ++kk)
+                ip += std::cos(static_cast<double>(qp - kp) / std::pow(c.p.sandwich.base, 2.0 * static_cast<double>(kk) / static_cast<double>(sd)));
+              l += (ip - static_cast<double>(sd) / 2) * static_cast<double>(Hq) / (8.0 * static_cast<double>(h + 1));
+              break;
+            }
+            case Encoding::kFire: {  // f_h(log(c|i − j| + 1)/log(c·max(L, i) + 1)), f = w2·relu(w1 x + b1) + b2
+              const double cc = c.fc[0], x = std::log(cc * dist + 1) /
+                                               std::log(cc * std::max(c.fL[0], static_cast<double>(qp)) + 1);
+              double f = c.fb2[ix(h)];
+              for (I kk = 0; kk < c.fw; ++kk)
+                f += c.fw2[ix(h * c.fw + kk)] * std::max(0.0, c.fw1[ix(kk)] * x + c.fb1[ix(kk)]);
+              l += f;
               break;
             }
             default: break;
@@ -545,6 +628,14 @@ Vec* tensor_of(Case* c, const std::string& name) {
   if (name == "u") return &c->u;
   if (name == "v_bias") return &c->vb;
   if (name == "rel_proj") return &c->W;
+  if (name == "r1") return &c->r1;
+  if (name == "r2") return &c->r2;
+  if (name == "mlp_w1") return &c->fw1;
+  if (name == "mlp_b1") return &c->fb1;
+  if (name == "mlp_w2") return &c->fw2;
+  if (name == "mlp_b2") return &c->fb2;
+  if (name == "c") return &c->fc;
+  if (name == "threshold") return &c->fL;
   return &c->table;
 }
 
@@ -560,6 +651,18 @@ void check_all_grads(const Case& c0, std::uint64_t seed) {
     checks.push_back({"rel_proj", &g.dW});
   }
   if (c0.p.encoding == Encoding::kCope) checks.push_back({"table", &g.dtable});
+  if (c0.p.encoding == Encoding::kKerple) {
+    checks.push_back({"r1", &g.dr1});
+    checks.push_back({"r2", &g.dr2});
+  }
+  if (c0.p.encoding == Encoding::kFire) {
+    checks.push_back({"mlp_w1", &g.dfw1});
+    checks.push_back({"mlp_b1", &g.dfb1});
+    checks.push_back({"mlp_w2", &g.dfw2});
+    checks.push_back({"mlp_b2", &g.dfb2});
+    checks.push_back({"c", &g.dfc});
+    checks.push_back({"threshold", &g.dfL});
+  }
   for (const auto& [name, analytic] : checks) {
     SCOPED_TRACE("d" + name);
     Case c = c0;
@@ -616,8 +719,9 @@ TEST(AttentionBuildingBlocks, RopeEqualsRotatedInputsWithoutPositions) {
     }
 }
 
-TEST(AttentionBuildingBlocks, BiasesEqualAlibiAndT5Tensors) {
-  for (const Variant& var : variants_of({Encoding::kAlibi, Encoding::kT5}))
+TEST(AttentionBuildingBlocks, BiasesEqualTheBiasTensors) {
+  for (const Variant& var : variants_of({Encoding::kAlibi, Encoding::kT5, Encoding::kKerple,
+                                         Encoding::kSandwich, Encoding::kFire}))
     for (bool causal : {false, true}) {
       SCOPED_TRACE(trace(var, causal));
       Case c = make_case(var, 2, 4, 6, 4, 2, 4, causal, 51);
@@ -628,9 +732,15 @@ TEST(AttentionBuildingBlocks, BiasesEqualAlibiAndT5Tensors) {
       Vec bias(ix(c.Hq * c.M * c.N));
       const BiasGeometry geo{c.Hq, c.M, c.N, 5, 2};
       EncodingTensors t = c.tensors();
-      const Status st = var.enc == Encoding::kAlibi
-                            ? alibi_bias(c.p.alibi, geo, t.slopes, t.weights, V(bias, {c.Hq, c.M, c.N}))
-                            : t5_bias(c.p.t5, geo, t.weights, V(bias, {c.Hq, c.M, c.N}));
+      const View bv = V(bias, {c.Hq, c.M, c.N});
+      Status st;
+      switch (var.enc) {
+        case Encoding::kAlibi: st = alibi_bias(c.p.alibi, geo, t.slopes, t.weights, bv); break;
+        case Encoding::kT5: st = t5_bias(c.p.t5, geo, t.weights, bv); break;
+        case Encoding::kKerple: st = kerple_bias(c.p.kerple, geo, t.r1, t.r2, bv); break;
+        case Encoding::kSandwich: st = sandwich_bias(c.p.sandwich, geo, bv); break;
+        default: st = fire_bias(c.p.fire, geo, t.fire, bv); break;
+      }
       ASSERT_TRUE(st.ok()) << st.message();
       const Fwd want = naive_attend(c, naive_logits(c, &bias));
       EXPECT_TRUE(AllClose(got.out, want.out, 1e-12, 1e-10));
@@ -786,11 +896,12 @@ TEST(AttentionProperties, QueryShardsEqualTheWhole) {
 }
 
 // Key shards computed apart and merged with their lse: out = Σ_s exp(lse_s − lse)·out_s,
-// lse = log Σ_s exp(lse_s). Holds for every encoding whose terms depend only on positions (not CoPE,
-// whose counts run over all keys of the row).
+// lse = log Σ_s exp(lse_s). Holds for every encoding whose terms depend only on positions (FIRE's on
+// the query's too; not CoPE, whose counts run over all keys of the row).
 TEST(AttentionProperties, KeyShardsCombinedWithLseEqualTheWhole) {
   for (const Variant& var : variants_of({Encoding::kNope, Encoding::kRope, Encoding::kAlibi,
-                                         Encoding::kT5, Encoding::kXL}))
+                                         Encoding::kT5, Encoding::kXL, Encoding::kKerple,
+                                         Encoding::kSandwich, Encoding::kFire}))
     for (bool causal : {false, true}) {
       SCOPED_TRACE(trace(var, causal));
       const I B = 2, M = 4, N = 7, Hq = 4, Hkv = 2, D = 4;
@@ -879,11 +990,14 @@ TEST(AttentionProperties, GroupedQueryEqualsRepeatedKvHeads) {
       EXPECT_TRUE(AllClose(ga.dweights, gb.dweights, 1e-13, 1e-12));
       EXPECT_TRUE(AllClose(ga.dW, gb.dW, 1e-13, 1e-12));
       EXPECT_TRUE(AllClose(ga.dtable, gb.dtable, 1e-13, 1e-12));
+      for (auto m : {&Bwd::dr1, &Bwd::dr2, &Bwd::dfw1, &Bwd::dfb1, &Bwd::dfw2, &Bwd::dfb2, &Bwd::dfc, &Bwd::dfL})
+        EXPECT_TRUE(AllClose(ga.*m, gb.*m, 1e-13, 1e-12));
     }
 }
 
 // Every encoding here is relative: moving queries and keys together changes nothing (RoPE only to
-// rounding of the angles).
+// rounding of the angles) — but FIRE once its queries pass the threshold L: ψ(max(L, i)) then grows
+// with the query's position (fire_long_threshold keeps every query below L and is invariant).
 TEST(AttentionProperties, ShiftingBothOffsetsChangesNothing) {
   for (const Variant& var : all_variants())
     for (bool causal : {false, true}) {
@@ -896,7 +1010,11 @@ TEST(AttentionProperties, ShiftingBothOffsetsChangesNothing) {
       *c.p.q_offset += 1000;
       const Fwd b = forward(c);
       ASSERT_TRUE(a.st.ok() && b.st.ok());
-      EXPECT_TRUE(AllClose(b.out, a.out, 1e-10, 1e-9));
+      if (var.enc == Encoding::kFire && var.fire_L < 1000) {
+        EXPECT_GT(max_abs_diff(b.out, a.out), 1e-6);
+      } else {
+        EXPECT_TRUE(AllClose(b.out, a.out, 1e-10, 1e-9));
+      }
     }
 }
 
@@ -918,7 +1036,8 @@ TEST(AttentionProperties, RowsWithEveryKeyMaskedGiveZeroAndMinusInfinity) {
     EXPECT_TRUE(AllClose(f.out, want.out, 1e-12, 1e-10));
     const Bwd g = backward(c, randn(c.q.size(), 142));
     ASSERT_TRUE(g.st.ok());
-    for (const Vec* x : {&g.dq, &g.dk, &g.dv, &g.dweights, &g.du, &g.dvb, &g.dW, &g.dtable})
+    for (const Vec* x : {&g.dq, &g.dk, &g.dv, &g.dweights, &g.du, &g.dvb, &g.dW, &g.dtable, &g.dr1, &g.dr2,
+                         &g.dfw1, &g.dfb1, &g.dfw2, &g.dfb2, &g.dfc, &g.dfL})
       for (double e : *x) EXPECT_TRUE(std::isfinite(e));
     for (I e = 0; e < 16; ++e) EXPECT_EQ(g.dq[ix(e)], 0.0);
     check_all_grads(c, 143);
@@ -1009,6 +1128,40 @@ TEST(AttentionErrors, EveryBadForwardInputNamesItsArgument) {
        [](Case&, Fwd&, View*, View*, View*, View*, View*, E* t) { t->table = View{}; }},
       {"cope table D", "table", Encoding::kCope,
        [](Case&, Fwd&, View*, View*, View*, View*, View*, E* t) { t->table.shape[1] = 3; }},
+      {"kerple r1 absent", "r1", Encoding::kKerple,
+       [](Case&, Fwd&, View*, View*, View*, View*, View*, E* t) { t->r1 = View{}; }},
+      {"kerple r2 shape", "r2", Encoding::kKerple,
+       [](Case&, Fwd&, View*, View*, View*, View*, View*, E* t) { t->r2.shape[0] = 3; }},
+      {"kerple r1 not positive", "r1", Encoding::kKerple, [](Case& c, auto&&...) { c.r1[1] = 0.0; }},
+      {"kerple power r2 > 2", "r2", Encoding::kKerple,
+       [](Case& c, auto&&...) {
+         c.p.kerple.kernel = KerpleKernel::kPower;
+         c.r2[0] = 2.5;
+       }},
+      {"kerple kernel id", "kernel", Encoding::kKerple,
+       [](Case& c, auto&&...) { c.p.kerple.kernel = static_cast<KerpleKernel>(9); }},
+      {"sandwich odd dim", "sinusoid_dim", Encoding::kSandwich, [](Case& c, auto&&...) { c.p.sandwich.sinusoid_dim = 5; }},
+      {"sandwich base", "base", Encoding::kSandwich, [](Case& c, auto&&...) { c.p.sandwich.base = -1; }},
+      {"fire w2 shape", "mlp_w2", Encoding::kFire,
+       [](Case&, Fwd&, View*, View*, View*, View*, View*, E* t) { t->fire.w2.shape[0] = 3; }},
+      {"fire c not positive", "c", Encoding::kFire, [](Case& c, auto&&...) { c.fc[0] = -0.5; }},
+      {"fire threshold absent", "threshold", Encoding::kFire,
+       [](Case&, Fwd&, View*, View*, View*, View*, View*, E* t) { t->fire.threshold = View{}; }},
+      {"r1 given to alibi", "r1", Encoding::kAlibi,
+       [](Case& c, Fwd&, View*, View*, View*, View*, View*, E* t) {
+         c.r1 = {0.5, 0.5};
+         t->r1 = V(c.r1, {2});
+       }},
+      {"fire tensors given to kerple", "mlp_w1", Encoding::kKerple,
+       [](Case& c, Fwd&, View*, View*, View*, View*, View*, E* t) {
+         c.fw1 = {0.5, 0.5};
+         t->fire.w1 = V(c.fw1, {2});
+       }},
+      {"kerple tensors given to sandwich", "r2", Encoding::kSandwich,
+       [](Case& c, Fwd&, View*, View*, View*, View*, View*, E* t) {
+         c.r2 = {0.5, 0.5};
+         t->r2 = V(c.r2, {2});
+       }},
   };
   for (Bad& b : bad) {
     SCOPED_TRACE(b.name);
@@ -1067,6 +1220,20 @@ TEST(AttentionErrors, EveryBadBackwardInputNamesItsArgument) {
          g->table = V(spare, {2, 4});
        }},
       {"cope dtable int", "dtable", Encoding::kCope, [](View*, View*, View*, View*, EncodingGrads* g) { g->table.dtype = DType::kI32; }},
+      {"kerple dr1", "dr1", Encoding::kKerple, [](View*, View*, View*, View*, EncodingGrads* g) { g->r1.shape[0] = 3; }},
+      {"kerple dr2 int", "dr2", Encoding::kKerple, [](View*, View*, View*, View*, EncodingGrads* g) { g->r2.dtype = DType::kI64; }},
+      {"fire dmlp_w2", "dmlp_w2", Encoding::kFire, [](View*, View*, View*, View*, EncodingGrads* g) { g->fire.w2.shape[1] = 2; }},
+      {"fire dthreshold", "dthreshold", Encoding::kFire, [](View*, View*, View*, View*, EncodingGrads* g) { g->fire.threshold.shape[0] = 2; }},
+      {"a fire gradient for kerple", "dmlp_b1", Encoding::kKerple,
+       [](View*, View*, View*, View*, EncodingGrads* g) {
+         static Vec spare(5);
+         g->fire.b1 = V(spare, {5});
+       }},
+      {"a kerple gradient for sandwich", "dr1", Encoding::kSandwich,
+       [](View*, View*, View*, View*, EncodingGrads* g) {
+         static Vec spare(2);
+         g->r1 = V(spare, {2});
+       }},
   };
   for (BadB& b : bad) {
     SCOPED_TRACE(b.name);
@@ -1080,12 +1247,17 @@ TEST(AttentionErrors, EveryBadBackwardInputNamesItsArgument) {
     if (b.enc == Encoding::kT5) g.weights = V(dw, {c.p.t5.num_buckets, 2});
     if (b.enc == Encoding::kXL) g.u = V(du, {2, 4}), g.v = V(dvb, {2, 4}), g.rel_proj = V(dW, {2, 4, c.R});
     if (b.enc == Encoding::kCope) g.table = V(dt, {c.npos, 4});
+    Vec d1(2, guard), d2(2, guard), f1(ix(c.fw), guard), f2(ix(c.fw), guard), f3(ix(2 * c.fw), guard), f4(2, guard),
+        f5(1, guard), f6(1, guard);
+    if (b.enc == Encoding::kKerple) g.r1 = V(d1, {2}), g.r2 = V(d2, {2});
+    if (b.enc == Encoding::kFire)
+      g.fire = FireTensors{V(f1, {c.fw}), V(f2, {c.fw}), V(f3, {2, c.fw}), V(f4, {2}), V(f5, {1}), V(f6, {1})};
     b.edit(&vd, &vq, &vk, &vv, &g);
     const Status st = attention_backward(c.p, V(c.q, {2, 3, 2, 4}), V(c.k, {2, 4, 2, 4}), V(c.v, {2, 4, 2, 4}),
                                          c.tensors(), vd, vq, vk, vv, g);
     ASSERT_FALSE(st.ok());
     EXPECT_EQ(st.arg(), b.arg) << st.message();
-    for (const Vec* x : {&dq, &dk, &dv, &dw, &du, &dvb, &dW, &dt})
+    for (const Vec* x : {&dq, &dk, &dv, &dw, &du, &dvb, &dW, &dt, &d1, &d2, &f1, &f2, &f3, &f4, &f5, &f6})
       for (double e : *x) EXPECT_EQ(e, guard) << "a gradient was written before the error";
   }
 }

@@ -2,7 +2,7 @@
 // reference posenc::reference:: (src/attention/attention_ref.cc), forward (out, lse) and backward
 // (dq, dk, dv and the parameter gradients), for every encoding the kernels cover (nope, rope in both
 // layouts, full and partial, alibi symmetric / with slopes / nonsymmetric / learned, t5 bi- and
-// unidirectional) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
+// unidirectional, kerple log and power, sandwich, fire) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
 // global offsets × float32 and bfloat16 × sizes off the tile (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64,
 // 130}) × 1 and 2 threads; every SIMD target on one case per encoding; backward units split over key
 // blocks (B·Hkv not a multiple of the threads: one head, MQA, three units) against one thread and the
@@ -48,6 +48,7 @@ struct Variant {
   AlibiVariant alibi = AlibiVariant::kSymmetric;
   bool slopes = false;  // alibi: caller-given slopes
   bool bidirectional = true;  // t5
+  KerpleKernel kernel = KerpleKernel::kLog;  // kerple
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
@@ -64,6 +65,11 @@ std::vector<Variant> variants() {
       {"t5_bidirectional", Encoding::kT5},
       {"t5_unidirectional", Encoding::kT5, RopeLayout::kInterleaved, false, AlibiVariant::kSymmetric,
        false, false},
+      {"kerple_log", Encoding::kKerple},
+      {"kerple_power", Encoding::kKerple, RopeLayout::kInterleaved, false, AlibiVariant::kSymmetric, false,
+       true, KerpleKernel::kPower},
+      {"sandwich", Encoding::kSandwich},
+      {"fire", Encoding::kFire},
   };
 }
 
@@ -119,6 +125,9 @@ struct Problem {
   AttentionParams p;
   Shape s;
   Vec slopes, weights;  // alibi [Hq] / learned [2, Hq] / t5 [nb, Hq]
+  Vec r1, r2;           // kerple [Hq]
+  I fire_w = 9;         // fire: w1, b1 [W], w2 [Hq, W], b2 [Hq], c, L [1]
+  Vec w1, b1, w2, b2, c, L;
 
   Problem(const Variant& var, const Shape& sh, bool causal, std::uint64_t seed) : s(sh) {
     p.encoding = var.enc;
@@ -138,12 +147,62 @@ struct Problem {
     if (var.enc == Encoding::kAlibi && var.alibi == AlibiVariant::kLearned)
       weights = randn(ix(2 * sh.Hq), seed + 11);
     if (var.enc == Encoding::kT5) weights = randn(ix(p.t5.num_buckets * sh.Hq), seed + 12);
+    if (var.enc == Encoding::kKerple) {
+      p.kerple.kernel = var.kernel;
+      r1 = randn(ix(sh.Hq), seed + 13);
+      r2 = randn(ix(sh.Hq), seed + 14);
+      for (double& x : r1) x = 0.1 + 1.5 * (0.5 + 0.5 * std::tanh(x));
+      for (double& x : r2) x = 0.05 + 1.9 * (0.5 + 0.5 * std::tanh(x));
+    }
+    if (var.enc == Encoding::kSandwich) p.sandwich.sinusoid_dim = 16;
+    if (var.enc == Encoding::kFire) {
+      w1 = randn(ix(fire_w), seed + 15, 1.5);
+      b1 = randn(ix(fire_w), seed + 16, 0.7);
+      w2 = randn(ix(sh.Hq * fire_w), seed + 17, 0.8);
+      b2 = randn(ix(sh.Hq), seed + 18, 0.5);
+      c = {0.15};
+      L = {60.5};  // query positions on both sides of it in most shapes
+    }
+  }
+  static View v64(Vec& x, std::initializer_list<std::int64_t> shape) {
+    return View::contiguous(x.data(), DType::kF64, shape);
   }
   EncodingTensors tensors() {
     EncodingTensors t;
     if (!slopes.empty()) t.slopes = View::contiguous(slopes.data(), DType::kF64, {s.Hq});
     if (!weights.empty()) t.weights = View::contiguous(weights.data(), DType::kF64, {I(weights.size()) / s.Hq, s.Hq});
+    if (!r1.empty()) t.r1 = v64(r1, {s.Hq}), t.r2 = v64(r2, {s.Hq});
+    if (!w1.empty())
+      t.fire = FireTensors{v64(w1, {fire_w}), v64(b1, {fire_w}), v64(w2, {s.Hq, fire_w}), v64(b2, {s.Hq}),
+                           v64(c, {1}), v64(L, {1})};
     return t;
+  }
+  // Gradient buffers (filled with `fill`) for every learned tensor the encoding reads, and their views.
+  struct Grads {
+    std::vector<Vec> bufs;
+    EncodingGrads g;
+  };
+  Grads grads(double fill) {
+    Grads r;
+    r.bufs.reserve(8);
+    auto buf = [&](std::size_t n, std::initializer_list<std::int64_t> shape) {
+      r.bufs.emplace_back(n, fill);
+      return View::contiguous(r.bufs.back().data(), DType::kF64, shape);
+    };
+    if (!weights.empty()) r.g.weights = buf(weights.size(), {I(weights.size()) / s.Hq, s.Hq});
+    if (!r1.empty()) {
+      r.g.r1 = buf(r1.size(), {s.Hq});
+      r.g.r2 = buf(r2.size(), {s.Hq});
+    }
+    if (!w1.empty()) {
+      r.g.fire.w1 = buf(w1.size(), {fire_w});
+      r.g.fire.b1 = buf(b1.size(), {fire_w});
+      r.g.fire.w2 = buf(w2.size(), {s.Hq, fire_w});
+      r.g.fire.b2 = buf(b2.size(), {s.Hq});
+      r.g.fire.c = buf(1, {1});
+      r.g.fire.threshold = buf(1, {1});
+    }
+    return r;
   }
   std::vector<std::int64_t> qshape() const { return {s.B, s.M, s.Hq, s.D}; }
   std::vector<std::int64_t> kshape() const { return {s.B, s.N, s.Hkv, s.D}; }
@@ -194,28 +253,26 @@ void check_backward(Problem& pr, DType dt, std::uint64_t seed) {
   Tensor dout(dt, randn(q.d.size(), seed + 4), pr.qshape());
   Tensor dq(dt, pr.qshape()), dk(dt, pr.kshape()), dv(dt, pr.kshape());
   const EncodingTensors t = pr.tensors();
-  Vec dw(pr.weights.size(), 9.0), want_dw(pr.weights.size());
-  EncodingGrads g, gw;
-  if (!pr.weights.empty()) {
-    g.weights = View::contiguous(dw.data(), DType::kF64, {I(dw.size()) / pr.s.Hq, pr.s.Hq});
-    gw.weights = View::contiguous(want_dw.data(), DType::kF64, {I(dw.size()) / pr.s.Hq, pr.s.Hq});
-  }
+  Problem::Grads g = pr.grads(9.0), gw = pr.grads(0.0);
   const Status st = fused::attention_backward(pr.p, q.view(), k.view(), v.view(), t, dout.view(),
-                                              dq.view(), dk.view(), dv.view(), g);
+                                              dq.view(), dk.view(), dv.view(), g.g);
   ASSERT_TRUE(st.ok()) << st.message();
   Vec wq(q.d.size()), wk(k.d.size()), wv(v.d.size());
   const Status sr = reference::attention_backward(
       pr.p, q.view64(), k.view64(), v.view64(), t, dout.view64(),
       View::contiguous(wq.data(), DType::kF64, pr.qshape()), View::contiguous(wk.data(), DType::kF64, pr.kshape()),
-      View::contiguous(wv.data(), DType::kF64, pr.kshape()), gw);
+      View::contiguous(wv.data(), DType::kF64, pr.kshape()), gw.g);
   ASSERT_TRUE(sr.ok()) << sr.message();
   EXPECT_TRUE(Close(dq.values(), wq, tol_grad(dt))) << "dq";
   EXPECT_TRUE(Close(dk.values(), wk, tol_grad(dt))) << "dk";
   EXPECT_TRUE(Close(dv.values(), wv, tol_grad(dt))) << "dv";
-  // parameter gradients sum over every (i, j): compare relative to the largest entry
-  if (!pr.weights.empty()) {
-    EXPECT_TRUE(Close(dw, want_dw, Tol{dt == DType::kF32 ? 1e-4 : 2e-2, 1e-3})) << "dweights";
-  }
+  // Parameter gradients sum over every (i, j): compare relative to the largest entry of any of them
+  // (FIRE's db2, a per-head constant's gradient, is Σ dS over whole rows: 0 up to rounding).
+  double scale = 1e-30;
+  for (const Vec& b : gw.bufs) scale = std::max(scale, amax(b));
+  const Tol pt{dt == DType::kF32 ? 1e-4 : 2e-2, 1e-3};
+  for (std::size_t i = 0; i < g.bufs.size(); ++i)
+    EXPECT_TRUE(AllClose(g.bufs[i], gw.bufs[i], pt.atol * scale, pt.rtol)) << "parameter gradient " << i;
 }
 
 struct NamedShape {
@@ -277,13 +334,12 @@ TEST_P(FastAttention, TwoThreadsEqualOne) {
     set_num_threads(threads);
     Tensor out(DType::kF32, pr.qshape()), dq(DType::kF32, pr.qshape()), dk(DType::kF32, pr.kshape()),
         dv(DType::kF32, pr.kshape());
-    Vec dw(pr.weights.size());
-    EncodingGrads g;
-    if (!dw.empty()) g.weights = View::contiguous(dw.data(), DType::kF64, {I(dw.size()) / 4, 4});
+    Problem::Grads g = pr.grads(0.0);
     ASSERT_TRUE(fused::attention_forward(pr.p, q.view(), k.view(), v.view(), t, out.view()).ok());
     ASSERT_TRUE(fused::attention_backward(pr.p, q.view(), k.view(), v.view(), t, dout.view(), dq.view(),
-                                          dk.view(), dv.view(), g).ok());
-    res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(), dw};
+                                          dk.view(), dv.view(), g.g).ok());
+    res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values()};
+    for (const Vec& b : g.bufs) res[threads - 1].push_back(b);
   }
   set_num_threads(0);
   for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
@@ -303,7 +359,8 @@ TEST(FastAttentionTargets, EveryTargetMatchesReference) {
     hwy::SetSupportedTargetsForTest(target);
     for (const Variant& var : variants()) {
       if (var.name != "nope" && var.name != "rope_interleaved" && var.name != "rope_half_partial" &&
-          var.name != "alibi_learned" && var.name != "t5_bidirectional")
+          var.name != "alibi_learned" && var.name != "t5_bidirectional" && var.name != "kerple_power" &&
+          var.name != "sandwich" && var.name != "fire")
         continue;
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + var.name);
       const bool causal = ++n % 2 == 1;
@@ -328,15 +385,14 @@ std::vector<Vec> backward_fused(Problem& pr, DType dt, bool with_dq, std::uint64
   Tensor v(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 3), pr.kshape());
   Tensor dout(dt, randn(q.d.size(), seed + 4), pr.qshape());
   Tensor dq(dt, pr.qshape()), dk(dt, pr.kshape()), dv(dt, pr.kshape());
-  Vec dw(pr.weights.size());
-  EncodingGrads g;
-  if (!dw.empty())
-    g.weights = View::contiguous(dw.data(), DType::kF64, {I(dw.size()) / pr.s.Hq, pr.s.Hq});
+  Problem::Grads g = pr.grads(0.0);
   const Status st =
       fused::attention_backward(pr.p, q.view(), k.view(), v.view(), pr.tensors(), dout.view(),
-                                with_dq ? dq.view() : View{}, dk.view(), dv.view(), g);
+                                with_dq ? dq.view() : View{}, dk.view(), dv.view(), g.g);
   EXPECT_TRUE(st.ok()) << st.message();
-  return {dq.values(), dk.values(), dv.values(), dw};
+  std::vector<Vec> r = {dq.values(), dk.values(), dv.values()};
+  for (const Vec& b : g.bufs) r.push_back(b);
+  return r;
 }
 
 struct SplitCase {
@@ -359,7 +415,9 @@ TEST(FastAttentionSplit, SplitUnitsMatchOneThreadAndReference) {
                            AlibiVariant::kNonsymmetric},
                           {"alibi_learned", Encoding::kAlibi, RopeLayout::kInterleaved, false,
                            AlibiVariant::kLearned},
-                          {"t5", Encoding::kT5}};
+                          {"t5", Encoding::kT5},
+                          {"kerple", Encoding::kKerple},
+                          {"fire", Encoding::kFire}};
   int n = 0;
   for (const SplitCase& c : cases)
     for (const Variant& var : vars) {
@@ -380,9 +438,8 @@ TEST(FastAttentionSplit, SplitUnitsMatchOneThreadAndReference) {
         }
         EXPECT_EQ(got[1], one[1]) << "dk";
         EXPECT_EQ(got[2], one[2]) << "dv";
-        if (!pr.weights.empty()) {
-          EXPECT_TRUE(Close(got[3], one[3], Tol{1e-5, 1e-5})) << "dweights";
-        }
+        for (std::size_t i = 3; i < got.size(); ++i)
+          EXPECT_TRUE(Close(got[i], one[i], Tol{1e-5, 1e-5})) << "parameter gradient " << i - 3;
         if (threads == 2) check_backward(pr, dt, 1600);
       }
     }
@@ -434,6 +491,66 @@ TEST(FastAttentionLarge, LongSequenceNeedsNoLxLBuffer) {
   EXPECT_LT(after - before, 64 * 1024) << "peak grew by " << (after - before) << " kB";
   // first row sees only key 0: out = v_0
   for (I e = 0; e < D; ++e) EXPECT_FLOAT_EQ(out[ix(e)], v[ix(e)]);
+}
+
+// The same for KERPLE, Sandwich and FIRE (their tables are O(Hq·L), FIRE's thresholds O(L·W)):
+// forward for each, backward for FIRE (its per-segment moments), the peak reset before each call.
+TEST(FastAttentionLarge, LongSequenceWithTheNewBiasesNeedsNoLxLBuffer) {
+  const I L = 16384, D = 64, W = 32;
+  std::vector<float> q(ix(L * D)), out(ix(L * D), 1.f), dq(ix(L * D), 1.f), dk(ix(L * D), 1.f), dv(ix(L * D), 1.f);
+  const Vec r = randn(ix(L * D), 6);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(r[i]);
+  Vec r1 = {0.8}, r2 = {0.3}, w1 = randn(ix(W), 7), b1 = randn(ix(W), 8, 0.5), w2 = randn(ix(W), 9, 0.3), b2 = {0.1},
+      c = {0.1}, thr = {512.0};
+  const View qv = View::contiguous(q.data(), DType::kF32, {1, L, 1, D});
+  auto v64 = [](Vec& x, std::initializer_list<std::int64_t> s) { return View::contiguous(x.data(), DType::kF64, s); };
+  auto v32 = [&](std::vector<float>& x) { return View::contiguous(x.data(), DType::kF32, {1, L, 1, D}); };
+  for (Encoding e : {Encoding::kKerple, Encoding::kSandwich, Encoding::kFire})
+    for (bool backward : {false, true}) {
+      if (backward && e != Encoding::kFire) continue;
+      SCOPED_TRACE(std::string(encoding_info(e).name) + (backward ? " backward" : " forward"));
+      AttentionParams p;
+      p.encoding = e;
+      p.causal = true;
+      EncodingTensors t;
+      if (e == Encoding::kKerple) t.r1 = v64(r1, {1}), t.r2 = v64(r2, {1});
+      if (e == Encoding::kFire) t.fire = FireTensors{v64(w1, {W}), v64(b1, {W}), v64(w2, {1, W}), v64(b2, {1}), v64(c, {1}), v64(thr, {1})};
+      std::FILE* f = std::fopen("/proc/self/clear_refs", "w");  // VmHWM := VmRSS (Linux ≥ 4.0)
+      const bool reset = f && std::fputs("5", f) >= 0;
+      if (f) std::fclose(f);
+      if (!reset) GTEST_SKIP() << "cannot reset the peak resident memory here";
+      const long before = peak_kb();
+      const Status st = backward ? attention_backward(p, qv, qv, qv, t, qv, v32(dq), v32(dk), v32(dv), {})
+                                 : attention_forward(p, qv, qv, qv, t, v32(out));
+      ASSERT_TRUE(st.ok()) << st.message();
+      const long after = peak_kb();
+      EXPECT_LT(after - before, 64 * 1024) << "peak grew by " << (after - before) << " kB";
+    }
+}
+
+// No keys at all: the kernels write out = 0 and every gradient, parameter gradients included, as 0
+// (not left unwritten), like the reference.
+TEST(FastAttentionEdges, NoKeysWritesZeroGradients) {
+  for (const Variant& var : variants()) {
+    if (var.enc != Encoding::kKerple && var.enc != Encoding::kFire && var.enc != Encoding::kSandwich &&
+        var.enc != Encoding::kT5)
+      continue;
+    for (I M : {1, 3}) {  // M = 1: no distance at all (M + N − 1 = 0)
+      SCOPED_TRACE(var.name + " M=" + std::to_string(M));
+      Problem pr(var, {1, M, 0, 2, 1, 4}, false, 1800);
+      std::vector<float> q(ix(M * 2 * 4), 0.5f), kv(1, 0.f), out(q.size(), 7.f), dq(q.size(), 7.f), dout(q.size(), 1.f);
+      const View qv = View::contiguous(q.data(), DType::kF32, {1, M, 2, 4});
+      const View kvv = View::contiguous(kv.data(), DType::kF32, {1, 0, 1, 4});
+      ASSERT_TRUE(fused::attention_forward(pr.p, qv, kvv, kvv, pr.tensors(), View::contiguous(out.data(), DType::kF32, {1, M, 2, 4})).ok());
+      for (float x : out) EXPECT_EQ(x, 0.f);
+      Problem::Grads g = pr.grads(7.0);
+      ASSERT_TRUE(fused::attention_backward(pr.p, qv, kvv, kvv, pr.tensors(), View::contiguous(dout.data(), DType::kF32, {1, M, 2, 4}),
+                                            View::contiguous(dq.data(), DType::kF32, {1, M, 2, 4}), View{}, View{}, g.g).ok());
+      for (float x : dq) EXPECT_EQ(x, 0.f);
+      for (const Vec& b : g.bufs)
+        for (double x : b) EXPECT_EQ(x, 0.0);
+    }
+  }
 }
 
 // The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the reference.

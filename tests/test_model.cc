@@ -1,8 +1,9 @@
 // The study's model (posenc/model.h): the whole gradient of Model<double> against central differences
-// for every encoding of the catalogue; Model<float> against Model<double> on the same parameters;
+// for every encoding of the catalogue the model takes; Model<float> against Model<double> on the same parameters;
 // training lowers the loss; a one-thread run is bit-reproducible; and the model's refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -47,10 +48,28 @@ Batch batch(I B, I L, I V, std::uint64_t seed) {
   return b;
 }
 
+// The catalogue's encodings but those the model does not take yet (see NotWiredYetIsAClearError).
+const Encoding kNotInTheModel[] = {Encoding::kKerple, Encoding::kSandwich, Encoding::kFire};
+
 std::vector<Encoding> all_encodings() {
   std::vector<Encoding> e;
-  for (const EncodingInfo& info : registry()) e.push_back(info.id);
+  for (const EncodingInfo& info : registry())
+    if (std::find(std::begin(kNotInTheModel), std::end(kNotInTheModel), info.id) == std::end(kNotInTheModel))
+      e.push_back(info.id);
   return e;
+}
+
+// KERPLE, Sandwich and FIRE work in posenc bias / attention but are not wired into the study's model
+// yet: the model says so, naming the encoding, instead of failing inside the attention. (When they
+// are wired in, this test and kNotInTheModel go.)
+TEST(Model, NotWiredYetIsAClearError) {
+  for (Encoding e : kNotInTheModel) {
+    ModelConfig c = tiny(e);
+    const Status s = validate_config(c);
+    ASSERT_FALSE(s.ok()) << encoding_info(e).name;
+    EXPECT_EQ(s.arg(), "encoding");
+    EXPECT_NE(s.what().find(encoding_info(e).name), std::string::npos) << s.message();
+  }
 }
 
 class ModelGrad : public ::testing::TestWithParam<Encoding> {};

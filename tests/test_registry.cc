@@ -17,8 +17,25 @@ TEST(Registry, NamesAreUniqueAndFindable) {
     EXPECT_FALSE(e.summary.empty());
     EXPECT_FALSE(e.paper.empty());
   }
-  for (const char* want : {"nope", "learned", "sinusoidal", "rope", "alibi", "t5", "xl", "cope"})
+  for (const char* want : {"nope", "learned", "sinusoidal", "rope", "alibi", "t5", "xl", "cope", "kerple",
+                           "sandwich", "fire"})
     EXPECT_TRUE(names.count(want)) << want;
+}
+
+// The extrapolating biases: logit biases whose learned tensors carry the `learned` flag (the CLI's
+// --grad-* outputs come from it); Sandwich has none.
+TEST(Registry, ExtrapolatingBiasesDeclareTheirLearnedTensors) {
+  auto learned = [](const char* name) {
+    std::set<std::string> r;
+    const Expected<EncodingInfo> e = find_encoding(name);
+    for (const ParamSpec& p : e->params)
+      if (p.learned) r.insert(p.name);
+    return r;
+  };
+  for (const char* name : {"kerple", "sandwich", "fire"}) EXPECT_EQ(find_encoding(name)->kind, Kind::kLogitBias);
+  EXPECT_EQ(learned("kerple"), (std::set<std::string>{"r1", "r2"}));
+  EXPECT_TRUE(learned("sandwich").empty());
+  EXPECT_EQ(learned("fire"), (std::set<std::string>{"mlp-w1", "mlp-b1", "mlp-w2", "mlp-b2", "c", "threshold"}));
 }
 
 TEST(Registry, UnknownNameIsAnErrorNamingTheChoices) {

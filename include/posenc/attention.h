@@ -33,14 +33,19 @@
 //                   the paper defines the causal case, where this runs from j to i),
 //            z_ij = (1 − (p − ⌊p⌋))·q_i·e[⌊p⌋] + (p − ⌊p⌋)·q_i·e[⌈p⌉],   logit_ij = a_ij + z_ij;
 //          table e: [npos, D].
+//   kerple + −r1_h·log(1 + r2_h·|i − j|) (kernel log) or −r1_h·|i − j|^r2_h (power); r1, r2: [Hq]
+//          each, > 0 (power: r2 ≤ 2) as given (see bias.h).
+//   sandwich + (Σ_{k=1}^{d̄/2} cos((i − j)/base^(2k/d̄)) − d̄/2)·Hq/(8(h+1)) (see bias.h); no tensors.
+//   fire   + f_h(ψ(|i − j|)/ψ(max(L, i))), ψ(x) = log(c·x + 1), f = w2·relu(w1·x + b1) + b2, with i
+//          the query's position (see bias.h); tensors w1, b1 [W], w2 [Hq, W], b2 [Hq], c, L [1].
 // Absolute encodings (learned, sinusoidal) act on embeddings before the first layer, not here.
 //
 // Implementations. posenc::attention_forward / attention_backward are dispatchers
 // (src/attention/attention_cpu.cc): they validate, then run a fused, flash-style kernel (tiles of
 // queries × keys, online softmax, O(L·D) memory, never an [H, M, N] buffer; backward recomputes the
-// logits per tile, FlashAttention-2 style) for nope, rope, alibi (all variants) and t5 with float32,
-// bfloat16 or float16 q/k/v (math in float32, accumulation in float32; lse then carries float32
-// error). xl, cope, float64 inputs, outputs that overlap an input and small problems (B·Hq·M·N < 2^14,
+// logits per tile, FlashAttention-2 style) for nope, rope, alibi (all variants), t5, kerple, sandwich
+// and fire with float32, bfloat16 or float16 q/k/v (math in float32, accumulation in float32; lse
+// then carries float32 error). xl, cope, float64 inputs, outputs that overlap an input and small problems (B·Hq·M·N < 2^14,
 // where the reference is as fast and exact) run the plain reference, posenc::reference::attention_forward /
 // attention_backward (double accumulation; declared at the end of this file), which is the oracle the
 // fused kernels are tested against. Both give the same Status for the same bad input.
@@ -64,6 +69,9 @@ struct AttentionParams {
   RopeParams rope;
   AlibiParams alibi;
   T5Params t5;
+  KerpleParams kerple;
+  SandwichParams sandwich;
+  FireParams fire;
 };
 
 // The learned or caller-given tensors an encoding reads (absent unless the encoding needs them).
@@ -73,6 +81,8 @@ struct EncodingTensors {
   View u, v;      // xl: [Hq, D] each
   View rel_proj;  // xl: [Hq, D, R]
   View table;     // cope: [npos, D]
+  View r1, r2;    // kerple: [Hq] each
+  FireTensors fire;  // fire: w1 [W], b1 [W], w2 [Hq, W], b2 [Hq], c [1], threshold [1]
 };
 
 // Gradients of those tensors (each optional, but only for a tensor the encoding reads; overwritten).
@@ -81,6 +91,8 @@ struct EncodingGrads {
   View u, v;      // xl
   View rel_proj;  // xl
   View table;     // cope
+  View r1, r2;    // kerple
+  FireTensors fire;  // fire (each of the six optional)
 };
 
 // lse (optional, float64 [B, Hq, M]): log Σ_j exp(logit_ij), so shards over keys can be combined.

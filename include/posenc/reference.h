@@ -32,4 +32,15 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
 Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out);
 Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& dbias, const View& dweights);
 
+Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
+                   const View& out);
+Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
+                            const View& dbias, const View& dr1, const View& dr2);
+
+Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View& out);
+
+Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& out);
+Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const FireTensors& t,
+                          const View& dbias, const FireTensors& grads);
+
 }  // namespace posenc::reference

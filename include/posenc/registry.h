@@ -9,7 +9,10 @@
 
 namespace posenc {
 
-enum class Encoding { kNope, kLearned, kSinusoidal, kRope, kAlibi, kT5, kXL, kCope };
+enum class Encoding {
+  kNope, kLearned, kSinusoidal, kRope, kAlibi, kT5, kXL, kCope,
+  kKerple, kSandwich, kFire,  // the extrapolating logit biases beyond ALiBi (bias.h)
+};
 
 // Where an encoding acts.
 enum class Kind {

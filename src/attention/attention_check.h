@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "enc/fire/fire_check.h"
+#include "enc/kerple/kerple_check.h"
 #include "posenc/attention.h"
 
 namespace posenc::attn {
@@ -23,6 +25,7 @@ struct Dims {
   I rdim = 0;  // rope: rotary dimensions
   I R = 0;     // xl: sinusoid dimension
   I npos = 0;  // cope: table rows
+  I fire_w = 0;  // fire: hidden units of the MLP
 };
 
 // ---- validation --------------------------------------------------------------------------------
@@ -34,6 +37,7 @@ inline Status require_tensor(const char* arg, const View& t, std::initializer_li
 // Which encoding tensors (and so which gradients) an encoding reads.
 struct Reads {
   bool slopes = false, weights = false, xl = false, table = false;
+  bool kerple = false, fire = false;
 };
 inline Reads reads(const AttentionParams& p) {
   Reads r;
@@ -42,11 +46,14 @@ inline Reads reads(const AttentionParams& p) {
   r.weights = (alibi && p.alibi.variant == AlibiVariant::kLearned) || p.encoding == Encoding::kT5;
   r.xl = p.encoding == Encoding::kXL;
   r.table = p.encoding == Encoding::kCope;
+  r.kerple = p.encoding == Encoding::kKerple;
+  r.fire = p.encoding == Encoding::kFire;
   return r;
 }
 inline std::string describe(const AttentionParams& p) {
   std::string s = encoding_info(p.encoding).name;
   if (p.encoding == Encoding::kAlibi) s += std::string(" (") + alibi_variant_name(p.alibi.variant) + ")";
+  if (p.encoding == Encoding::kKerple) s += std::string(" (") + kerple_kernel_name(p.kerple.kernel) + ")";
   return s;
 }
 
@@ -56,6 +63,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5:
     case Encoding::kXL: case Encoding::kCope:
+    case Encoding::kKerple: case Encoding::kSandwich: case Encoding::kFire:
       break;
     case Encoding::kLearned: case Encoding::kSinusoidal:
       return Status::Invalid("encoding", encoding_info(p.encoding).name +
@@ -163,6 +171,15 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
                                             t.table.shape_str());
       break;
     }
+    case Encoding::kKerple:
+      POSENC_RETURN_IF_ERROR(kerple::check_params(p.kerple, t.r1, t.r2, d->Hq));
+      break;
+    case Encoding::kSandwich:
+      POSENC_RETURN_IF_ERROR(sandwich_validate(p.sandwich));
+      break;
+    case Encoding::kFire:
+      POSENC_RETURN_IF_ERROR(fire::check_tensors(t.fire, d->Hq, &d->fire_w));
+      break;
     default:
       break;
   }
@@ -170,7 +187,10 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   const Reads r = reads(p);
   const std::pair<const char*, std::pair<bool, const View*>> given[] = {
       {"slopes", {r.slopes, &t.slopes}}, {"weights", {r.weights, &t.weights}}, {"u", {r.xl, &t.u}},
-      {"v_bias", {r.xl, &t.v}},          {"rel_proj", {r.xl, &t.rel_proj}},     {"table", {r.table, &t.table}}};
+      {"v_bias", {r.xl, &t.v}},          {"rel_proj", {r.xl, &t.rel_proj}},     {"table", {r.table, &t.table}},
+      {"r1", {r.kerple, &t.r1}},         {"r2", {r.kerple, &t.r2}},             {"mlp_w1", {r.fire, &t.fire.w1}},
+      {"mlp_b1", {r.fire, &t.fire.b1}},  {"mlp_w2", {r.fire, &t.fire.w2}},      {"mlp_b2", {r.fire, &t.fire.b2}},
+      {"c", {r.fire, &t.fire.c}},        {"threshold", {r.fire, &t.fire.threshold}}};
   for (const auto& [arg, use] : given)
     if (use.second->present() && !use.first)
       return Status::Invalid(arg, "not read by " + describe(p) + "; expected an absent view");
@@ -214,7 +234,11 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   const Reads r = reads(p);
   const std::pair<const char*, std::pair<bool, const View*>> grads[] = {
       {"dweights", {r.weights, &g.weights}}, {"du", {r.xl, &g.u}}, {"dv_bias", {r.xl, &g.v}},
-      {"drel_proj", {r.xl, &g.rel_proj}},   {"dtable", {r.table, &g.table}}};
+      {"drel_proj", {r.xl, &g.rel_proj}},   {"dtable", {r.table, &g.table}},
+      {"dr1", {r.kerple, &g.r1}},            {"dr2", {r.kerple, &g.r2}},
+      {"dmlp_w1", {r.fire, &g.fire.w1}},     {"dmlp_b1", {r.fire, &g.fire.b1}},
+      {"dmlp_w2", {r.fire, &g.fire.w2}},     {"dmlp_b2", {r.fire, &g.fire.b2}},
+      {"dc", {r.fire, &g.fire.c}},           {"dthreshold", {r.fire, &g.fire.threshold}}};
   for (const auto& [arg, use] : grads)
     if (use.second->present() && !use.first)
       return Status::Invalid(arg, describe(p) + " has no such learned tensor; expected an absent view");
@@ -225,6 +249,9 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   if (g.rel_proj.present())
     POSENC_RETURN_IF_ERROR(check_output("drel_proj", g.rel_proj, {d.Hq, d.D, d.R}, nullptr, nullptr));
   if (g.table.present()) POSENC_RETURN_IF_ERROR(check_output("dtable", g.table, {d.npos, d.D}, nullptr, nullptr));
+  if (g.r1.present()) POSENC_RETURN_IF_ERROR(check_output("dr1", g.r1, {d.Hq}, nullptr, nullptr));
+  if (g.r2.present()) POSENC_RETURN_IF_ERROR(check_output("dr2", g.r2, {d.Hq}, nullptr, nullptr));
+  if (r.fire) POSENC_RETURN_IF_ERROR(fire::check_grads(g.fire, d.Hq, d.fire_w));
 
   return Status::Ok();
 }

@@ -2,13 +2,13 @@
 // dispatch here.
 //
 // Validation is shared with the reference (attention_check.h), so errors are identical. The fused
-// kernels run nope, rope, alibi (symmetric, nonsymmetric, learned) and t5 on float32, bfloat16
-// and float16 q/k/v (any strides; tiles are converted to float32 on load, outputs rounded once on
-// store); xl and cope run the kernels of attention_xl_cpu.cc and attention_cope_cpu.cc where those
-// are built. Float64 inputs, outputs that overlap an input, and small problems (fewer than 2^14
-// (query, key) pairs over batch and heads: as fast there, and exact) fall back to
-// posenc::reference (attention_ref.cc, double accumulation) — the function the tests compare
-// against. The kernels themselves, without the small-problem rule, are posenc::fused::
+// kernels run nope, rope, alibi (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
+// on float32, bfloat16 and float16 q/k/v (any strides; tiles are converted to float32 on load,
+// outputs rounded once on store); xl and cope run the kernels of attention_xl_cpu.cc and
+// attention_cope_cpu.cc where those are built. Float64 inputs, outputs that overlap an input, and
+// small problems (fewer than 2^14 (query, key) pairs over batch and heads: as fast there, and
+// exact) fall back to posenc::reference (attention_ref.cc, double accumulation) — the function the
+// tests compare against. The kernels themselves, without the small-problem rule, are posenc::fused::
 // (attention_fused.h) for the tests.
 //
 // Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads (G = Hq/Hkv), D head
@@ -30,10 +30,18 @@
 //     + bias: it depends on kp − qp only, so the tile's Bq + Bk − 1 distinct values are computed
 //       once (ALiBi −m·|Δ|, learned −σ(w)·|Δ| per side, T5 W[bucket(Δ), h] with the bucket of
 //       every Δ the call meets tabulated up front) and row i adds a slice of that diagonal array;
+//       KERPLE and Sandwich: a per-head table over every Δ of the call (Hq·(M + N − 1) floats,
+//       built once) whose tile slice row i adds in place;
+//     FIRE depends on qp too (ψ(max(L, qp))): its MLP is piecewise linear in x = ψ(Δ)/ψ(n)
+//       (fire_math.h), so row i is a few runs of keys, each adding α + (β/ψ(n_i))·ψ(|Δ|) over a
+//       slice of a per-call ψ table (runs cut where |Δ| reaches the row's tabulated threshold of
+//       an MLP breakpoint, O(M·S) integers built once; usually one or two runs per row and part):
+//       no per-pair MLP;
 //     mask (−inf), online softmax: m' = max(m, rowmax S); P = exp(S − m'); l = l·e^{m−m'} + ΣP;
 //     O = O·e^{m−m'} + P·V;
 //   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked).
-//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, rope's table O((M + N)·r), t5's buckets O(M + N).
+//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, rope's table O((M + N)·r), t5's buckets O(M + N),
+//   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
 //   pass 1, per (b, h, query block), ordered as the forward: the forward gives out and lse;
@@ -46,7 +54,10 @@
 //     float32 over the key blocks — in dq itself when dq is float32 with rows that never overlap
 //     (no buffer), else in a [G, M, D] buffer per thread — and rotated back by R(−qp) / stored at
 //     the end; parameter gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h];
-//     learned ALiBi: dw[side, h] += Σ dS·(−σ(1−σ)|Δ|)), per (b, h) in double, summed over b last.
+//     learned ALiBi: dw[side, h] += Σ dS·(−σ(1−σ)|Δ|); KERPLE: dr[h] += Σ dS·∂b/∂r at each Δ, from
+//     the table of derivatives; FIRE: per row run Σ dS, Σ dS·ψ, Σ dS·∂ψ/∂c into per-segment
+//     moments and the c, L sums, turned into the MLP's gradients at the end), per (b, h) in double,
+//     summed over b last.
 //   Parallelism: the first U − U mod T of the U = B·Hkv units are one task each (OpenMP dynamic;
 //     a task owns its dK, dV and dQ rows, so nothing races). Each remaining unit (all of them
 //     when U < T: one head, MQA) is split over its key blocks into T contiguous parts of about
@@ -78,6 +89,8 @@ struct Extra {
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
   void (*sum_diag)(const float* dS, I nq, I nk, I ld, float* diag);
   void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse);
+  void (*affine_add)(float* y, const float* x, I n, float a, float g);  // y += a + g·x (fire)
+  void (*moments)(const float* w, const float* x, const float* z, I n, float* out3);  // Σw, Σw·x, Σw·z
 };
 }  // namespace posenc::attn_fast
 #endif
@@ -257,7 +270,40 @@ void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT 
   }
 }
 
-Extra GetExtra() { return Extra{&RopeTableRows, &RotRows, &AddDiag, &SumDiag, &ExpRows}; }
+// y[j] += a + g·x[j] (a FIRE run: one linear piece of the MLP over a slice of the ψ table).
+void AffineAdd(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, I n, float a, float g) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const auto va = hn::Set(d, a), vg = hn::Set(d, g);
+  I j = 0;
+  for (; j + L <= n; j += L) hn::StoreU(hn::Add(hn::LoadU(d, y + j), hn::MulAdd(vg, hn::LoadU(d, x + j), va)), d, y + j);
+  for (; j < n; ++j) y[j] += a + g * x[j];
+}
+
+// out3 = (Σ w, Σ w·x, Σ w·z) over n entries (a FIRE run's moments of dS).
+void Moments(const float* HWY_RESTRICT w, const float* HWY_RESTRICT x, const float* HWY_RESTRICT z, I n,
+             float* HWY_RESTRICT out3) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d);
+  I j = 0;
+  for (; j + L <= n; j += L) {
+    const auto vw = hn::LoadU(d, w + j);
+    s0 = hn::Add(s0, vw);
+    s1 = hn::MulAdd(vw, hn::LoadU(d, x + j), s1);
+    s2 = hn::MulAdd(vw, hn::LoadU(d, z + j), s2);
+  }
+  float a0 = hn::GetLane(hn::SumOfLanes(d, s0)), a1 = hn::GetLane(hn::SumOfLanes(d, s1)),
+        a2 = hn::GetLane(hn::SumOfLanes(d, s2));
+  for (; j < n; ++j) a0 += w[j], a1 += w[j] * x[j], a2 += w[j] * z[j];
+  out3[0] = a0;
+  out3[1] = a1;
+  out3[2] = a2;
+}
+
+Extra GetExtra() {
+  return Extra{&RopeTableRows, &RotRows, &AddDiag, &SumDiag, &ExpRows, &AffineAdd, &Moments};
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace posenc
@@ -277,7 +323,11 @@ HWY_AFTER_NAMESPACE();
 #include "attention/attention_fused.h"
 #include "core/fast_common.h"
 #include "enc/alibi/alibi_math.h"
+#include "enc/fire/fire_check.h"
+#include "enc/fire/fire_math.h"
+#include "enc/kerple/kerple_math.h"
 #include "enc/rope/rope_math.h"
+#include "enc/sandwich/sandwich_math.h"
 #include "enc/t5/t5_math.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
@@ -412,6 +462,8 @@ class Fused {
         bucket_[ix(t)] = static_cast<std::int32_t>(
             t5::bucket(rel_lo_ + t, p.t5.bidirectional, nb, p.t5.max_distance));
     }
+    if (p.encoding == Encoding::kKerple || p.encoding == Encoding::kSandwich) build_lut(t);
+    if (p.encoding == Encoding::kFire) build_fire(t);
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -437,9 +489,9 @@ class Fused {
     }
   }
 
-  // Backward. dq, dk, dv optional (absent: not computed); dweights optional.
+  // Backward. dq, dk, dv optional (absent: not computed); parameter gradients g optional.
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
-                const View& dweights) const {
+                const EncodingGrads& g) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D, G = d_.G;
     Bwd bw{dout, direct(dout), dq, dk, dv, {}, {}, 0};
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
@@ -467,7 +519,10 @@ class Fused {
     }
     // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
     // over the key blocks (see the file comment).
-    bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets : bias_ == Bias::kLearned ? 2 : 0;
+    bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets
+              : bias_ == Bias::kLearned || p_.encoding == Encoding::kKerple ? 2
+              : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
+                                     : 0;
     const I npar = bw.npar;
     std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
     const I U = B * Hkv, T = threads_, whole = U - U % T, nkb = (N + kBk - 1) / kBk;
@@ -490,18 +545,29 @@ class Fused {
       }
     }
     for (I u = whole; u < U; ++u) split_unit(bw, u / Hkv, u % Hkv, dq_dir, &gw);
-    if (dweights.present()) {  // [npar, Hq], summed over the batch
+    // Parameter gradients: per (b, h) in gw, summed over the batch here.
+    std::vector<double> sum(ix(Hq * npar), 0.0);  // [Hq, npar]
+    for (I h = 0; h < Hq; ++h)
+      for (I r = 0; r < npar; ++r) {
+        double acc = 0;
+        for (I b = 0; b < B; ++b) acc += gw[ix((b * Hq + h) * npar + r)];
+        sum[ix(h * npar + r)] = acc;
+      }
+    if (g.weights.present())  // t5, learned alibi: [npar, Hq]
       for (I r = 0; r < npar; ++r)
-        for (I h = 0; h < Hq; ++h) {
-          double s = 0;
-          for (I b = 0; b < B; ++b) s += gw[ix((b * Hq + h) * npar + r)];
-          dweights.set(r * Hq + h, s);
-        }
-    }
+        for (I h = 0; h < Hq; ++h) g.weights.set(r * Hq + h, sum[ix(h * npar + r)]);
+    if (p_.encoding == Encoding::kKerple)  // [Hq, 2]: ∂/∂r1, ∂/∂r2
+      for (I h = 0; h < Hq; ++h) {
+        if (g.r1.present()) g.r1.set(h, sum[ix(h * npar)]);
+        if (g.r2.present()) g.r2.set(h, sum[ix(h * npar + 1)]);
+      }
+    if (bias_ == Bias::kFire) fire_grads(sum, g.fire);
   }
 
  private:
-  enum class Bias { kNone, kSlopes, kLearned, kT5 };
+  // kLut: a per-head table over every distance of the call (kerple, sandwich); kFire: ψ per distance
+  // and per-row linear pieces of the MLP.
+  enum class Bias { kNone, kSlopes, kLearned, kT5, kLut, kFire };
 
   // What pass 2 reads and writes.
   struct Bwd {
@@ -626,7 +692,11 @@ class Fused {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(d_.D),
                   static_cast<float>(d_.scale), Q.p, int(Q.ld), K.p, int(K.ld), 0.f, S, int(kBk));
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
-    if (bias_ != Bias::kNone) {
+    if (bias_ == Bias::kLut) {  // the table's slice for this tile, read in place
+      xs_.add_diag(S, nq, nk, kBk, &lut_[ix(h * lut_w_ + base - (nq - 1) - rel_lo_)]);
+    } else if (bias_ == Bias::kFire) {
+      fire_tile(h, q0, base, nq, nk, S, nullptr, nullptr);
+    } else if (bias_ != Bias::kNone) {
       tile_bias(h, base, nq, nk, w->diag.data());
       xs_.add_diag(S, nq, nk, kBk, w->diag.data());
     }
@@ -708,7 +778,10 @@ class Fused {
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f, S,
                         int(kBk), dO.p, int(dO.ld), 1.f, w->dv.data(), int(D));
           for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
-          if (gwh) param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
+          if (gwh && bias_ == Bias::kFire)
+            fire_tile(h, i0, kp0 - (d_.q_off + i0), nq, nk, nullptr, S, gwh);
+          else if (gwh)
+            param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
           if (bw.dk.present())
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), sc, S,
                         int(kBk), Q.p, int(Q.ld), 1.f, w->dk.data(), int(D));
@@ -826,6 +899,10 @@ class Fused {
       const I rel = base + t - (nq - 1);
       if (bias_ == Bias::kT5) {
         gwh[bucket_[ix(rel - rel_lo_)]] += diag[t];
+      } else if (bias_ == Bias::kLut) {  // kerple: Σ dS·∂b/∂r1, Σ dS·∂b/∂r2 at this distance
+        const std::size_t at = ix(h * lut_w_ + rel - rel_lo_);
+        gwh[0] += static_cast<double>(diag[t]) * dlut_[2 * at];
+        gwh[1] += static_cast<double>(diag[t]) * dlut_[2 * at + 1];
       } else if (rel != 0) {  // learned ALiBi: ∂/∂w[side] = −σ(1 − σ)|Δ|
         const int side = rel < 0 ? 0 : 1;
         const double sg = sig_[ix(side * d_.Hq + h)];
@@ -833,6 +910,163 @@ class Fused {
         gwh[side] += static_cast<double>(diag[t]) * (-sg * (1 - sg) * dist);
       }
     }
+  }
+
+  // kerple, sandwich: the per-head tables over the M + N − 1 distances of the call (bias.h formulas
+  // in double, rounded once).
+  void build_lut(const EncodingTensors& t) {
+    bias_ = Bias::kLut;
+    const I Hq = d_.Hq, nd = std::max<I>(d_.M + d_.N - 1, 0);
+    rel_lo_ = d_.k_off - d_.q_off - (d_.M - 1);
+    lut_w_ = nd;
+    lut_.resize(ix(Hq * nd));
+    const int th = nd > 4096 ? threads_ : 1;
+    if (p_.encoding == Encoding::kKerple) {
+      const bool power = p_.kerple.kernel == KerpleKernel::kPower;
+      const std::vector<double> r1 = to_doubles(t.r1), r2 = to_doubles(t.r2);
+      dlut_.resize(ix(2 * Hq * nd));
+#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
+      for (I e = 0; e < nd; ++e) {
+        const I rel = rel_lo_ + e;
+        const double dist = static_cast<double>(rel < 0 ? -rel : rel);
+        for (I h = 0; h < Hq; ++h) {
+          const kerple::Term k = kerple::term(power, r1[ix(h)], r2[ix(h)], dist);
+          lut_[ix(h * nd + e)] = static_cast<float>(k.b);
+          dlut_[ix(2 * (h * nd + e))] = k.d_r1;
+          dlut_[ix(2 * (h * nd + e) + 1)] = k.d_r2;
+        }
+      }
+    } else {
+      const std::vector<double> w = sandwich::freqs(p_.sandwich.sinusoid_dim, p_.sandwich.base);
+#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
+      for (I e = 0; e < nd; ++e) {
+        const double v = sandwich::shifted_inner_product(static_cast<double>(rel_lo_ + e), w);
+        for (I h = 0; h < Hq; ++h) lut_[ix(h * nd + e)] = static_cast<float>(v * sandwich::head_scale(h, Hq));
+      }
+    }
+  }
+
+  // fire: the MLP's pieces, ψ per distance, the normaliser per query row.
+  void build_fire(const EncodingTensors& t) {
+    bias_ = Bias::kFire;
+    const I Hq = d_.Hq, nd = std::max<I>(d_.M + d_.N - 1, 0), M = d_.M;
+    fire_v_ = fire::values(t.fire);
+    fire_p_ = fire::pieces(fire_v_.w1, fire_v_.b1, fire_v_.w2, fire_v_.b2, Hq);
+    const double c = fire_v_.c, L = fire_v_.L;
+    rel_lo_ = d_.k_off - d_.q_off - (d_.M - 1);
+    fire_psi_.resize(ix(nd));
+    fire_dpsi_.resize(ix(nd));
+    for (I e = 0; e < nd; ++e) {
+      const I rel = rel_lo_ + e;
+      const double dist = static_cast<double>(rel < 0 ? -rel : rel);
+      fire_psi_[ix(e)] = static_cast<float>(fire::psi(c, dist));
+      fire_dpsi_[ix(e)] = static_cast<float>(fire::psi_dc(c, dist));
+    }
+    fire_inv_.resize(ix(M));
+    fire_cf_.resize(ix(M));
+    fire_lf_.resize(ix(M));
+    for (I i = 0; i < M; ++i) {
+      const I qp = d_.q_off + i;
+      const double n = fire::norm_arg(L, qp), inv = 1.0 / fire::psi(c, n);
+      fire_inv_[ix(i)] = inv;
+      fire_cf_[ix(i)] = fire::psi_dc(c, n) * inv;
+      fire_lf_[ix(i)] = fire::by_threshold(L, qp) ? -fire::psi_dx(c, n) * inv * inv : 0.0;
+    }
+    // Per row, the smallest distance at or past each breakpoint: x(d) ≥ t_k ⇔ d ≥ (e^{t_k·ψ(n)} − 1)/c,
+    // clamped past the call's largest distance (rows at or below L share n = L).
+    const I nb = fire_p_.S;
+    fire_th_.resize(ix(M * nb));
+    const double dmax = static_cast<double>(std::max(std::llabs(rel_lo_), std::llabs(rel_lo_ + nd - 1))) + 1;
+    for (I i = 0; i < M; ++i) {
+      const I qp = d_.q_off + i;
+      if (i > 0 && fire::by_threshold(L, qp) && fire::by_threshold(L, qp - 1)) {
+        std::copy_n(&fire_th_[ix((i - 1) * nb)], nb, &fire_th_[ix(i * nb)]);
+        continue;
+      }
+      const double pn = fire::psi(c, fire::norm_arg(L, qp));
+      for (I k = 0; k < nb; ++k) {
+        const double dt = std::ceil(std::expm1(fire_p_.t[ix(k)] * pn) / c);
+        fire_th_[ix(i * nb + k)] = static_cast<I>(dt < dmax ? dt : dmax);
+      }
+    }
+    fire_a_.resize(fire_p_.alpha.size());
+    for (std::size_t e = 0; e < fire_a_.size(); ++e) fire_a_[e] = static_cast<float>(fire_p_.alpha[e]);
+  }
+
+  // FIRE over the rows [q0, q0 + nq) of head h against nk keys, the tile's key 0 − query 0 distance
+  // being `base`. Each row splits into runs of keys whose normalised distance x = ψ(d)/ψ(n) lies in
+  // one linear piece of the MLP: keys before the query (d falling along the row) and from it on (d
+  // rising), cut where d crosses the row's thresholds (the smallest d with x ≥ t_k, tabulated per
+  // row; the diagonal d = 0 its own run). Forward (S): S += α + (β/ψ(n))·ψ(d) over each run.
+  // Backward (dS): each run's Σ dS, Σ dS·ψ, Σ dS·∂ψ/∂c, turned into the segment moments and the c,
+  // L sums of gwh [M0 (S + 2), M1 (S + 2), dc, dL] (fire_math.h).
+  void fire_tile(I h, I q0, I base, I nq, I nk, float* S, const float* dS, double* gwh) const {
+    const fire::Pieces& P = fire_p_;
+    const I segs = P.segs(), nb = P.S;
+    const float* alpha = &fire_a_[ix(h * segs)];
+    I hint = 0;
+    for (I i = 0; i < nq; ++i) {
+      const I row = q0 + i, r0 = base - i;  // kp − qp of the row's key 0
+      const float* ps = &fire_psi_[ix(r0 - rel_lo_)];
+      const float* dps = &fire_dpsi_[ix(r0 - rel_lo_)];
+      const I* th = nb ? &fire_th_[ix(row * nb)] : nullptr;
+      const double inv = fire_inv_[ix(row)];
+      auto run = [&](I j0, I j1, I sg) {
+        if (S) {
+          xs_.affine_add(S + i * kBk + j0, ps + j0, j1 - j0, alpha[sg], static_cast<float>(P.b(h, sg) * inv));
+          return;
+        }
+        float m[3];
+        xs_.moments(dS + i * kBk + j0, ps + j0, dps + j0, j1 - j0, m);
+        const double beta = P.b(h, sg);
+        gwh[sg] += m[0];
+        gwh[segs + sg] += inv * m[1];
+        gwh[2 * segs] += beta * inv * (m[2] - static_cast<double>(m[1]) * fire_cf_[ix(row)]);
+        gwh[2 * segs + 1] += beta * m[1] * fire_lf_[ix(row)];
+      };
+      // segment of distance d ≥ 1: the number of thresholds ≤ d, walked from the last one found
+      auto seg = [&](I d) {
+        I sg = hint > nb ? 0 : hint;
+        while (sg > 0 && d < th[sg - 1]) --sg;
+        while (sg < nb && d >= th[sg]) ++sg;
+        return hint = sg;
+      };
+      const I jz = std::clamp<I>(-r0, 0, nk);  // the first key at or after the query
+      for (I j = 0; j < jz;) {  // before the query: d = −r0 − j falls
+        const I sg = seg(-r0 - j);
+        const I e = sg > 0 ? std::min(jz, -r0 - th[sg - 1] + 1) : jz;  // until d < th[sg − 1]
+        run(j, e, sg);
+        j = e;
+      }
+      I j = jz;
+      if (j < nk && r0 + j == 0) run(j, j + 1, P.zero()), ++j;  // the diagonal: x = 0
+      while (j < nk) {  // after it: d = r0 + j rises
+        const I sg = seg(r0 + j);
+        const I e = sg < nb ? std::min(nk, th[sg] - r0) : nk;  // until d ≥ th[sg]
+        run(j, e, sg);
+        j = e;
+      }
+    }
+  }
+
+  // fire: the gradients of the six tensors from the per-head sums [Hq, npar] (fire_math.h).
+  void fire_grads(const std::vector<double>& sum, const FireTensors& g) const {
+    const fire::Pieces& P = fire_p_;
+    const I Hq = d_.Hq, segs = P.segs(), npar = 2 * segs + 2;
+    std::vector<double> M0(ix(Hq * segs)), M1(ix(Hq * segs));
+    double dc = 0, dL = 0;
+    for (I h = 0; h < Hq; ++h) {
+      for (I sg = 0; sg < segs; ++sg) {
+        M0[ix(h * segs + sg)] = sum[ix(h * npar + sg)];
+        M1[ix(h * segs + sg)] = sum[ix(h * npar + segs + sg)];
+      }
+      dc += sum[ix(h * npar + 2 * segs)];
+      dL += sum[ix(h * npar + 2 * segs + 1)];
+    }
+    std::vector<double> dw1(fire_v_.w1.size(), 0.0), db1(fire_v_.b1.size(), 0.0), dw2(fire_v_.w2.size(), 0.0),
+        db2(fire_v_.b2.size(), 0.0);
+    fire::mlp_grads(P, fire_v_.w1, fire_v_.b1, fire_v_.w2, M0, M1, &dw1, &db1, &dw2, &db2);
+    fire::write_grads(g, dw1, db1, dw2, db2, dc, dL);
   }
 
   const AttentionParams& p_;
@@ -851,6 +1085,18 @@ class Fused {
   std::vector<float> t5w_;            // t5 [Hq, nb]
   std::vector<std::int32_t> bucket_;  // t5: bucket of kp − qp = rel_lo_ + t
   I rel_lo_ = 0;
+  // kerple, sandwich: lut_ [Hq, lut_w_] the bias at kp − qp = rel_lo_ + t; kerple also dlut_
+  // [Hq, lut_w_, 2] its derivatives by r1 and r2 (double: the backward's weights).
+  std::vector<float> lut_;
+  std::vector<double> dlut_;
+  I lut_w_ = 0;
+  // fire: the MLP as pieces (fire_math.h); ψ(|kp − qp|) and ∂ψ/∂c per distance (float, rel_lo_ + t);
+  // per query row 1/ψ(n), ∂ψ(n)/∂c/ψ(n) and the threshold's factor; α per head and segment.
+  fire::Values fire_v_;
+  fire::Pieces fire_p_;
+  std::vector<float> fire_psi_, fire_dpsi_, fire_a_;
+  std::vector<double> fire_inv_, fire_cf_, fire_lf_;
+  std::vector<I> fire_th_;  // [M, S]: per row, the smallest distance in each breakpoint's segment
 };
 // Below this many (query, key) pairs over the batch and heads, the dispatcher runs the reference:
 // as fast at that size, and exact (double) where the float32 kernel is not.
@@ -873,9 +1119,13 @@ Status fusable(const AttentionParams& p, const View& q, std::initializer_list<co
 Status fusable_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
                         const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                         const View& dv, const EncodingGrads& g) {
-  return fusable(p, q, {&q, &k, &v, &dout, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table},
+  return fusable(p, q, {&q, &k, &v, &dout, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1,
+                  &t.r2, &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold},
                  {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
-                  {"dv_bias", &g.v}, {"drel_proj", &g.rel_proj}, {"dtable", &g.table}});
+                  {"dv_bias", &g.v}, {"drel_proj", &g.rel_proj}, {"dtable", &g.table},
+                  {"dr1", &g.r1}, {"dr2", &g.r2}, {"dmlp_w1", &g.fire.w1}, {"dmlp_b1", &g.fire.b1},
+                  {"dmlp_w2", &g.fire.w2}, {"dmlp_b2", &g.fire.b2}, {"dc", &g.fire.c},
+                  {"dthreshold", &g.fire.threshold}});
 }
 
 Status run_forward(const AttentionParams& p, const Dims& d, const View& q, const View& k,
@@ -896,7 +1146,7 @@ Status run_backward(const AttentionParams& p, const Dims& d, const View& q, cons
   if (p.encoding == Encoding::kCope)
     return fused::cope_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   const Fused f(p, d, q, k, v, t, threads_for(d));
-  f.backward(dout, dq, dk, dv, g.weights);
+  f.backward(dout, dq, dk, dv, g);
   return Status::Ok();
 }
 
@@ -907,6 +1157,7 @@ namespace fused {
 bool supports(const AttentionParams& p, DType qkv) {
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5: break;
+    case Encoding::kKerple: case Encoding::kSandwich: case Encoding::kFire: break;
     case Encoding::kXL: if (!xl_fused()) return false; break;
     case Encoding::kCope: if (!cope_fused()) return false; break;
     default: return false;
@@ -915,7 +1166,7 @@ bool supports(const AttentionParams& p, DType qkv) {
 }
 
 std::string covered() {
-  std::string s = "nope, rope, alibi, t5";
+  std::string s = "nope, rope, alibi, t5, kerple, sandwich, fire";
   if (xl_fused()) s += ", xl";
   if (cope_fused()) s += ", cope";
   return s;
@@ -925,7 +1176,8 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
                          const EncodingTensors& t, const View& out, const View& lse) {
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
-  POSENC_RETURN_IF_ERROR(fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table},
+  POSENC_RETURN_IF_ERROR(fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2,
+                  &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold},
                  {{"out", &out}, {"lse", &lse}}));
   return run_forward(p, d, q, k, v, t, out, lse);
 }
@@ -949,7 +1201,8 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
   if (d.B * d.Hq * d.M * d.N < kFusedMinPairs ||
-      !fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table},
+      !fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2,
+                  &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold},
                  {{"out", &out}, {"lse", &lse}}).ok())
     return reference::attention_forward(p, q, k, v, t, out, lse);
   return run_forward(p, d, q, k, v, t, out, lse);

@@ -55,6 +55,14 @@
 //   p_ij depends on g_it for every t ≥ j, so dg_it = Σ_{j ≤ t} dp_ij (a prefix sum over j), and
 //     da_it = dl_it (the direct path) + dg_it·g_it(1 − g_it)   (unmasked t only),
 //   after which the plain product carries da into dq and dk like every other encoding.
+// kerple (Chi et al. 2022, arXiv 2205.09921; kerple_math.h): term = −r1_h·log(1 + r2_h·δ) or
+//   −r1_h·δ^r2_h with δ = |qp − kp|; dr1_h = Σ dl·∂term/∂r1, dr2_h = Σ dl·∂term/∂r2.
+// sandwich (Chi et al. 2023, arXiv 2212.10356; sandwich_math.h): term = (Σ_{k=1}^{d̄/2}
+//   cos((qp − kp)·base^(−2k/d̄)) − d̄/2)·Hq/(8(h+1)); no parameters.
+// fire (Li et al. 2023, arXiv 2310.04418; fire_math.h): x = ψ(δ)/ψ(max(L, qp)), ψ(y) = log(c·y + 1),
+//   term = b2[h] + Σ_k w2[h,k]·relu(u_k), u_k = w1[k]·x + b1[k]; with g = dl_ij and the units with
+//   u_k > 0: db2[h] += g, dw2[h,k] += g·u_k, dw1[k] += g·w2[h,k]·x, db1[k] += g·w2[h,k],
+//   dx = g·Σ_k w2[h,k]·w1[k], dc += dx·∂x/∂c, dL += dx·∂x/∂L (0 when qp > L).
 #include <cmath>
 #include <limits>
 #include <string>
@@ -62,6 +70,10 @@
 
 #include "enc/alibi/alibi_math.h"
 #include "enc/cope/cope_math.h"
+#include "enc/fire/fire_check.h"
+#include "enc/fire/fire_math.h"
+#include "enc/kerple/kerple_math.h"
+#include "enc/sandwich/sandwich_math.h"
 #include "enc/rope/rope_math.h"
 #include "enc/t5/t5_math.h"
 #include "enc/xl/xl_math.h"
@@ -137,6 +149,12 @@ class Problem {
       nd_ = nd;
     }
     if (p.encoding == Encoding::kCope) table_ = to_doubles(t.table);
+    if (p.encoding == Encoding::kKerple) {
+      r1_ = to_doubles(t.r1);
+      r2_ = to_doubles(t.r2);
+    }
+    if (p.encoding == Encoding::kSandwich) sandwich_w_ = sandwich::freqs(p.sandwich.sinusoid_dim, p.sandwich.base);
+    if (p.encoding == Encoding::kFire) fire_ = fire::values(t.fire);
   }
 
   const double* q(I b, I i, I h) const { return &q_[ix(((b * d_.M + i) * d_.Hq + h) * d_.D)]; }
@@ -168,6 +186,11 @@ class Problem {
     return -sg * dist;
   }
 
+  const double* fire_w2(I h) const { return &fire_.w2[ix(h * d_.fire_w)]; }
+  double fire_term(I h, double x) const {
+    return fire::mlp(fire_.w1.data(), fire_.b1.data(), fire_w2(h), fire_.b2[ix(h)], d_.fire_w, x);
+  }
+
   I bucket(I qp, I kp) const {
     return t5::bucket(kp - qp, p_.t5.bidirectional, p_.t5.num_buckets, p_.t5.max_distance);
   }
@@ -187,6 +210,17 @@ class Problem {
       switch (p_.encoding) {
         case Encoding::kAlibi: l += alibi_term(h, qp, kp); break;
         case Encoding::kT5: l += w_[ix(bucket(qp, kp) * d_.Hq + h)]; break;
+        case Encoding::kKerple:
+          l += kerple::bias(p_.kerple.kernel == KerpleKernel::kPower, r1_[ix(h)], r2_[ix(h)],
+                            static_cast<double>(qp > kp ? qp - kp : kp - qp));
+          break;
+        case Encoding::kSandwich:
+          l += sandwich::shifted_inner_product(static_cast<double>(kp - qp), sandwich_w_) *
+               sandwich::head_scale(h, d_.Hq);
+          break;
+        case Encoding::kFire:
+          l += fire_term(h, fire::normalised(fire_.c, fire_.L, qp, static_cast<double>(qp > kp ? qp - kp : kp - qp)).x);
+          break;
         case Encoding::kXL: {
           const double* rr = r(h, qp - kp);
           const double* u = &u_[ix(h * D)];
@@ -251,6 +285,9 @@ class Problem {
     Vec dw;              // alibi learned [2, Hq] / t5 [num_buckets, Hq]
     Vec du, dvb, dW;     // xl [Hq, D], [Hq, D], [Hq, D, R]
     Vec de;              // cope [npos, D]
+    Vec dr1, dr2;        // kerple [Hq] each
+    Vec dw1, db1, dw2, db2;  // fire [W], [W], [Hq, W], [Hq]
+    double dc = 0, dL = 0;   // fire
   };
 
   void backward(const Vec& dout, Grads* gr) const {
@@ -270,6 +307,16 @@ class Problem {
       G.assign(ix(Hq * nd_ * D), 0.0);
     }
     if (p_.encoding == Encoding::kCope) gr->de.assign(table_.size(), 0.0);
+    if (p_.encoding == Encoding::kKerple) {
+      gr->dr1.assign(r1_.size(), 0.0);
+      gr->dr2.assign(r2_.size(), 0.0);
+    }
+    if (p_.encoding == Encoding::kFire) {
+      gr->dw1.assign(fire_.w1.size(), 0.0);
+      gr->db1.assign(fire_.b1.size(), 0.0);
+      gr->dw2.assign(fire_.w2.size(), 0.0);
+      gr->db2.assign(fire_.b2.size(), 0.0);
+    }
 
     Row row;
     Vec dl(ix(N)), da(ix(N)), dp(ix(N));
@@ -309,6 +356,38 @@ class Problem {
             case Encoding::kT5:
               for (I j = 0; j < N; ++j)
                 if (row.a[ix(j)] != kNegInf) gr->dw[ix(bucket(qp, d_.k_off + j) * Hq + h)] += dl[ix(j)];
+              break;
+            case Encoding::kKerple:
+              for (I j = 0; j < N; ++j) {
+                if (row.a[ix(j)] == kNegInf) continue;
+                const I kp = d_.k_off + j;
+                const kerple::Term t = kerple::term(p_.kerple.kernel == KerpleKernel::kPower, r1_[ix(h)],
+                                                    r2_[ix(h)], static_cast<double>(qp > kp ? qp - kp : kp - qp));
+                gr->dr1[ix(h)] += dl[ix(j)] * t.d_r1;
+                gr->dr2[ix(h)] += dl[ix(j)] * t.d_r2;
+              }
+              break;
+            case Encoding::kFire:
+              for (I j = 0; j < N; ++j) {
+                if (row.a[ix(j)] == kNegInf) continue;
+                const I kp = d_.k_off + j;
+                const fire::X xx =
+                    fire::normalised(fire_.c, fire_.L, qp, static_cast<double>(qp > kp ? qp - kp : kp - qp));
+                const double gd = dl[ix(j)];
+                gr->db2[ix(h)] += gd;
+                double dx = 0;
+                for (I k = 0; k < d_.fire_w; ++k) {
+                  const double u = fire_.w1[ix(k)] * xx.x + fire_.b1[ix(k)];
+                  if (!(u > 0)) continue;  // relu'(0) = 0
+                  const double w2 = fire_w2(h)[k];
+                  gr->dw2[ix(h * d_.fire_w + k)] += gd * u;
+                  gr->dw1[ix(k)] += gd * w2 * xx.x;
+                  gr->db1[ix(k)] += gd * w2;
+                  dx += gd * w2 * fire_.w1[ix(k)];
+                }
+                gr->dc += dx * xx.dc;
+                gr->dL += dx * xx.dL;
+              }
               break;
             case Encoding::kXL:
               for (I j = 0; j < N; ++j) {
@@ -401,6 +480,9 @@ class Problem {
   Vec s_, r_;              // xl: s(δ) [nd, R]; r_h(δ) [Hq, nd, D]
   I dmin_ = 0, nd_ = 0;    // xl: smallest distance, number of distances
   Vec table_;              // cope [npos, D]
+  Vec r1_, r2_;            // kerple [Hq] each
+  Vec sandwich_w_;         // sandwich: the d̄/2 frequencies
+  fire::Values fire_;      // fire: the MLP, c and L
 };
 
 }  // namespace
@@ -433,6 +515,9 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   if (g.v.present()) from_doubles(gr.dvb, g.v);
   if (g.rel_proj.present()) from_doubles(gr.dW, g.rel_proj);
   if (g.table.present()) from_doubles(gr.de, g.table);
+  if (g.r1.present()) from_doubles(gr.dr1, g.r1);
+  if (g.r2.present()) from_doubles(gr.dr2, g.r2);
+  if (p.encoding == Encoding::kFire) fire::write_grads(g.fire, gr.dw1, gr.db1, gr.dw2, gr.db2, gr.dc, gr.dL);
   return Status::Ok();
 }
 

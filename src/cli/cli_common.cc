@@ -48,6 +48,14 @@ std::string flag_for(const std::string& arg, const FlagMap& extra) {
       {"du", "--grad-u"},
       {"dv_bias", "--grad-v-bias"},
       {"drel_proj", "--grad-rel-proj"},
+      {"dr1", "--grad-r1"},
+      {"dr2", "--grad-r2"},
+      {"dmlp_w1", "--grad-mlp-w1"},
+      {"dmlp_b1", "--grad-mlp-b1"},
+      {"dmlp_w2", "--grad-mlp-w2"},
+      {"dmlp_b2", "--grad-mlp-b2"},
+      {"dc", "--grad-c"},
+      {"dthreshold", "--grad-threshold"},
       {"lse", "--lse"},
       {"encoding", "ENC"},
   };
@@ -361,6 +369,41 @@ T5Params t5_params(const ParamFlags& f) {
   return p;
 }
 
+KerpleParams kerple_params(const ParamFlags& f) {
+  KerpleParams p;
+  p.kernel = take(parse_kerple_kernel(f.choice("kernel")));
+  return p;
+}
+
+SandwichParams sandwich_params(const ParamFlags& f) {
+  SandwichParams p;
+  p.sinusoid_dim = f.i64("sinusoid-dim");
+  p.base = f.f64("base");
+  return p;
+}
+
+FireTensors fire_tensors(const ParamFlags& f) {
+  FireTensors t;
+  t.w1 = f.view("mlp-w1");
+  t.b1 = f.view("mlp-b1");
+  t.w2 = f.view("mlp-w2");
+  t.b2 = f.view("mlp-b2");
+  t.c = f.view("c");
+  t.threshold = f.view("threshold");
+  return t;
+}
+
+FireTensors fire_grads(const ParamFlags& f) {
+  FireTensors g;
+  g.w1 = f.grad_view("mlp-w1");
+  g.b1 = f.grad_view("mlp-b1");
+  g.w2 = f.grad_view("mlp-w2");
+  g.b2 = f.grad_view("mlp-b2");
+  g.c = f.grad_view("c");
+  g.threshold = f.grad_view("threshold");
+  return g;
+}
+
 SinusoidalParams sinusoidal_params(const ParamFlags& f) {
   SinusoidalParams p;
   p.base = f.f64("base");
@@ -375,6 +418,9 @@ EncodingTensors encoding_tensors(const ParamFlags& f) {
   t.v = f.view("v-bias");
   t.rel_proj = f.view("rel-proj");
   t.table = f.view("table");
+  t.r1 = f.view("r1");
+  t.r2 = f.view("r2");
+  t.fire = fire_tensors(f);
   return t;
 }
 
@@ -385,6 +431,9 @@ EncodingGrads encoding_grads(const ParamFlags& f) {
   g.v = f.grad_view("v-bias");
   g.rel_proj = f.grad_view("rel-proj");
   g.table = f.grad_view("table");
+  g.r1 = f.grad_view("r1");
+  g.r2 = f.grad_view("r2");
+  g.fire = fire_grads(f);
   return g;
 }
 

@@ -133,6 +133,10 @@ RopeParams rope_params(const ParamFlags& f);
 AlibiParams alibi_params(const ParamFlags& f);
 T5Params t5_params(const ParamFlags& f);
 SinusoidalParams sinusoidal_params(const ParamFlags& f);
+KerpleParams kerple_params(const ParamFlags& f);
+SandwichParams sandwich_params(const ParamFlags& f);
+FireTensors fire_tensors(const ParamFlags& f);  // the six tensors (absent when not given)
+FireTensors fire_grads(const ParamFlags& f);    // their --grad-* outputs (absent unless asked for)
 EncodingTensors encoding_tensors(const ParamFlags& f);
 EncodingGrads encoding_grads(const ParamFlags& f);
 

@@ -2,7 +2,8 @@
 //                  [--q-offset a] [--k-offset b] [params] [--lse LSE.npy]
 //                  [--grad-out dO.npy --grad-q dQ.npy --grad-k dK.npy --grad-v dV.npy
 //                   [--grad-weights dW.npy] [--grad-table dE.npy]
-//                   [--grad-u dU.npy --grad-v-bias dVb.npy --grad-rel-proj dW.npy]]
+//                   [--grad-u dU.npy --grad-v-bias dVb.npy --grad-rel-proj dW.npy]
+//                   [--grad-r1 dR1.npy --grad-r2 dR2.npy] [--grad-mlp-w1 … --grad-c … --grad-threshold …]]
 // softmax(scale·q·kᵀ + encoding terms + mask)·v with q [B, M, Hq, D], k, v [B, N, Hkv, D] (see
 // posenc/attention.h); O keeps q's dtype, LSE is float64 [B, Hq, M].
 #include "cli/cli_common.h"
@@ -64,7 +65,9 @@ void run_attention(AttentionState& st) {
         fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, Hq]"));
       break;
     default:
-      // xl, cope: every tensor parameter is required
+      if (e.id == Encoding::kKerple) p.kerple = kerple_params(st.params);
+      if (e.id == Encoding::kSandwich) p.sandwich = sandwich_params(st.params);
+      // xl, cope, kerple, fire: every tensor parameter is required (sandwich has none)
       for (const ParamSpec& ps : e.params)
         if (ps.type == "tensor" && !st.params.given(ps.name))
           fail(Status::Invalid("--" + ps.name, "is required for " + e.name + ": " + ps.help));

@@ -1,8 +1,8 @@
 // posenc bias ENC --heads H --q-len M --k-len N [--q-offset a] [--k-offset b] [params] --out B.npy
-//             [--grad-out dB.npy --grad-weights dW.npy]
+//             [--grad-out dB.npy --grad-weights dW.npy | --grad-r1 … | --grad-mlp-w1 … ]
 // A logit-bias encoding's bias B [H, M, N] (query i at a + i, key j at b + j; −inf where a head may
-// not look), and the gradient of its learned weights. B has the dtype of --weights (or --slopes), else
-// --dtype (default float64).
+// not look), and the gradients of its learned tensors. B has the dtype of --weights (or --slopes,
+// kerple's --r1, fire's --mlp-w2), else --dtype (default float64).
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -14,6 +14,9 @@ bool has_bias(Encoding e) {
   switch (e) {
     case Encoding::kAlibi:
     case Encoding::kT5:
+    case Encoding::kKerple:
+    case Encoding::kSandwich:
+    case Encoding::kFire:
       return true;
     default:
       return false;
@@ -46,8 +49,14 @@ void run_bias(BiasState& st) {
   const std::vector<std::string> param_grads = st.params.grad_flags_given();
   if (!want_grads && !param_grads.empty())
     fail(Status::Invalid(param_grads.front(), "needs --grad-out (the upstream gradient dB [H, M, N])"));
-  if (want_grads && param_grads.empty())
-    fail(Status::Invalid("--grad-out", "given without a gradient to compute: add --grad-weights dW.npy"));
+  if (want_grads && param_grads.empty()) {
+    std::string learned;  // the encoding's gradient outputs, from the registry
+    for (const ParamSpec& ps : e.params)
+      if (ps.learned) learned += (learned.empty() ? "" : " or ") + std::string("--grad-") + ps.name + " FILE.npy";
+    fail(Status::Invalid("--grad-out", learned.empty() ? e.name + " has no learned parameters: there is no "
+                                                                  "gradient to compute"
+                                                       : "given without a gradient to compute: add " + learned));
+  }
 
   AlibiParams alibi;
   T5Params t5;
@@ -62,7 +71,16 @@ void run_bias(BiasState& st) {
     t5 = t5_params(st.params);
     if (!st.params.given("weights"))
       fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, H]"));
+  } else {
+    // kerple, fire: every tensor parameter is required (sandwich has none)
+    for (const ParamSpec& ps : e.params)
+      if (ps.type == "tensor" && !st.params.given(ps.name))
+        fail(Status::Invalid("--" + ps.name, "is required for " + e.name + ": " + ps.help));
   }
+  KerpleParams kerple;
+  SandwichParams sandwich;
+  if (e.id == Encoding::kKerple) kerple = kerple_params(st.params);
+  if (e.id == Encoding::kSandwich) sandwich = sandwich_params(st.params);
 
   OutputSet outs;
   check(outs.reserve("--out", st.out));
@@ -72,7 +90,7 @@ void run_bias(BiasState& st) {
   st.params.load_tensors();
   const char* dtype_from = nullptr;
   DType dtype = DType::kF64;
-  for (const char* name : {"weights", "slopes"}) {
+  for (const char* name : {"weights", "slopes", "r1", "mlp-w2"}) {
     if (dtype_from == nullptr && st.params.has(name) && st.params.tensor(name) != nullptr) {
       dtype = st.params.tensor(name)->dtype();
       dtype_from = name;
@@ -107,6 +125,22 @@ void run_bias(BiasState& st) {
       check_lib(t5_validate(t5), names);
       check_lib(t5_bias(t5, g, st.params.view("weights"), out.view()), names);
       if (want_grads) check_lib(t5_bias_backward(t5, g, dbias.view(), st.params.grad_view("weights")), names);
+      break;
+    case Encoding::kKerple:
+      check_lib(kerple_bias(kerple, g, st.params.view("r1"), st.params.view("r2"), out.view()), names);
+      if (want_grads)
+        check_lib(kerple_bias_backward(kerple, g, st.params.view("r1"), st.params.view("r2"), dbias.view(),
+                                       st.params.grad_view("r1"), st.params.grad_view("r2")),
+                  names);
+      break;
+    case Encoding::kSandwich:
+      check_lib(sandwich_bias(sandwich, g, out.view()), names);
+      break;
+    case Encoding::kFire:
+      check_lib(fire_bias(FireParams{}, g, fire_tensors(st.params), out.view()), names);
+      if (want_grads)
+        check_lib(fire_bias_backward(FireParams{}, g, fire_tensors(st.params), dbias.view(), fire_grads(st.params)),
+                  names);
       break;
     default:
       fail(Status::Internal("posenc bias has no glue for " + e.name));

@@ -123,6 +123,25 @@ double shift_error(Encoding e) {
     t.rel_proj = View::contiguous(W.data(), DType::kF64, {H, D, R});
   }
   if (e == Encoding::kCope) t.table = View::contiguous(tab.data(), DType::kF64, {npos, D});
+  // kerple: log kernel, r1, r2 positive; fire: width 8, the paper's initial c = 0.1 and L = 512 (its
+  // normaliser ψ(max(L, i)) sees the query's position: a shift past L changes the output).
+  std::vector<double> r1 = {0.5, 1.0, 1.5, 2.0}, r2 = {0.1, 0.3, 0.6, 0.9};
+  const I FW = 8;
+  std::vector<double> fw1 = randn(std::size_t(FW), 9), fb1 = randn(std::size_t(FW), 10, 0.5),
+                      fw2 = randn(std::size_t(H * FW), 11, 0.5), fb2 = randn(std::size_t(H), 12, 0.5),
+                      fc = {0.1}, fL = {512.0};
+  if (e == Encoding::kKerple) {
+    t.r1 = View::contiguous(r1.data(), DType::kF64, {H});
+    t.r2 = View::contiguous(r2.data(), DType::kF64, {H});
+  }
+  if (e == Encoding::kFire) {
+    t.fire.w1 = View::contiguous(fw1.data(), DType::kF64, {FW});
+    t.fire.b1 = View::contiguous(fb1.data(), DType::kF64, {FW});
+    t.fire.w2 = View::contiguous(fw2.data(), DType::kF64, {H, FW});
+    t.fire.b2 = View::contiguous(fb2.data(), DType::kF64, {H});
+    t.fire.c = View::contiguous(fc.data(), DType::kF64, {1});
+    t.fire.threshold = View::contiguous(fL.data(), DType::kF64, {1});
+  }
   std::vector<double> o1(q.size()), o2(q.size());
   const auto view = [&](std::vector<double>& x) { return View::contiguous(x.data(), DType::kF64, {B, L, H, D}); };
   check_lib(attention_forward(p, view(q), view(k), view(v), t, view(o1)));
@@ -173,6 +192,8 @@ void run_check(const CheckState& st) {
       uniq = "no: no position at all";
     } else if (e == Encoding::kCope) {
       uniq = "no: counts of gated tokens";
+    } else if (e == Encoding::kFire) {
+      uniq = "no: offsets over psi(max(L, query))";
     } else {
       uniq = "no: sees offsets only";
     }

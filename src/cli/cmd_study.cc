@@ -376,11 +376,20 @@ void run_study(const StudyState& st) {
       if (!e.ok()) fail(Status::Invalid("--encodings", "unknown encoding '" + name + "' (see posenc list)"));
       if (std::find(cfg.encodings.begin(), cfg.encodings.end(), e.value().id) != cfg.encodings.end())
         fail(Status::Invalid("--encodings", "'" + name + "' is listed twice"));
+      ModelConfig mc;
+      mc.encoding = e.value().id;
+      if (const Status s = validate_config(mc); !s.ok() && s.arg() == "encoding")
+        fail(Status::Invalid("--encodings", s.what()));
       cfg.encodings.push_back(e.value().id);
     }
     if (cfg.encodings.empty()) fail(Status::Invalid("--encodings", "expected a comma-separated list"));
   } else {
-    for (const EncodingInfo& e : registry()) cfg.encodings.push_back(e.id);
+    for (const EncodingInfo& e : registry()) {  // every encoding the model takes
+      ModelConfig mc;
+      mc.encoding = e.id;
+      if (const Status s = validate_config(mc); !s.ok() && s.arg() == "encoding") continue;
+      cfg.encodings.push_back(e.id);
+    }
   }
   if (!st.train_len.empty()) {
     cfg.train_len = parse_int("--train-len", st.train_len);

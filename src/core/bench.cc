@@ -218,13 +218,38 @@ Case bias_case(const std::string& enc, std::vector<I> shape, DType dt) {
   c.setup = [=](int threads) {
     const std::size_t bytes = ix(numel(shape)) * dtype_size(dt);
     auto out = std::make_shared<Mem>(bytes, threads);
-    auto w = std::make_shared<Mem>(ix(32 * shape[0]) * dtype_size(dt), 1);
-    fill_random(w->data(), ix(32 * shape[0]), dt);
+    auto w = std::make_shared<Mem>(ix(64 * shape[0]) * dtype_size(dt), 1);  // weights of any of them
+    fill_random(w->data(), ix(64 * shape[0]), dt);
     const BiasGeometry g{shape[0], shape[1], shape[2], 0, 0};
     const View ov = View::contiguous(out->data(), dt, shape);
     Bound b;
+    const I H = shape[0];
     if (enc == "alibi") {
       b.kernel = [=] { (void)alibi_bias(AlibiParams{}, g, View{}, View{}, ov); };
+    } else if (enc == "kerple") {  // log kernel; r1, r2 positive (the buffer's first 2H values)
+      const View r1 = View::contiguous(w->data(), dt, {H});
+      const View r2 = View::contiguous(static_cast<char*>(w->data()) + ix(H) * dtype_size(dt), dt, {H});
+      for (I h = 0; h < H; ++h) r1.set(h, 0.5 + 0.1 * static_cast<double>(h)), r2.set(h, 0.1 + 0.05 * static_cast<double>(h));
+      b.kernel = [=] { (void)kerple_bias(KerpleParams{}, g, r1, r2, ov); };
+    } else if (enc == "sandwich") {
+      b.kernel = [=] { (void)sandwich_bias(SandwichParams{}, g, ov); };
+    } else if (enc == "fire") {  // width 32, c = 0.1, L = 512 (the paper's), the MLP from the buffer
+      const I W = 32;
+      char* base = static_cast<char*>(w->data());
+      auto at = [&](I off) { return base + ix(off) * dtype_size(dt); };
+      FireTensors f;
+      f.w1 = View::contiguous(at(0), dt, {W});
+      f.b1 = View::contiguous(at(W), dt, {W});
+      f.w2 = View::contiguous(at(2 * W), dt, {H, W});  // 2W + H·W ≤ 64·H for H ≥ 2
+      fill_all(f.w1, 7, 1.0);
+      fill_all(f.b1, 8, 0.5);
+      fill_all(f.w2, 9, 0.3);
+      auto extra = std::make_shared<std::vector<double>>(std::vector<double>(ix(H) + 2, 0.1));
+      f.b2 = View::contiguous(extra->data(), DType::kF64, {H});
+      f.c = View::contiguous(extra->data() + H, DType::kF64, {1});
+      f.threshold = View::contiguous(extra->data() + H + 1, DType::kF64, {1});
+      (*extra)[ix(H + 1)] = 512.0;
+      b.kernel = [=] { (void)fire_bias(FireParams{}, g, f, ov); (void)extra; };
     } else {
       const View wv = View::contiguous(w->data(), dt, {32, shape[0]});
       b.kernel = [=] { (void)t5_bias(T5Params{}, g, wv, ov); };
@@ -242,6 +267,7 @@ Case bias_case(const std::string& enc, std::vector<I> shape, DType dt) {
 // ---- attention ------------------------------------------------------------------------------------
 
 constexpr I kHeads = 8, kHeadDim = 64, kXlR = 64, kCopeNpos = 64, kT5Buckets = 32;
+constexpr I kFireWidth = 32;  // the FIRE paper's MLP width
 
 // One attention problem: causal, B = 1, Hq = Hkv = kHeads, d = kHeadDim, L queries and keys, with the
 // encoding's tensors (random), and for backward dout and every gradient buffer.
@@ -277,7 +303,7 @@ std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool ba
     a->io_bytes += static_cast<double>(v.numel()) * 4;
     return v;
   };
-  a->small.reserve(8);  // views point into these vectors: no reallocation
+  a->small.reserve(16);  // views point into these vectors: no reallocation
   a->q = big(true);
   a->k = big(true);
   a->v = big(true);
@@ -308,8 +334,45 @@ std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool ba
       a->t.table = small({kCopeNpos, kHeadDim}, true, 0.5);
       if (backward) a->g.table = small({kCopeNpos, kHeadDim}, false, 0);
       break;
+    case Encoding::kKerple: {
+      // Log kernel (the paper's best), r1 and r2 spread over the ranges of the authors' uniform
+      // initialisation (r1 in (0, 2), r2 in (0, 1)).
+      a->t.r1 = small({kHeads}, false, 0);
+      a->t.r2 = small({kHeads}, false, 0);
+      for (I h = 0; h < kHeads; ++h) {
+        a->t.r1.set(h, 0.25 + 1.5 * static_cast<double>(h) / kHeads);
+        a->t.r2.set(h, 0.05 + 0.9 * static_cast<double>(kHeads - 1 - h) / kHeads);
+      }
+      if (backward) {
+        a->g.r1 = small({kHeads}, false, 0);
+        a->g.r2 = small({kHeads}, false, 0);
+      }
+      break;
+    }
+    case Encoding::kFire: {
+      // The paper's width (32) and initial c = 0.1, L = 512; the MLP random.
+      FireTensors& f = a->t.fire;
+      f.w1 = small({kFireWidth}, true, 1.0);
+      f.b1 = small({kFireWidth}, true, 0.5);
+      f.w2 = small({kHeads, kFireWidth}, true, 0.3);
+      f.b2 = small({kHeads}, true, 0.3);
+      f.c = small({1}, false, 0);
+      f.threshold = small({1}, false, 0);
+      f.c.set(0, 0.1);
+      f.threshold.set(0, 512.0);
+      if (backward) {
+        FireTensors& gf = a->g.fire;
+        gf.w1 = small({kFireWidth}, false, 0);
+        gf.b1 = small({kFireWidth}, false, 0);
+        gf.w2 = small({kHeads, kFireWidth}, false, 0);
+        gf.b2 = small({kHeads}, false, 0);
+        gf.c = small({1}, false, 0);
+        gf.threshold = small({1}, false, 0);
+      }
+      break;
+    }
     default:
-      break;  // nope, rope, alibi (symmetric, slopes by the paper's rule): no tensors
+      break;  // nope, rope, alibi (symmetric, slopes by the paper's rule), sandwich: no tensors
   }
   return a;
 }
@@ -422,6 +485,7 @@ std::vector<Case> default_cases() {
     }
   cs.push_back(bias_case("alibi", {8, 2048, 2048}, DType::kF32));
   cs.push_back(bias_case("t5", {8, 2048, 2048}, DType::kF32));
+  for (const char* enc : {"kerple", "sandwich", "fire"}) cs.push_back(bias_case(enc, {8, 2048, 2048}, DType::kF32));
   // Attention: nope first within each (kernel, shape, dtype), so the others' vs_nope is known.
   for (I L : {I{1024}, I{4096}})
     for (bool backward : {false, true}) {

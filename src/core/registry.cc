@@ -64,6 +64,33 @@ std::vector<EncodingInfo> build() {
        "contextual positions: counts of sigmoid gates, interpolated into a learned table",
        "Golovneva et al. 2024, Contextual Position Encoding (arXiv 2405.18719)",
        {{"table", "tensor", "", {}, "position embeddings e [npos, d]", true}}},
+      // ---- the extrapolating biases beyond ALiBi (bias.h) ----
+      {Encoding::kKerple, "kerple", Kind::kLogitBias,
+       "kernelized distance: -r1*log(1+r2*|i-j|) (log) or -r1*|i-j|^r2 (power), r1, r2 per head",
+       "Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation "
+       "(arXiv 2205.09921), its power and logarithmic variants",
+       {{"kernel", "choice", "log", {"log", "power"},
+         "log: -r1*log(1+r2*|i-j|); power: -r1*|i-j|^r2 (0 < r2 <= 2)", false},
+        {"r1", "tensor", "", {}, "per-head scale r1 [H], every value > 0", true},
+        {"r2", "tensor", "", {}, "per-head shape r2 [H], every value > 0 (power: <= 2)", true}}},
+      {Encoding::kSandwich, "sandwich", Kind::kLogitBias,
+       "parameter-free: (sum_k cos((i-j)/base^(2k/d)) - d/2) * H/(8(h+1)), the sinusoids' inner "
+       "product",
+       "Chi et al. 2023, Dissecting Transformer Length Extrapolation via the Lens of Receptive Field "
+       "Analysis (arXiv 2212.10356), Sandwich",
+       {{"sinusoid-dim", "int", "128", {}, "dimension d of the sinusoids (even; d/2 frequencies)", false},
+        {"base", "float", "10000", {}, "wavelength base", false}}},
+      {Encoding::kFire, "fire", Kind::kLogitBias,
+       "learned function of the normalised distance: MLP(psi(|i-j|)/psi(max(L,i))), psi(x) = "
+       "log(c*x+1)",
+       "Li et al. 2023, Functional Interpolation for Relative Positions Improves Long Context "
+       "Transformers (arXiv 2310.04418), FIRE with progressive interpolation",
+       {{"mlp-w1", "tensor", "", {}, "first layer weights w1 [W] (scalar input, W hidden units)", true},
+        {"mlp-b1", "tensor", "", {}, "first layer bias b1 [W]", true},
+        {"mlp-w2", "tensor", "", {}, "second layer weights w2 [H, W] (one output per head)", true},
+        {"mlp-b2", "tensor", "", {}, "second layer bias b2 [H]", true},
+        {"c", "tensor", "", {}, "log-transform scale c [1], > 0", true},
+        {"threshold", "tensor", "", {}, "normaliser threshold L [1], > 0", true}}},
   };
 }
 

@@ -6,7 +6,8 @@
 Every expectation is computed here, independently, in numpy from the formulas in the headers
 (include/posenc/*.h): the sinusoid, RoPE in both layouts, the learned table and its scatter-add
 gradient, ALiBi's slope rule and its three variants, T5's buckets (float32 log, as Mesh TensorFlow and
-Hugging Face), attention with nope/rope/alibi/t5/xl/cope, and gradients by central differences of a
+Hugging Face), KERPLE's two kernels, Sandwich's sum of cosines, FIRE's MLP on the normalised log
+distance, attention with every one of them, and gradients by central differences of a
 random-projection loss. Then every class of bad input: non-zero exit (2), exactly one stderr line
 "posenc: ..." naming the flag, and no output file left behind (nor a temporary).
 
@@ -222,6 +223,36 @@ def t5_bias(W, M, N, qo=0, ko=0, **p):
     return np.transpose(W[bk], (2, 0, 1))    # [H, M, N]
 
 
+def kerple_bias(r1, r2, M, N, qo=0, ko=0, kernel="log"):
+    """KERPLE (Chi et al. 2022): −r1·log(1 + r2|m−n|) or −r1·|m−n|^r2, [H, M, N]."""
+    d = np.abs(rel(M, N, qo, ko)).astype(np.float64)[None]
+    r1, r2 = np.asarray(r1, np.float64)[:, None, None], np.asarray(r2, np.float64)[:, None, None]
+    return -r1 * (d ** r2) if kernel == "power" else -r1 * np.log(1 + r2 * d)
+
+
+def sandwich_bias(H, M, N, qo=0, ko=0, sinusoid_dim=128, base=10000.0):
+    """Sandwich (Chi et al. 2023): (p_mᵀp_n − d/2)·H/(8(h+1)), p the sinusoid of frequencies base^(−2k/d), k = 1…d/2."""
+    qp, kp = qo + np.arange(M), ko + np.arange(N)
+    w = base ** (-2.0 * np.arange(1, sinusoid_dim // 2 + 1) / sinusoid_dim)
+    def emb(pos):
+        e = np.zeros((len(pos), sinusoid_dim))
+        e[:, 0::2] = np.sin(pos[:, None] * w)
+        e[:, 1::2] = np.cos(pos[:, None] * w)
+        return e
+    ip = emb(qp) @ emb(kp).T - sinusoid_dim / 2
+    return np.stack([ip * H / (8.0 * (h + 1)) for h in range(H)])
+
+
+def fire_bias(mlp_w1, mlp_b1, mlp_w2, mlp_b2, c, threshold, M, N, qo=0, ko=0):
+    """FIRE (Li et al. 2023): f(log(c|i−j| + 1)/log(c·max(L, i) + 1)), f = w2·relu(w1 x + b1) + b2, [H, M, N]."""
+    qp = (qo + np.arange(M)).astype(np.float64)
+    d = np.abs(rel(M, N, qo, ko)).astype(np.float64)
+    c, L = float(np.asarray(c).reshape(-1)[0]), float(np.asarray(threshold).reshape(-1)[0])
+    x = np.log(c * d + 1) / np.log(c * np.maximum(L, qp) + 1)[:, None]
+    hid = np.maximum(x[..., None] * np.asarray(mlp_w1, np.float64) + np.asarray(mlp_b1, np.float64), 0.0)
+    return np.einsum("mnk,hk->hmn", hid, np.asarray(mlp_w2, np.float64)) + np.asarray(mlp_b2, np.float64)[:, None, None]
+
+
 def softmax_rows(logits):
     """Softmax over the last axis; a row with every entry −inf gives zeros."""
     mx = np.max(logits, axis=-1, keepdims=True)
@@ -234,7 +265,8 @@ def softmax_rows(logits):
 def attention(enc, q, k, v, causal=False, scale=None, q_offset=None, k_offset=0, theta=10000.0,
               rotary_dim=0, layout="interleaved", variant="symmetric", slopes=None, weights=None,
               bidirectional=True, num_buckets=32, max_distance=128, u=None, v_bias=None, rel_proj=None,
-              table=None, lse=False):
+              table=None, kernel="log", r1=None, r2=None, sinusoid_dim=128, base=10000.0, mlp_w1=None,
+              mlp_b1=None, mlp_w2=None, mlp_b2=None, c=None, threshold=None, lse=False):
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     B, M, Hq, D = q.shape
     N, Hkv = k.shape[1], k.shape[2]
@@ -273,6 +305,12 @@ def attention(enc, q, k, v, causal=False, scale=None, q_offset=None, k_offset=0,
         elif enc == "t5":
             logits = logits + t5_bias(weights, M, N, q_offset, k_offset, bidirectional=bidirectional,
                                       num_buckets=num_buckets, max_distance=max_distance)[None]
+        elif enc == "kerple":
+            logits = logits + kerple_bias(r1, r2, M, N, q_offset, k_offset, kernel)[None]
+        elif enc == "sandwich":
+            logits = logits + sandwich_bias(Hq, M, N, q_offset, k_offset, sinusoid_dim, base)[None]
+        elif enc == "fire":
+            logits = logits + fire_bias(mlp_w1, mlp_b1, mlp_w2, mlp_b2, c, threshold, M, N, q_offset, k_offset)[None]
     pr = softmax_rows(logits)
     out = np.einsum("bhmn,bnhd->bmhd", pr, vv)
     if lse:
@@ -579,6 +617,58 @@ def bias_t5_buckets(d):
         close(load(d.out("dW.npy"), np.float32), dW, f"t5 dW {bidir}", atol=1e-4, rtol=1e-5)
 
 
+@case
+def bias_kerple_sandwich_fire(d):
+    # KERPLE: both kernels, float32 and float64, offsets; gradients vs central differences in numpy
+    for kernel in ("log", "power"):
+        for dt in (np.float32, np.float64):
+            H, M, N, qo, ko = 3, 4, 9, 5, 0
+            r1 = RNG.uniform(0.1, 2.0, H).astype(dt)
+            r2 = RNG.uniform(0.1, 1.9, H).astype(dt)
+            dB = randn(H, M, N, dtype=dt)
+            run("bias", "kerple", "--kernel", kernel, "--heads", H, "--q-len", M, "--k-len", N, "--q-offset", qo,
+                "--k-offset", ko, "--r1", d.save("r1.npy", r1), "--r2", d.save("r2.npy", r2), "--out", d.out("b.npy"),
+                "--grad-out", d.save("dB.npy", dB), "--grad-r1", d.out("dr1.npy"), "--grad-r2", d.out("dr2.npy"))
+            a1, a2, g = r1.astype(np.float64), r2.astype(np.float64), dB.astype(np.float64)
+            close(load(d.out("b.npy"), dt), kerple_bias(a1, a2, M, N, qo, ko, kernel), f"kerple {kernel} {dt}", dtype=dt)
+            for name, arr in (("r1", a1), ("r2", a2)):
+                fd = numeric_grad(lambda: float((kerple_bias(a1, a2, M, N, qo, ko, kernel) * g).sum()), arr)
+                close(load(d.out(f"d{name}.npy"), dt), fd, f"kerple {kernel} d{name} {dt}",
+                      atol=1e-4 if dt == np.float32 else 1e-6, rtol=1e-4 if dt == np.float32 else 1e-6)
+    # Sandwich: the sinusoids' inner product, any dtype by --dtype, several dims and bases
+    for H, M, N, qo, ko, dim, base in ((8, 5, 7, 0, 0, 128, 10000.0), (3, 1, 20, 19, 0, 8, 100.0),
+                                        (4, 6, 6, 1000, 990, 16, 10000.0)):
+        run("bias", "sandwich", "--heads", H, "--q-len", M, "--k-len", N, "--q-offset", qo, "--k-offset", ko,
+            "--sinusoid-dim", dim, "--base", base, "--out", d.out("s.npy"))
+        close(load(d.out("s.npy"), np.float64), sandwich_bias(H, M, N, qo, ko, dim, base), f"sandwich {dim} {base}",
+              atol=1e-9, rtol=1e-9)
+    run("bias", "sandwich", "--heads", 2, "--q-len", 3, "--k-len", 3, "--dtype", "float32", "--out", d.out("s32.npy"))
+    close(load(d.out("s32.npy"), np.float32), sandwich_bias(2, 3, 3), "sandwich float32", dtype=np.float32)
+    # FIRE: queries on both sides of L, keys on both sides of the queries; every gradient
+    H, M, N, qo, ko, W = 2, 6, 10, 2, 0, 5
+    t = {"mlp_w1": randn(W) * 1.5, "mlp_b1": randn(W) * 0.7, "mlp_w2": randn(H, W) * 0.8, "mlp_b2": randn(H) * 0.5,
+         "c": np.array([0.3]), "threshold": np.array([4.5])}
+    dB = randn(H, M, N)
+    args = ["bias", "fire", "--heads", H, "--q-len", M, "--k-len", N, "--q-offset", qo, "--k-offset", ko,
+            "--out", d.out("f.npy"), "--grad-out", d.save("dB.npy", dB)]
+    for name, arr in t.items():
+        flag = name.replace("_", "-")
+        args += ["--" + flag, d.save(name + ".npy", arr), "--grad-" + flag, d.out("d" + name + ".npy")]
+    run(*args)
+    close(load(d.out("f.npy"), np.float64), fire_bias(**t, M=M, N=N, qo=qo, ko=ko), "fire bias")
+    for name, arr in t.items():
+        fd = numeric_grad(lambda: float((fire_bias(**t, M=M, N=N, qo=qo, ko=ko) * dB).sum()), arr)
+        close(load(d.out("d" + name + ".npy"), np.float64), fd, f"fire d{name}", atol=1e-6, rtol=1e-5)
+    # float32 tensors give a float32 bias (mlp-w2's dtype)
+    t32 = {k_: v_.astype(np.float32) for k_, v_ in t.items()}
+    args = ["bias", "fire", "--heads", H, "--q-len", M, "--k-len", N, "--out", d.out("f32.npy")]
+    for name, arr in t32.items():
+        args += ["--" + name.replace("_", "-"), d.save(name + "32.npy", arr)]
+    run(*args)
+    close(load(d.out("f32.npy"), np.float32), fire_bias(**{k_: v_.astype(np.float64) for k_, v_ in t32.items()},
+                                                          M=M, N=N), "fire float32", dtype=np.float32)
+
+
 # ------------------------------------------------------------------------------------------------
 # attention
 # ------------------------------------------------------------------------------------------------
@@ -677,6 +767,32 @@ def attention_xl_cope(d):
                   tensors=[("--table", E)], table=E.astype(np.float64), causal=True, scale=0.7)
 
 
+@case
+def attention_kerple_sandwich_fire(d):
+    q, k, v = randn(2, 5, 4, 8), randn(2, 7, 2, 8), randn(2, 7, 2, 8)
+    r1, r2 = RNG.uniform(0.1, 2, 4), RNG.uniform(0.1, 1.9, 4)
+    for kernel in ("log", "power"):
+        for causal in ([], ["--causal"]):
+            run_attention(d, "kerple", q, k, v, "--kernel", kernel, *causal, tensors=[("--r1", r1), ("--r2", r2)],
+                          kernel=kernel, r1=r1, r2=r2, causal=bool(causal))
+    run_attention(d, "kerple", q[:, :1], k, v, "--causal", tensors=[("--r1", r1), ("--r2", r2)], r1=r1, r2=r2,
+                  causal=True)  # decode
+    for causal in ([], ["--causal"]):
+        run_attention(d, "sandwich", q, k, v, *causal, causal=bool(causal))
+    run_attention(d, "sandwich", q, k, v, "--sinusoid-dim", 8, "--base", 100, "--q-offset", 3, "--k-offset", 1,
+                  sinusoid_dim=8, base=100.0, q_offset=3, k_offset=1)
+    fire = {"--mlp-w1": randn(6) * 1.5, "--mlp-b1": randn(6) * 0.7, "--mlp-w2": randn(4, 6) * 0.8,
+            "--mlp-b2": randn(4) * 0.5, "--c": np.array([0.2]), "--threshold": np.array([4.5])}
+    kw = {f.strip("-").replace("-", "_"): a for f, a in fire.items()}
+    for causal in ([], ["--causal"]):
+        run_attention(d, "fire", q, k, v, *causal, tensors=list(fire.items()), causal=bool(causal), **kw)
+    run_attention(d, "fire", q, k, v, "--q-offset", 40, "--k-offset", 37, "--causal", tensors=list(fire.items()),
+                  q_offset=40, k_offset=37, causal=True, **kw)
+    f32 = [t.astype(np.float32) for t in (q, k, v)]
+    run_attention(d, "fire", *f32, "--causal", tensors=[(f, a.astype(np.float32)) for f, a in fire.items()],
+                  causal=True, **{n: a.astype(np.float32).astype(np.float64) for n, a in kw.items()})
+
+
 def check_attention_grads(d, enc, q, k, v, params, extra=(), **kw):
     """CLI gradients vs central differences of L = Σ R ⊙ attention(...) in numpy (float64)."""
     R = randn(*q.shape)
@@ -713,6 +829,16 @@ def attention_backward_finite_differences(d):
                           ["--variant", "learned", "--causal"], variant="learned", causal=True)
     check_attention_grads(d, "t5", q, k, v, {"--weights": ("weights", randn(32, 4))}, ["--k-offset", 9],
                           k_offset=9)
+    for kernel in ("log", "power"):
+        check_attention_grads(d, "kerple", q, k, v, {"--r1": ("r1", RNG.uniform(0.2, 1.5, 4)),
+                                                     "--r2": ("r2", RNG.uniform(0.2, 1.8, 4))},
+                              ["--kernel", kernel, "--causal"], kernel=kernel, causal=True)
+    check_attention_grads(d, "sandwich", q, k, v, {}, ["--sinusoid-dim", 8, "--base", 100], sinusoid_dim=8, base=100.0)
+    fire = {"--mlp-w1": ("mlp_w1", randn(5) * 1.5), "--mlp-b1": ("mlp_b1", randn(5) * 0.7),
+            "--mlp-w2": ("mlp_w2", randn(4, 5) * 0.8), "--mlp-b2": ("mlp_b2", randn(4) * 0.5),
+            "--c": ("c", np.array([0.3])), "--threshold": ("threshold", np.array([4.5]))}
+    check_attention_grads(d, "fire", q, k, v, fire, ["--causal", "--q-offset", 3], causal=True, q_offset=3)
+    check_attention_grads(d, "fire", q, k, v, fire)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -843,6 +969,59 @@ def errors_shapes_dtypes_and_encodings(d):
                   "--weights", d.save("w2.npy", randn(2, 2)), "--out", o, "--grad-weights", g], "--grad-weights", [o, g])
     expect_error(["bias", "t5", "--heads", 2, "--q-len", 2, "--k-len", 2, "--weights", d.save("w32.npy", randn(32, 2)),
                   "--out", o, "--grad-out", d.save("dB.npy", randn(2, 2, 3)), "--grad-weights", g], "--grad-out", [o, g])
+    # kerple, sandwich, fire
+    r_ok, r_neg = d.save("rok.npy", np.array([0.5, 1.0])), d.save("rneg.npy", np.array([0.5, -1.0]))
+    kb = ["bias", "kerple", "--heads", 2, "--q-len", 2, "--k-len", 3]
+    expect_error(kb + ["--r1", r_ok, "--out", o], "--r2", [o])                                   # required
+    expect_error(kb + ["--r1", r_neg, "--r2", r_ok, "--out", o], "--r1", [o])                     # > 0
+    expect_error(kb + ["--r1", r_ok, "--r2", d.save("r25.npy", np.array([0.5, 2.5])), "--kernel", "power",
+                       "--out", o], "--r2", [o])                                                  # power: ≤ 2
+    expect_error(kb + ["--r1", d.save("r3.npy", np.ones(3)), "--r2", r_ok, "--out", o], "--r1", [o])  # shape
+    expect_error(kb + ["--r1", r_ok, "--r2", r_ok, "--kernel", "cubic", "--out", o], "--kernel", [o])
+    d.save("dB23.npy", randn(2, 2, 3))
+    expect_error(kb + ["--r1", r_ok, "--r2", r_ok, "--out", o, "--grad-out", d.save("dB24.npy", randn(2, 2, 4)),
+                       "--grad-r1", g], "--grad-out", [o, g])                                      # dB shape
+    line = expect_error(kb + ["--r1", r_ok, "--r2", r_ok, "--out", o, "--grad-out", d.out("dB23.npy")], "--grad-out", [o])
+    assert "--grad-r1" in line, line                                                             # says what to add
+    expect_error(kb + ["--r1", r_ok, "--r2", r_ok, "--out", o, "--grad-weights", g], "--grad-weights", [o, g])
+    sb = ["bias", "sandwich", "--heads", 2, "--q-len", 2, "--k-len", 3]
+    expect_error(sb + ["--sinusoid-dim", 7, "--out", o], "--sinusoid-dim", [o])
+    expect_error(sb + ["--base", 0, "--out", o], "--base", [o])
+    expect_error(sb + ["--out", o, "--grad-out", d.out("dB23.npy")], "--grad-out", [o])            # nothing to learn
+    expect_error(sb + ["--r1", r_ok, "--out", o], "--r1", [o])                                   # kerple's flag
+    fire = {"--mlp-w1": randn(3), "--mlp-b1": randn(3), "--mlp-w2": randn(2, 3), "--mlp-b2": randn(2),
+            "--c": np.array([0.1]), "--threshold": np.array([8.0])}
+    fb = ["bias", "fire", "--heads", 2, "--q-len", 2, "--k-len", 3, "--out", o]
+    files = {f: d.save("fire" + f.strip("-") + ".npy", a) for f, a in fire.items()}
+    def with_fire(**change):
+        args = list(fb)
+        for f, path in files.items():
+            key = f.strip("-").replace("-", "_")
+            if key in change:
+                if change[key] is None:
+                    continue
+                path = d.save("bad_" + key + ".npy", change[key])
+            args += [f, path]
+        return args
+    expect_error(with_fire(c=None), "--c", [o])                                                  # required
+    expect_error(with_fire(c=np.array([-0.1])), "--c", [o])                                     # > 0
+    expect_error(with_fire(threshold=np.array([0.0])), "--threshold", [o])                      # > 0
+    expect_error(with_fire(mlp_w2=randn(3, 3)), "--mlp-w2", [o])                                # [H, W]
+    expect_error(with_fire(mlp_b1=randn(4)), "--mlp-b1", [o])                                   # [W]
+    expect_error(with_fire(c=np.array([0.1, 0.2])), "--c", [o])                                 # [1]
+    x4 = d.out("x4.npy")
+    ab = ["attention", "fire", "--q", x4, "--k", x4, "--v", x4, "--out", o]
+    expect_error(ab + [a for f, p in files.items() if f != "--threshold" for a in (f, p)], "--threshold", [o])
+    expect_error(["attention", "kerple", "--q", x4, "--k", x4, "--v", x4, "--out", o, "--r1", r_ok, "--r2", r_neg],
+                 "--r2", [o])
+    expect_error(["attention", "sandwich", "--q", x4, "--k", x4, "--v", x4, "--out", o, "--c", files["--c"]],
+                 "--c", [o])
+    expect_error(["attention", "kerple", "--q", x4, "--k", x4, "--v", x4, "--out", o, "--r1", r_ok, "--r2", r_ok,
+                  "--grad-out", d.save("dy4.npy", randn(1, 3, 2, 4)), "--grad-q", g, "--grad-r1",
+                  d.out("gr1.npy"), "--grad-mlp-w1", d.out("gw1.npy")], "--grad-mlp-w1",
+                 [o, g, d.out("gr1.npy"), d.out("gw1.npy")])
+    expect_error(["apply", "kerple", "--in", x4, "--out", o], "ENC", [o])                       # not an apply encoding
+    expect_error(["table", "sandwich", "--length", 4, "--dim", 4, "--out", o], "ENC", [o])
 
 
 @case
