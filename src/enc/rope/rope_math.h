@@ -55,6 +55,9 @@ inline F32 operator/(F32 a, F32 b) { return F32::raw(a.v / b.v); }
 inline bool operator<(F32 a, F32 b) { return a.v < b.v; }
 inline bool operator>(F32 a, F32 b) { return a.v > b.v; }
 inline F32 pow(F32 a, F32 b) { return F32(std::pow(static_cast<double>(a.v), static_cast<double>(b.v))); }
+// A float32 tensor to a Python-float power: PyTorch keeps that exponent in double (measured with
+// torch 1.13 on the CPU: x ** (r / (r − 2)) matches pow in double of the float x, rounded once).
+inline F32 pow(F32 a, double b) { return F32(std::pow(static_cast<double>(a.v), b)); }
 inline F32 clamp01(F32 a) { return F32::raw(std::min(std::max(a.v, 0.0f), 1.0f)); }
 inline double value(F32 a) { return static_cast<double>(a.v); }
 
@@ -90,7 +93,7 @@ T dynamic_base(double theta, double s, std::int64_t n, std::int64_t W, std::int6
   T x = T(s) * T(static_cast<double>(n));
   x = x / T(static_cast<double>(W));
   x = x - T(s - 1.0);
-  x = pow(x, T(static_cast<double>(r) / static_cast<double>(r - 2)));
+  x = pow(x, static_cast<double>(r) / static_cast<double>(r - 2));
   return T(theta) * x;
 }
 template <class T>
