@@ -282,6 +282,8 @@ def rope_config_fields(d):
     o = rope_config(path)
     assert (o["rope_type"], o["layout"], o["rotary_dim"], o["theta"]) == ("yarn", "interleaved", 64, 10000.0), o
     assert o["factor"] == 40 and o["original_max_position"] == 4096 and o["attention_factor"] == 1.0, o
+    m = 0.1 * math.log(40) + 1
+    assert any(f"{m * m:.6g}" in n for n in o["notes"]), o["notes"]  # DeepSeek's softmax scale factor
     path, _ = config("qwen2.5-7b-instruct-yarn.json")
     o = rope_config(path)
     assert o["layout"] == "half" and o["factor"] == 4.0 and abs(o["attention_factor"] - (1 + 0.1 * math.log(4))) < 1e-15, o

@@ -7,7 +7,9 @@
 //     default 1.0; rope_type = rope_scaling["rope_type"], else rope_scaling["type"].
 //   * GPTNeoXConfig (Pythia): rope_theta = rotary_emb_base, partial_rotary_factor = rotary_pct.
 //   * DeepseekV3Config / DeepseekV2Config: head_dim = qk_rope_head_dim (the rotated part of q, k);
-//     DeepSeek-V3 applies RoPE to interleaved pairs (rope_interleave, default true).
+//     DeepSeek-V3 applies RoPE to interleaved pairs (rope_interleave, default true); its attention
+//     (DeepseekV3Attention) multiplies the softmax scale by m(factor, mscale_all_dim)² when
+//     mscale_all_dim is set, which is reported in notes.
 //   * Phi3Config: rope_scaling type "su" or "yarn" is renamed "longrope"; the pretrained length is
 //     the top-level original_max_position_embeddings.
 //   * dynamic: window = max_position_embeddings (rope_scaling's original_max_position_embeddings is
@@ -336,6 +338,14 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
       p.truncate = truncate.value_or(true);
       if (attention_factor) p.attention_factor = *attention_factor;
       if (top_original) out.notes.push_back(ignored_top + " (it reads rope_scaling.original_max_position_embeddings)");
+      if (is_deepseek(mt) && p.mscale_all_dim != 0) {
+        // DeepseekV3Attention: scaling = qk_head_dim^-0.5 · m(factor, mscale_all_dim)², not part of RoPE.
+        const double m = p.factor <= 1 ? 1.0 : 0.1 * p.mscale_all_dim * std::log(p.factor) + 1.0;
+        out.notes.push_back("DeepSeek's attention multiplies its softmax scale qk_head_dim^-0.5 by m(factor, "
+                            "mscale_all_dim)^2 = " + num(m * m) + " (transformers' DeepseekV3Attention; not part of "
+                            "RoPE: give it to posenc attention --scale), and rotates only the last qk_rope_head_dim "
+                            "dimensions of q and k (q_pe, k_pe)");
+      }
       break;
     }
     case RopeType::kLlama3: {
