@@ -453,8 +453,14 @@ EncodingGrads encoding_grads(const ParamFlags& f) {
 
 void print_catalogue() {
   std::vector<std::vector<std::string>> rows = {{"NAME", "KIND", "PARAMETERS", "SUMMARY"}};
-  for (const EncodingInfo& e : registry())
-    rows.push_back({e.name, kind_name(e.kind), join_flags(e.params), e.summary});
+  for (const EncodingInfo& e : registry()) {
+    // A long parameter list (rope's) is abbreviated: posenc list --json and --help have them all.
+    std::string flags = join_flags(e.params);
+    if (e.params.size() > 5)
+      flags = join_flags({e.params.begin(), e.params.begin() + 3}) + ", ... (" + std::to_string(e.params.size()) +
+              " flags)";
+    rows.push_back({e.name, kind_name(e.kind), flags, e.summary});
+  }
   std::vector<std::size_t> width(4, 0);
   for (const auto& r : rows)
     for (std::size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());

@@ -24,7 +24,6 @@
 // over tokens (B·L); one thread calls the kernel directly.
 #include <cstdint>
 #include <cstring>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
