@@ -100,11 +100,11 @@ struct RopeParams {
   bool truncate = true;                      // yarn
   double mscale = 0.0, mscale_all_dim = 0.0;  // yarn; 0 = absent
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  std::vector<double> short_factor, long_factor;         // longrope: [r/2] each
+  std::vector<double> short_factor{}, long_factor{};     // longrope: [r/2] each
   LongropeFactors longrope_factors = LongropeFactors::kByLength;
-  std::optional<double> attention_factor;  // a, overriding the scheme's (any rope_type)
-  std::vector<double> freq_factors;        // optional [r/2]: ω_k /= freq_factors[k]
-  std::vector<double> inv_freq;            // optional [r/2]: ω_k outright (rope_type default)
+  std::optional<double> attention_factor{};  // a, overriding the scheme's (any rope_type)
+  std::vector<double> freq_factors{};        // optional [r/2]: ω_k /= freq_factors[k]
+  std::vector<double> inv_freq{};            // optional [r/2]: ω_k outright (rope_type default)
   RopeAngles angles = RopeAngles::kAccurate;
   std::int64_t seq_len = 0;  // the call's length for dynamic and longrope; 0: derived (see above)
 
