@@ -719,6 +719,94 @@ TEST(AttentionBuildingBlocks, RopeEqualsRotatedInputsWithoutPositions) {
     }
 }
 
+// RoPE's frequency schemes (rope.h) inside attention: the rotation is the elementwise one with the
+// call's length max(q_offset + M, k_offset + N) (given to rope_forward as seq_len here), gradients
+// match central differences, and a query shard given the whole call's seq_len computes its rows.
+std::vector<std::pair<std::string, RopeParams>> rope_schemes_r6() {
+  std::vector<std::pair<std::string, RopeParams>> out;
+  RopeParams p;
+  p.rope_type = RopeType::kYarn;
+  p.factor = 4;
+  p.original_max_position = 8;
+  p.beta_fast = 2;
+  out.push_back({"yarn", p});
+  p = RopeParams{};
+  p.rope_type = RopeType::kDynamic;
+  p.factor = 2;
+  p.original_max_position = 4;
+  out.push_back({"dynamic", p});
+  p = RopeParams{};
+  p.rope_type = RopeType::kLongrope;
+  p.factor = 16;
+  p.original_max_position = 6;
+  p.short_factor = {1, 1.5, 2};
+  p.long_factor = {1, 8, 40};
+  out.push_back({"longrope", p});
+  p = RopeParams{};
+  p.rope_type = RopeType::kLlama3;
+  p.factor = 8;
+  p.original_max_position = 16;
+  out.push_back({"llama3", p});
+  p = RopeParams{};
+  p.angles = RopeAngles::kHf;
+  p.layout = RopeLayout::kHalf;
+  p.freq_factors = {1, 0.5, 0.25};
+  p.attention_factor = 1.2;
+  out.push_back({"hf_freq_factors_attention_factor", p});
+  p = RopeParams{};
+  p.rope_type = RopeType::kLinear;
+  p.factor = 3;
+  p.layout = RopeLayout::kHalf;
+  out.push_back({"linear", p});
+  return out;
+}
+
+TEST(AttentionRopeSchemes, EqualRotatedInputsGradientsAndShards) {
+  const Variant var{"rope", Encoding::kRope};
+  for (const auto& [name, rp] : rope_schemes_r6())
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(name + (causal ? " causal" : " full"));
+      Case c = make_case(var, 2, 3, 5, 4, 2, 6, causal, 61);
+      c.p.rope = rp;
+      c.p.q_offset = 9;
+      c.p.k_offset = 4;
+      const Fwd got = forward(c);
+      ASSERT_TRUE(got.st.ok()) << got.st.message();
+      Case plain = c;
+      plain.p.encoding = Encoding::kNope;
+      RopeParams whole = rp;
+      whole.seq_len = 12;  // max(9 + 3, 4 + 5)
+      ASSERT_TRUE(rope_forward(whole, V(c.q, {2, 3, 4, 6}), Positions{View{}, 9}, V(plain.q, {2, 3, 4, 6})).ok());
+      ASSERT_TRUE(rope_forward(whole, V(c.k, {2, 5, 2, 6}), Positions{View{}, 4}, V(plain.k, {2, 5, 2, 6})).ok());
+      const Fwd want = forward(plain);
+      EXPECT_TRUE(AllClose(got.out, want.out, 1e-12, 1e-10));
+      EXPECT_TRUE(AllClose(got.lse, want.lse, 1e-12, 1e-10));
+      check_all_grads(c, 62);
+
+      // Causal self-attention over 10 tokens, and its first 5 queries against its first 5 keys (a
+      // context-parallel shard): the same rows only when the shard is given the whole's seq_len.
+      if (!causal) continue;
+      Case all = make_case(var, 1, 10, 10, 2, 1, 6, true, 63);
+      all.p.rope = rp;
+      const Fwd a = forward(all);
+      ASSERT_TRUE(a.st.ok()) << a.st.message();
+      Case shard = all;
+      shard.M = shard.N = 5;
+      shard.q.resize(5 * 2 * 6);
+      shard.k.resize(5 * 1 * 6);
+      shard.v.resize(5 * 1 * 6);
+      shard.p.rope.seq_len = 10;
+      const Fwd s = forward(shard);
+      ASSERT_TRUE(s.st.ok()) << s.st.message();
+      EXPECT_TRUE(AllClose(s.out, Vec(a.out.begin(), a.out.begin() + 5 * 2 * 6), 1e-12, 1e-10));
+      shard.p.rope.seq_len = 0;  // derived: 5
+      const bool by_length = rp.rope_type == RopeType::kDynamic || rp.rope_type == RopeType::kLongrope;
+      EXPECT_EQ(static_cast<bool>(AllClose(forward(shard).out, Vec(a.out.begin(), a.out.begin() + 5 * 2 * 6), 1e-12, 1e-10)), !by_length);
+      shard.p.rope.seq_len = 4;  // below the call's own length: an error naming seq_len
+      EXPECT_EQ(forward(shard).st.arg(), "seq_len");
+    }
+}
+
 TEST(AttentionBuildingBlocks, BiasesEqualTheBiasTensors) {
   for (const Variant& var : variants_of({Encoding::kAlibi, Encoding::kT5, Encoding::kKerple,
                                          Encoding::kSandwich, Encoding::kFire}))

@@ -49,6 +49,7 @@ struct Variant {
   bool slopes = false;  // alibi: caller-given slopes
   bool bidirectional = true;  // t5
   KerpleKernel kernel = KerpleKernel::kLog;  // kerple
+  int scheme = 0;  // rope: 0 plain, else a frequency scheme of rope_scheme() (sized per shape)
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
@@ -70,7 +71,55 @@ std::vector<Variant> variants() {
        true, KerpleKernel::kPower},
       {"sandwich", Encoding::kSandwich},
       {"fire", Encoding::kFire},
+      {"rope_yarn_attention_factor", Encoding::kRope, RopeLayout::kInterleaved, true, AlibiVariant::kSymmetric,
+       false, true, KerpleKernel::kLog, 1},
+      {"rope_dynamic_hf", Encoding::kRope, RopeLayout::kHalf, false, AlibiVariant::kSymmetric, false, true, KerpleKernel::kLog, 2},
+      {"rope_longrope_llama3", Encoding::kRope, RopeLayout::kHalf, true, AlibiVariant::kSymmetric, false, true, KerpleKernel::kLog, 3},
   };
+}
+
+// RoPE frequency schemes (rope.h) for rotary dimension r: the fused kernel's a·cos, a·sin tables come
+// from the call's RopeFrequencies, in both angle modes.
+RopeParams rope_scheme(int scheme, I r, I D) {
+  RopeParams p;
+  switch (scheme) {
+    case 1:  // YaRN with DeepSeek-style mscale and an attention factor ≠ 1
+      p.rope_type = RopeType::kYarn;
+      p.theta = 1e6;
+      p.factor = 4;
+      p.original_max_position = 64;
+      p.mscale = 0.707;
+      p.mscale_all_dim = 1.0;
+      break;
+    case 2:  // dynamic NTK beyond its window (most shapes), hf angles (the "far" shape rounds them)
+      if (r >= 4) {
+        p.rope_type = RopeType::kDynamic;
+        p.factor = 2;
+        p.original_max_position = 16;
+      }
+      p.angles = RopeAngles::kHf;
+      p.theta = 500000;
+      break;
+    default: {  // LongRoPE (long beyond 32) for even D / 2 pairs, Llama 3.1's scheme otherwise
+      if ((r / 2) % 2 == 0) {
+        p.rope_type = RopeType::kLongrope;
+        p.factor = 16;
+        p.original_max_position = 32;
+        for (I k = 0; k < r / 2; ++k) {
+          p.short_factor.push_back(1.0 + 0.1 * static_cast<double>(k));
+          p.long_factor.push_back(1.0 + 4.0 * static_cast<double>(k));
+        }
+      } else {
+        p.rope_type = RopeType::kLlama3;
+        p.theta = 500000;
+        p.factor = 8;
+        p.original_max_position = 64;
+      }
+      break;
+    }
+  }
+  (void)D;
+  return p;
 }
 
 // ---- a problem -----------------------------------------------------------------------------------
@@ -134,6 +183,10 @@ struct Problem {
     p.causal = causal;
     p.q_offset = sh.q_off;
     p.k_offset = sh.k_off;
+    if (var.scheme) {
+      const I r = var.partial && sh.D >= 4 ? (sh.D / 2) & ~I{1} : sh.D;
+      p.rope = rope_scheme(var.scheme, r, sh.D);
+    }
     p.rope.layout = var.layout;
     if (var.partial && sh.D >= 4) p.rope.rotary_dim = (sh.D / 2) & ~I{1};
     p.alibi.variant = var.alibi;
@@ -360,7 +413,8 @@ TEST(FastAttentionTargets, EveryTargetMatchesReference) {
     for (const Variant& var : variants()) {
       if (var.name != "nope" && var.name != "rope_interleaved" && var.name != "rope_half_partial" &&
           var.name != "alibi_learned" && var.name != "t5_bidirectional" && var.name != "kerple_power" &&
-          var.name != "sandwich" && var.name != "fire")
+          var.name != "sandwich" && var.name != "fire" && var.name != "rope_yarn_attention_factor" &&
+          var.name != "rope_dynamic_hf")
         continue;
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + var.name);
       const bool causal = ++n % 2 == 1;

@@ -379,6 +379,155 @@ TEST(FastElementwiseRope, LargeStreamedOutputsMatchReference) {
   }
 }
 
+// The frequency schemes, both angle modes and the attention factor (rope.h) through the fast path:
+// the frequencies come from one place (RopeFrequencies), so this checks that the kernel reads them
+// right (hf angles formed per token, a·cos, a·sin, the per-call cache) on every target and dtype.
+std::vector<RopeParams> rope_scheme_variants(std::int64_t r) {
+  auto list = [&](double a, double b) {
+    std::vector<double> v(static_cast<std::size_t>(r / 2));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = a + (b - a) * static_cast<double>(i) / static_cast<double>(v.size());
+    return v;
+  };
+  std::vector<RopeParams> out;
+  RopeParams p;
+  p.angles = RopeAngles::kHf;
+  p.theta = 500000;
+  out.push_back(p);
+  p = RopeParams{};
+  p.rope_type = RopeType::kLinear;
+  p.factor = 4;
+  out.push_back(p);
+  p.rope_type = RopeType::kNtk;
+  p.angles = RopeAngles::kHf;
+  out.push_back(p);
+  p = RopeParams{};
+  p.rope_type = RopeType::kDynamic;
+  p.factor = 2;
+  p.original_max_position = 500;
+  out.push_back(p);
+  p = RopeParams{};
+  p.rope_type = RopeType::kYarn;
+  p.theta = 1e6;
+  p.factor = 4;
+  p.original_max_position = 1024;
+  p.mscale = 0.707;
+  p.mscale_all_dim = 1;
+  out.push_back(p);
+  p.angles = RopeAngles::kHf;
+  p.attention_factor = 0.75;
+  out.push_back(p);
+  p = RopeParams{};
+  p.rope_type = RopeType::kLlama3;
+  p.theta = 500000;
+  p.factor = 8;
+  p.original_max_position = 2048;
+  out.push_back(p);
+  p = RopeParams{};
+  p.rope_type = RopeType::kLongrope;
+  p.factor = 32;
+  p.original_max_position = 1500;
+  p.short_factor = list(1.0, 3.0);
+  p.long_factor = list(1.0, 60.0);
+  out.push_back(p);
+  p.angles = RopeAngles::kHf;
+  out.push_back(p);
+  p = RopeParams{};
+  p.freq_factors = list(1.0, 0.25);
+  p.attention_factor = 1.3;
+  out.push_back(p);
+  p = RopeParams{};
+  p.inv_freq = list(2.0, 0.0);
+  p.angles = RopeAngles::kHf;
+  out.push_back(p);
+  return out;
+}
+
+TEST(FastElementwiseRope, EverySchemeAngleModeAndAttentionFactorMatchReference) {
+  struct Shape {
+    std::int64_t B, L, Hq, Hk, D, r;
+  };
+  const Shape shapes[] = {{2, 19, 3, 1, 64, 0}, {1, 7, 2, 2, 130, 66}};
+  int n = 0;
+  ForEachTarget([&](const std::string& target) {
+    for (const Shape& sh : shapes)
+      for (DType dt : kDtypes)
+        for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kHalf}) {
+          const std::int64_t r = sh.r ? sh.r : sh.D;
+          int v = 0;
+          for (RopeParams p : rope_scheme_variants(r)) {
+            ++n;
+            ++v;
+            p.layout = layout;
+            p.rotary_dim = sh.r;
+            const bool backward = n % 2 == 0, in_place = n % 3 == 0;
+            const std::vector<std::int64_t> qs = {sh.B, sh.L, sh.Hq, sh.D}, ks = {sh.B, sh.L, sh.Hk, sh.D};
+            Buf q(dt, qs, n % 4 == 0, n % 5 == 0), k(dt, ks), qo(dt, qs), ko(dt, ks, true);
+            Buf rq(dt, qs), rk(dt, ks), rqo(dt, qs), rko(dt, ks);
+            const std::vector<double> xq = randn(static_cast<std::size_t>(q.v.numel()), 900 + n);
+            const std::vector<double> xk = randn(static_cast<std::size_t>(k.v.numel()), 1900 + n);
+            q.fill(xq);
+            rq.fill(xq);
+            k.fill(xk);
+            rk.fill(xk);
+            // Positions from 0 to ~10⁶ (hf's float products round there), some beyond the schemes' L.
+            std::vector<std::int64_t> ids(static_cast<std::size_t>(sh.B * sh.L));
+            const std::vector<double> pr = random_positions(sh.B * sh.L, 70 + n, n % 2 ? 400.0 : 300000.0);
+            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(pr[i]);
+            Positions pos;
+            pos.ids = View::contiguous(ids.data(), DType::kI64, {sh.B, sh.L});
+            const View& qout = in_place ? q.v : qo.v;
+            const View& kout = in_place ? k.v : ko.v;
+            const Status s = rope_apply_qk(p, q.v, k.v, pos, qout, kout, backward);
+            const std::string what = target + " " + dtype_name(dt) + " " + rope_layout_name(layout) + " variant " +
+                                     std::to_string(v) + " (" + rope_type_name(p.rope_type) + ", " +
+                                     rope_angles_name(p.angles) + ") D=" + std::to_string(sh.D);
+            ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+            if (backward) {
+              ASSERT_TRUE(reference::rope_backward(p, rq.v, pos, rqo.v).ok());
+              ASSERT_TRUE(reference::rope_backward(p, rk.v, pos, rko.v).ok());
+            } else {
+              ASSERT_TRUE(reference::rope_forward(p, rq.v, pos, rqo.v).ok());
+              ASSERT_TRUE(reference::rope_forward(p, rk.v, pos, rko.v).ok());
+            }
+            const Tol t = tol_for(dt);
+            const double a = p.attention_factor.value_or(1.5);  // ≥ every scheme's factor here
+            EXPECT_TRUE(AllClose((in_place ? q : qo).values(), rqo.values(), a * t.atol, t.rtol)) << what;
+            EXPECT_TRUE(AllClose((in_place ? k : ko).values(), rko.values(), a * t.atol, t.rtol)) << what;
+            for (const Buf* b : {&q, &k, &qo, &ko}) EXPECT_TRUE(b->guards_ok()) << what;
+          }
+        }
+  });
+  EXPECT_GT(n, 0);
+}
+
+// The fast path keeps a call's frequencies for the next call: decode steps of dynamic NTK beyond its
+// window (a new length every step), changed parameters and an explicit seq_len must all rebuild them.
+TEST(FastElementwiseRope, KeptFrequenciesFollowTheCall) {
+  const std::int64_t D = 32;
+  RopeParams dyn;
+  dyn.rope_type = RopeType::kDynamic;
+  dyn.factor = 3;
+  dyn.original_max_position = 100;
+  dyn.layout = RopeLayout::kHalf;
+  RopeParams other = dyn;
+  other.factor = 5;
+  RopeParams fixed_len = dyn;
+  fixed_len.seq_len = 4000;
+  const std::vector<double> xs = randn(static_cast<std::size_t>(D), 77);
+  for (std::int64_t step = 0; step < 12; ++step) {
+    const RopeParams& p = step % 3 == 0 ? dyn : (step % 3 == 1 ? other : fixed_len);
+    Buf x(DType::kF32, {1, 1, 1, D}), y(DType::kF32, {1, 1, 1, D}), rx(DType::kF32, {1, 1, 1, D}),
+        ry(DType::kF32, {1, 1, 1, D});
+    x.fill(xs);
+    rx.fill(xs);
+    Positions pos;
+    pos.offset = 90 + 7 * step;  // from inside the window to beyond it
+    ASSERT_TRUE(rope_forward(p, x.v, pos, y.v).ok());
+    ASSERT_TRUE(reference::rope_forward(p, rx.v, pos, ry.v).ok());
+    EXPECT_TRUE(AllClose(y.values(), ry.values(), 6e-6, 1e-5)) << "step " << step;
+  }
+}
+
 // ---- absolute encodings -----------------------------------------------------------------------
 
 struct AbsCase {

@@ -19,7 +19,9 @@
 //
 // Encodings and their terms (h is the query head):
 //   nope   nothing.
-//   rope   q and k rotated by their positions before the product (see rope.h).
+//   rope   q and k rotated by their positions before the product, any scheme and angle mode of
+//          rope.h, the attention factor scaling both; the call's length (dynamic, longrope) is
+//          rope.seq_len or max(q_offset + M, k_offset + N).
 //   alibi  + alibi bias (see bias.h); variants symmetric, nonsymmetric, learned.
 //   t5     + W[bucket(key − query), h] (see bias.h).
 //   xl     Transformer-XL (Dai et al. 2019, arXiv 1901.02860, §3.3):

@@ -28,7 +28,7 @@ const char* kind_name(Kind k);  // "none", "absolute", "rotary", "logit_bias", "
 // One parameter of an encoding, as the CLI spells it (flag --<name>).
 struct ParamSpec {
   std::string name;       // "rotary-dim"
-  std::string type;       // "float", "int", "bool", "choice", "tensor"
+  std::string type;       // "float", "int", "bool", "choice", "tensor" (.npy), "file" (another file)
   std::string default_;   // "" when required or absent by default
   std::vector<std::string> choices;  // for "choice"
   std::string help;

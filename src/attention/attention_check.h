@@ -3,6 +3,7 @@
 // before anything is written; fills Dims (sizes, scale, offsets, per-encoding sizes).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "enc/fire/fire_check.h"
 #include "enc/kerple/kerple_check.h"
+#include "enc/rope/rope_check.h"
 #include "posenc/attention.h"
 
 namespace posenc::attn {
@@ -23,6 +25,7 @@ struct Dims {
   double scale = 1;
   I q_off = 0, k_off = 0;
   I rdim = 0;  // rope: rotary dimensions
+  RopeFrequencies rope;  // rope: the call's frequencies (length max(q_off + M, k_off + N))
   I R = 0;     // xl: sinusoid dimension
   I npos = 0;  // cope: table rows
   I fire_w = 0;  // fire: hidden units of the MLP
@@ -114,8 +117,12 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
       if (r < 0 || r % 2 != 0 || r > d->D)
         return Status::Invalid("rotary_dim", "expected an even value in [0, D = " + str(d->D) +
                                                   "] (0 = D), got " + str(p.rope.rotary_dim));
-      if (!std::isfinite(p.rope.theta) || p.rope.theta <= 0)
-        return Status::Invalid("theta", "expected a finite value > 0, got " + std::to_string(p.rope.theta));
+      POSENC_RETURN_IF_ERROR(rope::check_params(p.rope, r));
+      // The call's own length: the largest query or key position + 1 (see rope.h).
+      const I call_len = std::max<I>(0, std::max(d->q_off + d->M, d->k_off + d->N));
+      auto f = rope::frequencies(p.rope, r, call_len);
+      if (!f.ok()) return f.status();
+      d->rope = std::move(f).value();
       d->rdim = r;
       break;
     }

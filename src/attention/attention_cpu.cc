@@ -17,9 +17,9 @@
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
 // place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under rope,
-// rows are converted into per-thread scratch; rope rotates them there by R(pos) (SIMD; cos/sin
-// tabulated once per call for every position met: angles in double, the exact-angle sincos of
-// core/simd-inl.h).
+// rows are converted into per-thread scratch; rope rotates them there by a·R(pos) (SIMD; a·cos, a·sin
+// tabulated once per call for every position met from the call's RopeFrequencies: angles in double
+// (accurate) or transformers' float32 product (hf), the exact-angle sincos of core/simd-inl.h).
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ --------------------
 //   Tasks run (b, h)-major, so that the threads share one head's K and V in cache; within a head
@@ -83,7 +83,7 @@
 namespace posenc::attn_fast {
 // This kernel's own SIMD helpers (beyond the shared Simd of attention_tiles.h), defined below.
 struct Extra {
-  void (*rope_rows)(I p0, I n, const double* inv, I half, float* c, float* s);
+  void (*rope_rows)(I p0, I n, const double* inv, I half, bool hf, float scale, float* c, float* s);
   void (*rot_rows)(float* x, I n, I ld, const float* c, const float* s, I half, bool interleaved,
                    bool inverse);
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
@@ -188,13 +188,28 @@ attn_fast::Simd GetSimd() {
 
 // cos/sin rows of positions p0 .. p0 + n − 1 for the `half` frequencies inv (c, s: [n, half]), by
 // the exact-angle sincos of core/simd-inl.h (angle formed and reduced in double; bound stated
-// there).
-void RopeTableRows(I p0, I n, const double* HWY_RESTRICT inv, I half, float* HWY_RESTRICT c,
-                   float* HWY_RESTRICT s) {
+// there), times scale (the attention factor). hf: the angle is transformers' float32 product
+// fl32(ω_k·fl32(m)) (inv holds float32 values), else m·ω_k in double.
+void RopeTableRows(I p0, I n, const double* HWY_RESTRICT inv, I half, bool hf, float scale,
+                   float* HWY_RESTRICT c, float* HWY_RESTRICT s) {
   std::vector<float> red(ix(2 * half));
-  for (I t = 0; t < n; ++t)
-    SinCosRow(static_cast<double>(p0 + t), inv, ix(half), red.data(), red.data() + half,
-              s + t * half, c + t * half);
+  std::vector<double> ang(hf ? ix(half) : 0);
+  for (I t = 0; t < n; ++t) {
+    float* ct = c + t * half;
+    float* st = s + t * half;
+    if (hf) {
+      const double fm = static_cast<double>(static_cast<float>(p0 + t));
+      for (I k = 0; k < half; ++k) ang[ix(k)] = static_cast<double>(static_cast<float>(fm * inv[k]));
+      SinCosRow(1.0, ang.data(), ix(half), red.data(), red.data() + half, st, ct);
+    } else {
+      SinCosRow(static_cast<double>(p0 + t), inv, ix(half), red.data(), red.data() + half, st, ct);
+    }
+    if (scale != 1.0f)
+      for (I k = 0; k < half; ++k) {
+        ct[k] *= scale;
+        st[k] *= scale;
+      }
+  }
 }
 
 // Rotates rows x + r·ld (r < n; the first 2·half entries of each) in place by R(±pos) with table
@@ -347,25 +362,27 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 
 Extra extra() { return HWY_DYNAMIC_DISPATCH(GetExtra)(); }
 
-// cos/sin of every position in [p0, p0 + n) for the r/2 rotary frequencies (float; double angles).
+// a·cos, a·sin of every position in [p0, p0 + n) for the call's r/2 rotary frequencies (float;
+// angles formed in double, in the call's angle mode; a the attention factor).
 struct RopeTab {
   I p0 = 0, n = 0, half = 0;
   std::vector<float> c, s;  // [n, half]
-  void build(const Extra& xs, I first, I count, I r, double theta, int threads) {
+  void build(const Extra& xs, I first, I count, const RopeFrequencies& f, int threads) {
     p0 = first;
     n = count;
-    half = r / 2;
+    half = f.rotary_dim / 2;
     c.resize(ix(n * half));
     s.resize(ix(n * half));
-    std::vector<double> inv(ix(half));
-    for (I k = 0; k < half; ++k) inv[ix(k)] = rope::inv_freq(k, r, theta);
+    const bool hf = f.angles == RopeAngles::kHf;
+    const double* inv = hf ? f.inv_freq_f32.data() : f.inv_freq.data();
+    const float scale = static_cast<float>(f.attention_factor);
     constexpr I kPiece = 512;  // positions per parallel piece: a decode step's stays on one thread
     const I pieces = (n + kPiece - 1) / kPiece;
     const int th = pieces > 1 ? threads : 1;
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
     for (I pc = 0; pc < pieces; ++pc) {
       const I t0 = pc * kPiece;
-      xs.rope_rows(p0 + t0, std::min(kPiece, n - t0), inv.data(), half, &c[ix(t0 * half)],
+      xs.rope_rows(p0 + t0, std::min(kPiece, n - t0), inv, half, hf, scale, &c[ix(t0 * half)],
                    &s[ix(t0 * half)]);
     }
   }
@@ -421,11 +438,11 @@ class Fused {
       // One table over both position ranges when they overlap or abut closely, else two.
       const I lo = std::min(d.q_off, d.k_off), hi = std::max(d.q_off + d.M, d.k_off + d.N);
       if (hi - lo <= d.M + d.N) {
-        tab_q_.build(xs_, lo, hi - lo, d.rdim, p.rope.theta, threads);
+        tab_q_.build(xs_, lo, hi - lo, d.rope, threads);
         tq_ = tk_ = &tab_q_;
       } else {
-        tab_q_.build(xs_, d.q_off, d.M, d.rdim, p.rope.theta, threads);
-        tab_k_.build(xs_, d.k_off, d.N, d.rdim, p.rope.theta, threads);
+        tab_q_.build(xs_, d.q_off, d.M, d.rope, threads);
+        tab_k_.build(xs_, d.k_off, d.N, d.rope, threads);
         tq_ = &tab_q_;
         tk_ = &tab_k_;
       }

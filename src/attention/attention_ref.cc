@@ -26,10 +26,11 @@
 //   and contribute nothing (no −inf is ever multiplied).
 //
 // ---- the encodings' terms and their derivatives ----------------------------------------------------
-// rope (Su et al. 2021, arXiv 2104.09864): q_i ↦ R(qp)q_i, k_j ↦ R(kp)k_j, R(m) rotating pair k of the
-//   first r dimensions by m·θ_k, θ_k = theta^(−2k/r) (rope_math.h). The product uses the rotated
-//   vectors; the gradients computed for them are rotated back, dq = R(qp)ᵀ dq̃ = R(−qp) dq̃ (R is
-//   orthogonal), the same for dk.
+// rope (Su et al. 2021, arXiv 2104.09864): q_i ↦ a·R(qp)q_i, k_j ↦ a·R(kp)k_j, R(m) rotating pair k
+//   of the first r dimensions by the angle of m·ω_k, ω_k and the attention factor a those of the
+//   call's RopeFrequencies (any scheme of rope.h; call length max(q_off + M, k_off + N) unless
+//   seq_len is set). The product uses the rotated vectors; the gradients computed for them are
+//   rotated back, dq = (a·R(qp))ᵀ dq̃ = a·R(−qp) dq̃ (R is orthogonal), the same for dk.
 // alibi (Press et al. 2022, arXiv 2108.12409): term = −m_h·|qp − kp| (symmetric, nonsymmetric);
 //   nonsymmetric masks kp > qp for heads h < Hq/2 and kp < qp for the others, its slopes being the
 //   rule's for Hq/2 heads, shared by h and h + Hq/2. Caller-given slopes [Hq] are used per head as
@@ -453,14 +454,14 @@ class Problem {
   }
 
  private:
-  // Rotates x [B, L, H, D] (token l at offset + l) by +angle (dir = +1) or −angle (dir = −1).
+  // Rotates x [B, L, H, D] (token l at offset + l) by a·R(+m) (dir = +1) or a·R(−m) (dir = −1).
   void rotate(Vec* x, I L, I H, I offset, int dir) const {
     const I D = d_.D, r = d_.rdim;
     for (I b = 0; b < d_.B; ++b)
       for (I l = 0; l < L; ++l)
         for (I kk = 0; kk < r / 2; ++kk) {
-          const double ang = dir * rope::angle(offset + l, kk, r, p_.rope.theta);
-          const double c = std::cos(ang), sn = std::sin(ang);
+          const double ang = dir * d_.rope.angle(offset + l, kk);
+          const double c = d_.rope.attention_factor * std::cos(ang), sn = d_.rope.attention_factor * std::sin(ang);
           I ia = 0, ib = 0;
           rope::pair(p_.rope.layout, kk, r, &ia, &ib);
           for (I h = 0; h < H; ++h) {

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace posenc::cli {
 
@@ -152,6 +154,7 @@ std::string type_name_of(const ParamSpec& p) {
   if (p.type == "int") return "INT";
   if (p.type == "bool") return "true|false";
   if (p.type == "tensor") return "FILE.npy";
+  if (p.type == "file") return "FILE";
   if (p.type == "choice") {
     std::string s;
     for (const std::string& c : p.choices) s += (s.empty() ? "" : "|") + c;
@@ -269,6 +272,8 @@ std::string ParamFlags::text(const std::string& name) const {
   return given(name) ? slot(name)->value : p.default_;
 }
 
+std::string ParamFlags::text_of(const std::string& name) const { return text(name); }
+
 double ParamFlags::f64(const std::string& name) const { return parse_float("--" + name, text(name)); }
 
 std::int64_t ParamFlags::i64(const std::string& name) const { return parse_int("--" + name, text(name)); }
@@ -347,11 +352,67 @@ std::string encoding_names(const ParamFlags::Accept& accept) {
 
 // ---- per-encoding glue ------------------------------------------------------------------------
 
-RopeParams rope_params(const ParamFlags& f) {
+RopeModelConfig read_rope_config(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(Status::Io(flag, "cannot open '" + path + "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail(Status::Io(flag, "cannot read '" + path + "'"));
+  auto c = rope_config_from_json(text.str());
+  if (!c.ok()) fail(Status::Invalid(flag, c.status().message() + " (in " + path + ")"));
+  return std::move(c).value();
+}
+
+namespace {
+
+std::vector<double> rope_list(const ParamFlags& f, const std::string& name) {
+  const Tensor* t = f.tensor(name);
+  if (t == nullptr) return {};
+  if (t->shape().size() != 1)
+    fail(Status::Invalid("--" + name, "expected a 1-D array [r/2], got shape " + t->shape_str()));
+  return to_doubles(t->view());
+}
+
+}  // namespace
+
+RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim) {
   RopeParams p;
-  p.layout = take(parse_rope_layout(f.choice("layout")));
-  p.rotary_dim = f.i64("rotary-dim");
-  p.theta = f.f64("theta");
+  if (config_head_dim) *config_head_dim = 0;
+  if (f.given("config")) {
+    for (const char* name : {"rotary-dim", "theta", "rope-type", "factor", "original-max-position", "beta-fast",
+                             "beta-slow", "truncate", "mscale", "mscale-all-dim", "low-freq-factor",
+                             "high-freq-factor", "short-factor", "long-factor", "attention-factor",
+                             "freq-factors", "inv-freq"})
+      if (f.given(name))
+        fail(Status::Invalid(std::string("--") + name, "cannot be combined with --config (the config sets the "
+                                                       "RoPE parameters)"));
+    const RopeModelConfig c = read_rope_config("--config", f.text_of("config"));
+    p = c.params;
+    if (config_head_dim) *config_head_dim = c.head_dim;
+    if (f.given("layout")) p.layout = take(parse_rope_layout(f.choice("layout")));
+  } else {
+    p.layout = take(parse_rope_layout(f.choice("layout")));
+    p.rotary_dim = f.i64("rotary-dim");
+    p.theta = f.f64("theta");
+    p.rope_type = take(parse_rope_type(f.choice("rope-type")));
+    p.factor = f.f64("factor");
+    p.original_max_position = f.i64("original-max-position");
+    p.beta_fast = f.f64("beta-fast");
+    p.beta_slow = f.f64("beta-slow");
+    p.truncate = f.boolean("truncate");
+    p.mscale = f.f64("mscale");
+    p.mscale_all_dim = f.f64("mscale-all-dim");
+    p.low_freq_factor = f.f64("low-freq-factor");
+    p.high_freq_factor = f.f64("high-freq-factor");
+    p.short_factor = rope_list(f, "short-factor");
+    p.long_factor = rope_list(f, "long-factor");
+    if (f.given("attention-factor")) p.attention_factor = f.f64("attention-factor");
+    p.freq_factors = rope_list(f, "freq-factors");
+    p.inv_freq = rope_list(f, "inv-freq");
+  }
+  p.longrope_factors = take(parse_longrope_factors(f.choice("longrope-factors")));
+  p.angles = take(parse_rope_angles(f.choice("angles")));
+  p.seq_len = f.i64("seq-len");
   return p;
 }
 
@@ -441,8 +502,14 @@ EncodingGrads encoding_grads(const ParamFlags& f) {
 
 void print_catalogue() {
   std::vector<std::vector<std::string>> rows = {{"NAME", "KIND", "PARAMETERS", "SUMMARY"}};
-  for (const EncodingInfo& e : registry())
-    rows.push_back({e.name, kind_name(e.kind), join_flags(e.params), e.summary});
+  for (const EncodingInfo& e : registry()) {
+    // A long parameter list (rope's) is abbreviated: posenc list --json and --help have them all.
+    std::string flags = join_flags(e.params);
+    if (e.params.size() > 5)
+      flags = join_flags({e.params.begin(), e.params.begin() + 3}) + ", ... (" + std::to_string(e.params.size()) +
+              " flags)";
+    rows.push_back({e.name, kind_name(e.kind), flags, e.summary});
+  }
   std::vector<std::size_t> width(4, 0);
   for (const auto& r : rows)
     for (std::size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());

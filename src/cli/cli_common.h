@@ -91,6 +91,7 @@ class ParamFlags {
   std::int64_t i64(const std::string& name) const;
   bool boolean(const std::string& name) const;
   std::string choice(const std::string& name) const;
+  std::string text_of(const std::string& name) const;  // the given value or the default, as text
 
   // Tensor parameters of the bound encoding: reads every given file (float data only).
   void load_tensors();
@@ -129,7 +130,12 @@ class ParamFlags {
 std::string encoding_names(const ParamFlags::Accept& accept);
 
 // ---- per-encoding glue: ParamSpec names → fields of the library's params structs ----------------
-RopeParams rope_params(const ParamFlags& f);
+// RoPE's flags (after load_tensors: the lists come from .npy files). With --config the config.json
+// sets the parameters (the flags it sets are then errors), *config_head_dim gets its head dimension
+// (0 without --config) for the command to check its tensors against.
+RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim = nullptr);
+// Reads a Hugging Face config.json (failures name `flag`, then the config field).
+RopeModelConfig read_rope_config(const std::string& flag, const std::string& path);
 AlibiParams alibi_params(const ParamFlags& f);
 T5Params t5_params(const ParamFlags& f);
 SinusoidalParams sinusoidal_params(const ParamFlags& f);
@@ -157,6 +163,7 @@ Command add_study_command(CLI::App& root);
 Command add_train_command(CLI::App& root);
 Command add_plot_command(CLI::App& root);
 Command add_check_command(CLI::App& root);
+Command add_rope_config_command(CLI::App& root);
 
 // Prints the catalogue as an aligned table (list and tour share it).
 void print_catalogue();

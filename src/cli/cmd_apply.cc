@@ -1,7 +1,8 @@
 // posenc apply ENC --in X.npy --out Y.npy [--positions P.npy | --offset K] [params]
 //              [--grad-out dY.npy --grad-in dX.npy [--grad-table dE.npy]]
-// Encodings that act on a tensor by themselves: rope rotates X [B, L, H, D]; sinusoidal and learned
-// add to embeddings X [B, L, D]; nope passes X through. Y keeps X's dtype.
+// Encodings that act on a tensor by themselves: rope rotates X [B, L, H, D] (any scheme of rope.h,
+// or the RoPE of a Hugging Face config.json with --config); sinusoidal and learned add to
+// embeddings X [B, L, D]; nope passes X through. Y keeps X's dtype.
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -114,7 +115,11 @@ void run_apply(ApplyState& st) {
       break;
     }
     case Encoding::kRope: {
-      const RopeParams p = rope_params(st.params);
+      std::int64_t config_D = 0;
+      const RopeParams p = rope_params(st.params, &config_D);
+      if (config_D != 0 && x.shape().size() == 4 && x.shape()[3] != config_D)
+        fail(Status::Invalid("--in", "expected head dimension D = " + std::to_string(config_D) +
+                                         " (from --config), got shape " + x.shape_str()));
       check_lib(rope_forward(p, x.view(), pos, y.view()), names);
       if (want_dx) check_lib(rope_backward(p, dy.view(), pos, dx_view), names);
       break;

@@ -5,7 +5,8 @@
 //                   [--grad-u dU.npy --grad-v-bias dVb.npy --grad-rel-proj dW.npy]
 //                   [--grad-r1 dR1.npy --grad-r2 dR2.npy] [--grad-mlp-w1 … --grad-c … --grad-threshold …]]
 // softmax(scale·q·kᵀ + encoding terms + mask)·v with q [B, M, Hq, D], k, v [B, N, Hkv, D] (see
-// posenc/attention.h); O keeps q's dtype, LSE is float64 [B, Hq, M].
+// posenc/attention.h); O keeps q's dtype, LSE is float64 [B, Hq, M]. rope takes any scheme of
+// posenc/rope.h, or a Hugging Face config.json's RoPE (--config).
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -49,8 +50,7 @@ void run_attention(AttentionState& st) {
   // ---- the encoding's parameters and the tensors it needs
   switch (e.id) {
     case Encoding::kRope:
-      p.rope = rope_params(st.params);
-      break;
+      break;  // after the tensors are read (its lists are .npy files), below
     case Encoding::kAlibi:
       p.alibi = alibi_params(st.params);
       if (p.alibi.variant != AlibiVariant::kLearned && !st.params.grad_flags_given().empty())
@@ -97,6 +97,13 @@ void run_attention(AttentionState& st) {
     require_float_tensor("--grad-out", dout);
   }
   const EncodingTensors t = encoding_tensors(st.params);
+  if (e.id == Encoding::kRope) {
+    std::int64_t config_D = 0;
+    p.rope = rope_params(st.params, &config_D);
+    if (config_D != 0 && q.shape()[3] != config_D)
+      fail(Status::Invalid("--q", "expected head dimension D = " + std::to_string(config_D) +
+                                      " (from --config), got shape " + q.shape_str()));
+  }
 
   // ---- compute everything, then write
   const FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}};

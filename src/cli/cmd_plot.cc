@@ -19,7 +19,6 @@
 
 #include "cli/cli_common.h"
 #include "enc/cope/cope_math.h"
-#include "enc/rope/rope_math.h"
 #include "enc/sinusoidal/sinusoidal_math.h"
 
 namespace posenc::cli {
@@ -86,11 +85,14 @@ std::string script(const PlotState& st, const std::string& png) {
     if (!(theta > 1)) fail(Status::Invalid("--base", "expected a number above 1"));
     s << header(png, 800, 500) << "set title 'RoPE long-term decay (d = " << D << ", theta = " << theta << ")'\n"
       << "set xlabel 'relative distance'\nset ylabel 'relative upper bound'\n$b << EOD\n";
+    RopeParams rp;
+    rp.theta = theta;
+    const RopeFrequencies f = take(rope_frequencies(rp, D, 0));
     for (std::int64_t dist = 0; dist <= L; ++dist) {
       std::complex<double> partial = 0;
       double bound = 0;
       for (std::int64_t i = 0; i < D / 2; ++i) {
-        partial += std::polar(1.0, double(dist) * rope::inv_freq(i, D, theta));
+        partial += std::polar(1.0, f.angle(dist, i));
         bound += std::abs(partial);
       }
       s << dist << " " << bound / double(D / 2) << "\n";

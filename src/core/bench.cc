@@ -150,10 +150,26 @@ I numel(const std::vector<I>& s) {
 
 // ---- elementwise cases ----------------------------------------------------------------------------
 
+// scheme: "" plain RoPE; "yarn" Qwen2.5's YaRN (theta 10⁶, s = 4, L = 32768: attention factor ≠ 1);
+// "hf" plain RoPE with transformers' float32 angles (formed per token).
+RopeParams bench_rope_params(const std::string& scheme, RopeLayout layout) {
+  RopeParams p;
+  p.layout = layout;
+  if (scheme == "yarn") {
+    p.rope_type = RopeType::kYarn;
+    p.theta = 1e6;
+    p.factor = 4;
+    p.original_max_position = 32768;
+  } else if (scheme == "hf") {
+    p.angles = RopeAngles::kHf;
+  }
+  return p;
+}
+
 Case rope_case(const std::string& kernel, std::vector<I> shape, DType dt, RopeLayout layout, bool in_place,
-               bool backward) {
-  Case c{kernel + "." + rope_layout_name(layout) + (in_place ? ".inplace" : ""), "rope", shape_str(shape),
-         dt};
+               bool backward, const std::string& scheme = "") {
+  Case c{kernel + "." + rope_layout_name(layout) + (in_place ? ".inplace" : "") + (scheme.empty() ? "" : "." + scheme),
+         "rope", shape_str(shape), dt};
   c.setup = [=](int threads) {
     const I n = numel(shape);
     const std::size_t bytes = ix(n) * dtype_size(dt);
@@ -161,8 +177,7 @@ Case rope_case(const std::string& kernel, std::vector<I> shape, DType dt, RopeLa
     auto qo = std::make_shared<Mem>(bytes, threads), ko = std::make_shared<Mem>(bytes, threads);
     fill_random(q->data(), ix(n), dt);
     fill_random(kk->data(), ix(n), dt);
-    RopeParams p;
-    p.layout = layout;
+    const RopeParams p = bench_rope_params(scheme, layout);
     const View qv = View::contiguous(q->data(), dt, shape), kv = View::contiguous(kk->data(), dt, shape);
     const View qov = in_place ? qv : View::contiguous(qo->data(), dt, shape);
     const View kov = in_place ? kv : View::contiguous(ko->data(), dt, shape);
@@ -478,6 +493,8 @@ std::vector<Case> default_cases() {
   cs.push_back(rope_case("rope.decode.qk", dec, DType::kF32, RopeLayout::kHalf, false, false));
   cs.push_back(rope_case("rope.decode.qk", dec, DType::kBF16, RopeLayout::kHalf, false, false));
   cs.push_back(rope_case("rope.backward.qk", qk, DType::kF32, RopeLayout::kHalf, false, true));
+  cs.push_back(rope_case("rope.forward.qk", qk, DType::kF32, RopeLayout::kHalf, false, false, "yarn"));
+  cs.push_back(rope_case("rope.forward.qk", qk, DType::kF32, RopeLayout::kHalf, false, false, "hf"));
   for (const char* enc : {"sinusoidal", "learned"})
     for (DType dt : {DType::kF32, DType::kBF16}) {
       cs.push_back(absolute_case(enc, emb, dt, false));

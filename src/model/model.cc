@@ -173,6 +173,14 @@ Status validate_config(const ModelConfig& c) {
       const I r = c.rope.rotary_dim ? c.rope.rotary_dim : D;
       if (r < 2 || r % 2 || r > D)
         return Status::Invalid("rotary_dim", "must be even and in [2, head dim " + std::to_string(D) + "]");
+      // Checkpoints store layout, rotary_dim and theta: the model takes plain RoPE.
+      RopeParams plain;
+      plain.layout = c.rope.layout;
+      plain.rotary_dim = c.rope.rotary_dim;
+      plain.theta = c.rope.theta;
+      if (!(c.rope == plain))
+        return Status::Invalid("rope", "the study's model takes plain RoPE (layout, rotary_dim, theta), "
+                                       "the fields its checkpoints store");
       break;
     }
     case Encoding::kXL: {

@@ -6,9 +6,14 @@
 // float64, a strided innermost dimension or a partial overlap of input and output fall back to
 // posenc::reference.
 //
-// Per token (b, l) at position m: the r/2 angles m·θ_k are formed in double and reduced exactly,
-// their sin/cos evaluated once in float (core/simd-inl.h states the bound) and shared by every head
-// of q and k; then each head row [D] is rotated with vector loads:
+// The frequencies ω_k and the attention factor a_f are the call's RopeFrequencies (rope_freqs.cc),
+// kept from the previous call on this thread while the parameters, r and what the scheme reads of
+// the call's length stay the same (a decode step costs no std::pow; dynamic NTK beyond its window
+// recomputes them per length, as transformers does).
+// Per token (b, l) at position m: the r/2 angles are formed in double (accurate: m·ω_k; hf: the
+// float32 product fl32(ω_k·fl32(m)), exact in double) and reduced exactly, their sin/cos evaluated
+// once in float (core/simd-inl.h states the bound), scaled by a_f and shared by every head of q and
+// k; then each head row [D] is rotated with vector loads:
 //   interleaved: y = x·C + swap_pairs(x)·S, C = (c0 c0 c1 c1 …), S = (−s0 s0 −s1 s1 …)
 //   half:        y_a = x_a·c − x_b·s, y_b = x_b·c + x_a·s over the two contiguous halves
 // (bfloat16: the even and odd elements of a vector, simd-inl.h's pairs, take c and s directly), and
@@ -16,11 +21,9 @@
 // its rows (64 angles for 64 rows of 128 at the benchmark's shape), so no recurrence over positions
 // here. Large float32 outputs (fast::kStreamMinBytes) are written with non-temporal stores (whole
 // vectors, 2N elements a step) and their inputs prefetched (measured choices: run_fast). OpenMP
-// over tokens (B·L); one thread calls the kernel directly, and θ_k is kept from the previous call
-// (a decode step costs no std::pow).
+// over tokens (B·L); one thread calls the kernel directly.
 #include <cstdint>
 #include <cstring>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -40,7 +43,10 @@ struct Job {
   bool interleaved = true;
   std::int64_t B = 0, L = 0, r = 0;
   const std::int64_t* pos = nullptr;  // [B, L]
-  const double* inv = nullptr;        // [r/2], already multiplied by the sign (±1)
+  const double* inv = nullptr;        // [r/2] ω_k (hf: the float32 values)
+  double sign = 1.0;                  // +1 forward, −1 backward
+  bool hf = false;                    // angles fl32(ω_k·fl32(m)) instead of m·ω_k
+  float scale = 1.0f;                 // the attention factor a_f
   Tensor t[2];
   int nt = 0;
   int threads = 1;
@@ -175,11 +181,15 @@ void RopeImpl(const rope_fast::Job& j) {
   const hn::ScalableTag<float> df;
   constexpr bool kPairs = POSENC_BF16_PAIRS && std::is_same_v<T, hwy::bfloat16_t>;
   fast::parallel_ranges(j.B * j.L, j.threads, [&](std::int64_t t0, std::int64_t t1) {
-    // red, quad, s, c [r/2], C, S [r] and ce, co, se, so [r/4 + 1]; on the stack for common sizes.
-    constexpr std::int64_t kStackFloats = 2048;
+    // red, quad, s, c [r/2], C, S [r] and ce, co, se, so [r/4 + 1]; hf angles [r/2] (double); on the
+    // stack for common sizes.
+    constexpr std::int64_t kStackFloats = 2048, kStackAngles = 512;
     const std::int64_t need = 4 * half + 2 * r + 4 * (half / 2 + 1);
     float stack_buf[kStackFloats];
+    double stack_ang[kStackAngles];
     std::vector<float> heap_buf(need > kStackFloats ? static_cast<std::size_t>(need) : 0);
+    std::vector<double> heap_ang(j.hf && half > kStackAngles ? static_cast<std::size_t>(half) : 0);
+    double* ang = half > kStackAngles ? heap_ang.data() : stack_ang;
     float* red = need > kStackFloats ? heap_buf.data() : stack_buf;
     float* quad = red + half;
     float* s = quad + half;
@@ -193,7 +203,21 @@ void RopeImpl(const rope_fast::Job& j) {
     const Trig g{C, S, c, s, ce, co, se, so};
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t b = t / j.L, l = t % j.L;
-      SinCosRow(static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), red, quad, s, c);
+      if (j.hf) {
+        // transformers' angle: the float32 product of ω_k (a float32 value) and the float32
+        // position, formed exactly in double and rounded once to float32.
+        const double fm = static_cast<double>(static_cast<float>(j.pos[t]));
+        for (std::int64_t k = 0; k < half; ++k)
+          ang[k] = j.sign * static_cast<double>(static_cast<float>(fm * j.inv[k]));
+        SinCosRow(1.0, ang, static_cast<std::size_t>(half), red, quad, s, c);
+      } else {
+        SinCosRow(j.sign * static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), red, quad, s, c);
+      }
+      if (j.scale != 1.0f)
+        for (std::int64_t k = 0; k < half; ++k) {
+          s[k] *= j.scale;
+          c[k] *= j.scale;
+        }
       if (j.interleaved && !kPairs) {
         for (std::int64_t k = 0; k < half; ++k) {
           C[2 * k] = C[2 * k + 1] = c[k];
@@ -274,19 +298,39 @@ void fill_tensor(rope_fast::Tensor* t, const View& in, const View& out) {
   }
 }
 
+// The call's frequencies, kept from the previous call on this thread while p, r and what the scheme
+// reads of the call's length stay the same.
+Expected<const RopeFrequencies*> cached_frequencies(const RopeParams& p, std::int64_t r, std::int64_t call_len) {
+  POSENC_RETURN_IF_ERROR(rope::check_call(p, call_len));
+  thread_local struct {
+    bool ok = false;
+    RopeParams p;
+    std::int64_t r = 0, key = 0;
+    RopeFrequencies f;
+  } c;
+  const std::int64_t key = rope::length_key(p, p.seq_len > 0 ? p.seq_len : call_len);
+  if (!c.ok || c.r != r || c.key != key || !(c.p == p)) {
+    c.ok = false;
+    auto f = rope::frequencies(p, r, call_len);
+    if (!f.ok()) return f.status();
+    c.f = std::move(f).value();
+    c.p = p;
+    c.r = r;
+    c.key = key;
+    c.ok = true;
+  }
+  return &c.f;
+}
+
 // Rotates up to two tensors sharing B, L, positions and dtype.
 Status run_fast(const RopeParams& p, std::int64_t r, const View* in, const View* out, int n,
                 const Positions& pos, double sign) {
   const std::int64_t B = in[0].dim(0), L = in[0].dim(1);
   auto ids = expand_positions("positions", pos, B, L);  // [B, L]
   if (!ids.ok()) return ids.status();
-  // θ_k·sign (std::pow per k, the reference's own values), kept for the next call with the same r.
-  const std::vector<double>& inv = fast::cached_tables(std::make_tuple(r, p.theta, sign), [&] {
-    std::vector<double> v(static_cast<std::size_t>(r / 2));
-    for (std::int64_t k = 0; k < r / 2; ++k)
-      v[static_cast<std::size_t>(k)] = sign * rope::inv_freq(k, r, p.theta);
-    return v;
-  });
+  auto fr = cached_frequencies(p, r, rope::call_length(*ids));
+  if (!fr.ok()) return fr.status();
+  const RopeFrequencies& f = **fr;
   rope_fast::Job j;
   j.dtype = in[0].dtype;
   j.interleaved = p.layout == RopeLayout::kInterleaved;
@@ -294,7 +338,10 @@ Status run_fast(const RopeParams& p, std::int64_t r, const View* in, const View*
   j.L = L;
   j.r = r;
   j.pos = ids->data();
-  j.inv = inv.data();
+  j.hf = f.angles == RopeAngles::kHf;
+  j.inv = j.hf ? f.inv_freq_f32.data() : f.inv_freq.data();
+  j.sign = sign;
+  j.scale = static_cast<float>(f.attention_factor);
   j.nt = n;
   std::int64_t elems = 0;
   bool in_place = true;

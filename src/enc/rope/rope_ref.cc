@@ -1,27 +1,27 @@
 // The plain reference of rotary position embedding (scalar, double accumulation).
 //
 // For a token at position m, pair k = (a, b) of the first r = rotary_dim dimensions is rotated by
-// the angle m·θ_k, θ_k = theta^(−2k/r), k = 0 .. r/2 − 1:
+// the angle m·ω_k and scaled by the attention factor a_f, k = 0 .. r/2 − 1:
 //
-//   x'_a = x_a·cos(mθ_k) − x_b·sin(mθ_k)
-//   x'_b = x_a·sin(mθ_k) + x_b·cos(mθ_k)          dimensions r .. D−1 pass through
+//   x'_a = a_f·(x_a·cos(mω_k) − x_b·sin(mω_k))
+//   x'_b = a_f·(x_a·sin(mω_k) + x_b·cos(mω_k))          dimensions r .. D−1 pass through
 //
 //   layout interleaved: (a, b) = (2k, 2k+1);  layout half: (a, b) = (k, k + r/2)
-//   backward: the rotation by −m·θ_k (R(m) is orthogonal, so R(m)ᵀ = R(−m)).
+//   backward: a_f·R(−m) (R(m) is orthogonal, so (a_f·R(m))ᵀ = a_f·R(−m)).
 //
 // Source: Su et al. 2021, RoFormer (arXiv 2104.09864), eq. 34 (the block-diagonal R_{Θ,m}, seed 000)
 // and eq. 35 (the element-wise form, seed 002); Llama's complex form (seed 002); the half layout is
-// GPT-NeoX / Hugging Face's rotate_half. The formula is written once in rope_math.h.
+// GPT-NeoX / Hugging Face's rotate_half. ω_k, the angle (accurate: double; hf: transformers' float32
+// product) and a_f come from RopeFrequencies (rope_freqs.cc, the formulas in rope_math.h); cos and
+// sin of that angle are taken in double.
 //
-// x, y: [B, L, H, D]; the angle is formed in double from the integer position.
+// x, y: [B, L, H, D]. The call's length (dynamic, longrope) is p.seq_len or max(position) + 1.
 #include <cmath>
-#include <sstream>
 
+#include "enc/rope/rope_check.h"
 #include "enc/rope/rope_math.h"
-#include "core/format.h"
 #include "posenc/reference.h"
 #include "posenc/rope.h"
-#include "enc/rope/rope_check.h"
 
 namespace posenc {
 namespace rope {
@@ -43,15 +43,14 @@ Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View
     if (p.rotary_dim == 0) what += " (D = " + std::to_string(D) + ")";
     return Status::Invalid("rotary_dim", what);
   }
-  if (!std::isfinite(p.theta) || !(p.theta > 0))
-    return Status::Invalid("theta", "expected a finite number > 0, got " + format_number(p.theta));
+  POSENC_RETURN_IF_ERROR(check_params(p, r));
   return r;
 }
 }  // namespace rope
 
 namespace {
 
-// out = R(sign·m) in, token by token; sign = +1 forward, −1 backward.
+// out = a_f·R(sign·m) in, token by token; sign = +1 forward, −1 backward.
 Status rotate(const RopeParams& p, const char* in_arg, const View& in, const Positions& pos,
               const char* out_arg, const View& out, double sign) {
   auto rr = rope::check(p, in_arg, in, out_arg, out);
@@ -60,15 +59,18 @@ Status rotate(const RopeParams& p, const char* in_arg, const View& in, const Pos
   const std::int64_t B = in.dim(0), L = in.dim(1), H = in.dim(2), D = in.dim(3);
   auto ids = expand_positions("positions", pos, B, L);  // [B, L]
   if (!ids.ok()) return ids.status();
+  auto fr = rope::frequencies(p, r, rope::call_length(*ids));
+  if (!fr.ok()) return fr.status();
+  const RopeFrequencies& f = *fr;
 
   std::vector<double> v = to_doubles(in);  // [B, L, H, D]; read in full before out (may alias in)
   std::vector<double> c(static_cast<std::size_t>(r / 2)), s(static_cast<std::size_t>(r / 2));
   for (std::int64_t t = 0; t < B * L; ++t) {
     const std::int64_t m = (*ids)[static_cast<std::size_t>(t)];
     for (std::int64_t k = 0; k < r / 2; ++k) {
-      const double angle = sign * rope::angle(m, k, r, p.theta);
-      c[static_cast<std::size_t>(k)] = std::cos(angle);
-      s[static_cast<std::size_t>(k)] = std::sin(angle);
+      const double angle = sign * f.angle(m, k);
+      c[static_cast<std::size_t>(k)] = f.attention_factor * std::cos(angle);
+      s[static_cast<std::size_t>(k)] = f.attention_factor * std::sin(angle);
     }
     for (std::int64_t h = 0; h < H; ++h) {
       double* row = v.data() + (t * H + h) * D;  // [D]
@@ -87,14 +89,6 @@ Status rotate(const RopeParams& p, const char* in_arg, const View& in, const Pos
 }
 
 }  // namespace
-
-const char* rope_layout_name(RopeLayout l) { return l == RopeLayout::kHalf ? "half" : "interleaved"; }
-
-Expected<RopeLayout> parse_rope_layout(const std::string& s) {
-  if (s == "interleaved") return RopeLayout::kInterleaved;
-  if (s == "half") return RopeLayout::kHalf;
-  return Status::Invalid("layout", "expected interleaved or half, got '" + s + "'");
-}
 
 namespace reference {
 

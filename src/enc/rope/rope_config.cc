@@ -1,0 +1,399 @@
+// A Hugging Face config.json read as transformers ≥ 4.56 reads it for RoPE (see posenc/rope.h).
+//
+// Facts relied on, from transformers' sources (src/transformers/modeling_rope_utils.py of the 4.56
+// line, after PR #40320 "explicit factor > implicit factor in YaRN"; the model configs named):
+//   * every scheme: base = config.rope_theta; dim = int(head_dim · partial_rotary_factor) with
+//     head_dim = config.head_dim or hidden_size // num_attention_heads, partial_rotary_factor
+//     default 1.0; rope_type = rope_scaling["rope_type"], else rope_scaling["type"].
+//   * GPTNeoXConfig (Pythia): rope_theta = rotary_emb_base, partial_rotary_factor = rotary_pct.
+//   * DeepseekV3Config / DeepseekV2Config: head_dim = qk_rope_head_dim (the rotated part of q, k);
+//     DeepSeek-V3 applies RoPE to interleaved pairs (rope_interleave, default true); its attention
+//     (DeepseekV3Attention) multiplies the softmax scale by m(factor, mscale_all_dim)² when
+//     mscale_all_dim is set, which is reported in notes.
+//   * Phi3Config: rope_scaling type "su" or "yarn" is renamed "longrope"; the pretrained length is
+//     the top-level original_max_position_embeddings.
+//   * dynamic: window = max_position_embeddings (rope_scaling's original_max_position_embeddings is
+//     accepted by the validator but not read).
+//   * yarn: factor = rope_scaling["factor"]; original length = rope_scaling.get(
+//     "original_max_position_embeddings") or max_position_embeddings; attention_factor, beta_fast
+//     (default 32), beta_slow (1), mscale, mscale_all_dim, truncate (default true) from rope_scaling.
+//     Before PR #40320 (≤ 4.55) the factor was replaced by max_position_embeddings /
+//     original_max_position_embeddings whenever the latter was given (Qwen2.5's recommended
+//     {factor 4, original 32768} with max_position_embeddings 32768 then ran with factor 1); 4.56
+//     uses the explicit factor and only warns.
+//   * llama3: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, all
+//     required in rope_scaling.
+//   * longrope: short_factor, long_factor required; when the config has a top-level
+//     original_max_position_embeddings, L = that and factor = max_position_embeddings / L whatever
+//     rope_scaling["factor"] says; else L = max_position_embeddings and factor = rope_scaling["factor"].
+// Where transformers would take a model class's default for a missing field (rope_theta, rotary_pct),
+// this reader asks for the field instead.
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/format.h"
+#include "posenc/rope.h"
+
+namespace posenc {
+namespace {
+
+using json = nlohmann::json;
+
+std::string num(double x) { return format_number(x); }
+
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+struct Reader {
+  const json& obj;
+  std::string prefix;  // "" or "rope_scaling."
+
+  bool has(const char* key) const { return obj.contains(key) && !obj.at(key).is_null(); }
+  std::string name(const char* key) const { return prefix + key; }
+
+  Expected<std::optional<double>> number(const char* key) const {
+    if (!has(key)) return std::optional<double>{};
+    const json& v = obj.at(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>()))
+      return Status::Invalid(name(key), "expected a finite number, got " + shown(v));
+    return std::optional<double>{v.get<double>()};
+  }
+  Expected<std::optional<double>> positive(const char* key) const {
+    auto v = number(key);
+    if (!v.ok() || !v->has_value()) return v;
+    if (!(**v > 0)) return Status::Invalid(name(key), "expected a number > 0, got " + num(**v));
+    return v;
+  }
+  Expected<std::optional<std::int64_t>> integer(const char* key) const {
+    if (!has(key)) return std::optional<std::int64_t>{};
+    const json& v = obj.at(key);
+    if (!v.is_number() || v.get<double>() != std::floor(v.get<double>()) || !(v.get<double>() >= 1) ||
+        v.get<double>() > 9.0e15)
+      return Status::Invalid(name(key), "expected an integer >= 1, got " + shown(v));
+    return std::optional<std::int64_t>{static_cast<std::int64_t>(v.get<double>())};
+  }
+  Expected<std::optional<bool>> boolean(const char* key) const {
+    if (!has(key)) return std::optional<bool>{};
+    const json& v = obj.at(key);
+    if (!v.is_boolean()) return Status::Invalid(name(key), "expected true or false, got " + shown(v));
+    return std::optional<bool>{v.get<bool>()};
+  }
+  Expected<std::optional<std::string>> string(const char* key) const {
+    if (!has(key)) return std::optional<std::string>{};
+    const json& v = obj.at(key);
+    if (!v.is_string()) return Status::Invalid(name(key), "expected a string, got " + shown(v));
+    return std::optional<std::string>{v.get<std::string>()};
+  }
+  Expected<std::vector<double>> list(const char* key, std::int64_t want) const {
+    if (!has(key)) return Status::Invalid(name(key), "missing (a list of r/2 = " + std::to_string(want) + " numbers)");
+    const json& v = obj.at(key);
+    if (!v.is_array()) return Status::Invalid(name(key), "expected a list of numbers, got " + shown(v));
+    std::vector<double> out;
+    for (const json& e : v) {
+      if (!e.is_number() || !std::isfinite(e.get<double>()) || !(e.get<double>() > 0))
+        return Status::Invalid(name(key), "expected numbers > 0, got " + shown(e) + " at " + std::to_string(out.size()));
+      out.push_back(e.get<double>());
+    }
+    if (static_cast<std::int64_t>(out.size()) != want)
+      return Status::Invalid(name(key), "expected r/2 = " + std::to_string(want) + " numbers (one per rotated pair), got " +
+                                            std::to_string(out.size()));
+    return out;
+  }
+};
+
+#define POSENC_TAKE(var, expr)            \
+  auto var##_e = (expr);                  \
+  if (!var##_e.ok()) return var##_e.status(); \
+  auto var = std::move(var##_e).value()
+
+// The rope_scaling fields each rope_type reads (besides rope_type / type), as transformers 4.56.
+const std::map<std::string, std::set<std::string>>& scheme_fields() {
+  static const std::map<std::string, std::set<std::string>> m = {
+      {"default", {}},
+      {"linear", {"factor"}},
+      {"ntk", {"factor"}},
+      {"dynamic", {"factor", "original_max_position_embeddings"}},
+      {"yarn",
+       {"factor", "attention_factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "mscale",
+        "mscale_all_dim", "truncate"}},
+      {"llama3", {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}},
+      {"longrope", {"short_factor", "long_factor", "factor", "attention_factor", "original_max_position_embeddings"}},
+  };
+  return m;
+}
+
+bool is_neox(const std::string& mt) { return mt.empty() || mt == "gpt_neox" || mt == "gpt_neox_japanese"; }
+bool is_deepseek(const std::string& mt) { return mt == "deepseek_v2" || mt == "deepseek_v3"; }
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::Invalid("config", "not valid JSON");
+  if (!j.is_object()) return Status::Invalid("config", "expected a JSON object (a config.json)");
+  const Reader top{j, ""};
+  RopeModelConfig out;
+  RopeParams& p = out.params;
+
+  POSENC_TAKE(model_type, top.string("model_type"));
+  out.model_type = model_type.value_or("");
+  const std::string& mt = out.model_type;
+
+  // Top-level keys about rotary embeddings that this reader does not understand are errors.
+  static const std::set<std::string> known = {
+      "rope_theta", "rope_scaling", "partial_rotary_factor", "rotary_pct", "rotary_emb_base", "qk_rope_head_dim",
+      "rope_interleave"};
+  for (const auto& [key, value] : j.items()) {
+    if (key == "rope_parameters")
+      return Status::Invalid("rope_parameters", "the transformers v5 format is not read; posenc follows 4.56's "
+                                                "rope_theta + rope_scaling");
+    const std::string k = lower(key);
+    if ((k.find("rope") != std::string::npos || k.find("rotary") != std::string::npos) && !known.count(key))
+      return Status::Invalid(key, "not understood (posenc reads rope_theta, rope_scaling, partial_rotary_factor, "
+                                  "rotary_pct, rotary_emb_base, qk_rope_head_dim, rope_interleave)");
+  }
+
+  // ---- theta
+  POSENC_TAKE(rope_theta, top.positive("rope_theta"));
+  POSENC_TAKE(rotary_emb_base, top.positive("rotary_emb_base"));
+  if (rotary_emb_base) {
+    if (!is_neox(mt))
+      return Status::Invalid("rotary_emb_base", "read only for GPT-NeoX configs (model_type gpt_neox), this one is " + mt);
+    if (rope_theta && *rope_theta != *rotary_emb_base)
+      return Status::Invalid("rope_theta", "GPT-NeoX takes rotary_emb_base = " + num(*rotary_emb_base) +
+                                               " as its theta, but rope_theta says " + num(*rope_theta));
+    p.theta = *rotary_emb_base;
+  } else if (rope_theta) {
+    p.theta = *rope_theta;
+  } else {
+    return Status::Invalid(mt.rfind("gpt_neox", 0) == 0 ? "rotary_emb_base" : "rope_theta",
+                           "missing (transformers would take its model class's default; give it explicitly)");
+  }
+
+  // ---- head dimension
+  POSENC_TAKE(head_dim, top.integer("head_dim"));
+  POSENC_TAKE(qk_rope, top.integer("qk_rope_head_dim"));
+  if (qk_rope && !is_deepseek(mt))
+    return Status::Invalid("qk_rope_head_dim", "read only for DeepSeek-V2/V3 configs (model_type deepseek_v2, "
+                                               "deepseek_v3), this one is '" + mt + "'");
+  if (is_deepseek(mt)) {
+    if (!qk_rope) return Status::Invalid("qk_rope_head_dim", "missing (DeepSeek's rotated head dimension)");
+    if (head_dim && *head_dim != *qk_rope)
+      return Status::Invalid("head_dim", "DeepSeek rotates qk_rope_head_dim = " + std::to_string(*qk_rope) +
+                                             " dimensions, but head_dim says " + std::to_string(*head_dim));
+    out.head_dim = *qk_rope;
+  } else if (head_dim) {
+    out.head_dim = *head_dim;
+  } else {
+    POSENC_TAKE(hidden, top.integer("hidden_size"));
+    POSENC_TAKE(heads, top.integer("num_attention_heads"));
+    if (!hidden) return Status::Invalid("hidden_size", "missing (needed for head_dim = hidden_size / num_attention_heads)");
+    if (!heads) return Status::Invalid("num_attention_heads", "missing (needed for head_dim = hidden_size / num_attention_heads)");
+    if (*hidden % *heads != 0)
+      return Status::Invalid("num_attention_heads", "does not divide hidden_size = " + std::to_string(*hidden));
+    out.head_dim = *hidden / *heads;
+  }
+
+  // ---- rotated dimensions: int(head_dim · partial_rotary_factor)
+  POSENC_TAKE(prf, top.positive("partial_rotary_factor"));
+  POSENC_TAKE(rotary_pct, top.positive("rotary_pct"));
+  double fraction = 1.0;
+  const char* fraction_field = "partial_rotary_factor";
+  if (rotary_pct) {
+    if (!is_neox(mt))
+      return Status::Invalid("rotary_pct", "read only for GPT-NeoX configs (model_type gpt_neox), this one is '" + mt + "'");
+    if (prf && *prf != *rotary_pct)
+      return Status::Invalid("partial_rotary_factor", "GPT-NeoX takes rotary_pct = " + num(*rotary_pct) +
+                                                          ", but partial_rotary_factor says " + num(*prf));
+    fraction = *rotary_pct;
+    fraction_field = "rotary_pct";
+  } else if (mt.rfind("gpt_neox", 0) == 0) {
+    return Status::Invalid("rotary_pct", "missing (transformers would take GPTNeoXConfig's default 0.25; give it)");
+  } else if (prf) {
+    fraction = *prf;
+  }
+  if (fraction > 1) return Status::Invalid(fraction_field, "expected a fraction in (0, 1], got " + num(fraction));
+  const double rd = std::trunc(static_cast<double>(out.head_dim) * fraction);  // Python's int(head_dim * f)
+  const std::int64_t r = static_cast<std::int64_t>(rd);
+  if (r < 2 || r % 2 != 0)
+    return Status::Invalid(fraction_field, "gives int(" + std::to_string(out.head_dim) + " * " + num(fraction) + ") = " +
+                                               std::to_string(r) + " rotated dimensions: expected an even number >= 2");
+  p.rotary_dim = r;
+
+  // ---- layout: transformers rotates halves (rotate_half) but for DeepSeek's interleaved pairs
+  POSENC_TAKE(interleave, top.boolean("rope_interleave"));
+  const bool interleaved = interleave ? *interleave : is_deepseek(mt);
+  p.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+
+  POSENC_TAKE(max_pos, top.integer("max_position_embeddings"));
+  out.max_position_embeddings = max_pos.value_or(0);
+  POSENC_TAKE(top_original, top.integer("original_max_position_embeddings"));
+
+  // ---- rope_scaling
+  if (!top.has("rope_scaling")) {
+    if (top_original)
+      out.notes.push_back("original_max_position_embeddings: not read by the default scheme");
+    return out;
+  }
+  const json& sc = j.at("rope_scaling");
+  if (!sc.is_object()) return Status::Invalid("rope_scaling", "expected an object or null, got " + shown(sc));
+  const Reader rs{sc, "rope_scaling."};
+  POSENC_TAKE(rope_type, rs.string("rope_type"));
+  POSENC_TAKE(type, rs.string("type"));
+  if (rope_type && type && *rope_type != *type)
+    return Status::Invalid("rope_scaling.type", "says '" + *type + "' but rope_scaling.rope_type says '" + *rope_type + "'");
+  if (!rope_type && !type) return Status::Invalid("rope_scaling.rope_type", "missing (or rope_scaling.type)");
+  const char* type_field = rope_type ? "rope_scaling.rope_type" : "rope_scaling.type";
+  std::string scheme = rope_type ? *rope_type : *type;
+  if (mt == "phi3" && (scheme == "su" || scheme == "yarn")) {
+    out.notes.push_back(std::string(type_field) + ": Phi3Config renames '" + scheme + "' to 'longrope'");
+    scheme = "longrope";
+  }
+  const auto fields = scheme_fields().find(scheme);
+  if (fields == scheme_fields().end())
+    return Status::Invalid(type_field, "unknown rope_type '" + scheme +
+                                           "', expected default, linear, dynamic, yarn, llama3, longrope (or ntk)");
+  for (const auto& [key, value] : sc.items()) {
+    if (key == "rope_type" || key == "type") continue;
+    if (!fields->second.count(key)) {
+      std::string reads;
+      for (const std::string& f : fields->second) reads += (reads.empty() ? "" : ", ") + f;
+      return Status::Invalid("rope_scaling." + key, "not a field of rope_type " + scheme + " (it reads " +
+                                                         (reads.empty() ? std::string("none") : reads) + ")");
+    }
+  }
+  p.rope_type = parse_rope_type(scheme).value();
+
+  POSENC_TAKE(factor, rs.positive("factor"));
+  POSENC_TAKE(sc_original, rs.integer("original_max_position_embeddings"));
+  POSENC_TAKE(attention_factor, rs.positive("attention_factor"));
+  auto need_factor = [&]() -> Status {
+    if (!factor) return Status::Invalid("rope_scaling.factor", "missing (rope_type " + scheme + " requires it)");
+    p.factor = *factor;
+    return Status::Ok();
+  };
+  auto need_max_pos = [&](const std::string& why) -> Status {
+    if (!max_pos) return Status::Invalid("max_position_embeddings", "missing (" + why + ")");
+    return Status::Ok();
+  };
+  const std::string ignored_top =
+      "original_max_position_embeddings: not read by transformers 4.56's " + scheme + " scaling";
+
+  switch (p.rope_type) {
+    case RopeType::kDefault:
+      if (top_original) out.notes.push_back(ignored_top);
+      break;
+    case RopeType::kLinear:
+    case RopeType::kNtk:
+      POSENC_RETURN_IF_ERROR(need_factor());
+      if (top_original) out.notes.push_back(ignored_top);
+      break;
+    case RopeType::kDynamic:
+      POSENC_RETURN_IF_ERROR(need_factor());
+      POSENC_RETURN_IF_ERROR(need_max_pos("dynamic NTK's window is max_position_embeddings"));
+      p.original_max_position = *max_pos;
+      if (sc_original)
+        out.notes.push_back("rope_scaling.original_max_position_embeddings: not read by transformers 4.56's dynamic "
+                            "scaling (its window is max_position_embeddings = " + std::to_string(*max_pos) + ")");
+      if (top_original) out.notes.push_back(ignored_top);
+      break;
+    case RopeType::kYarn: {
+      POSENC_RETURN_IF_ERROR(need_factor());
+      if (sc_original) {
+        p.original_max_position = *sc_original;
+      } else {
+        POSENC_RETURN_IF_ERROR(need_max_pos("yarn without rope_scaling.original_max_position_embeddings takes it"));
+        p.original_max_position = *max_pos;
+      }
+      if (sc_original && max_pos) {
+        const double implicit = static_cast<double>(*max_pos) / static_cast<double>(*sc_original);
+        if (implicit != p.factor)
+          out.notes.push_back("rope_scaling.factor = " + num(p.factor) +
+                              " differs from max_position_embeddings / original_max_position_embeddings = " +
+                              num(implicit) + ": transformers >= 4.56 uses the explicit factor (<= 4.55 used the ratio)");
+      }
+      POSENC_TAKE(beta_fast, rs.positive("beta_fast"));
+      POSENC_TAKE(beta_slow, rs.positive("beta_slow"));
+      POSENC_TAKE(mscale, rs.number("mscale"));
+      POSENC_TAKE(mscale_all_dim, rs.number("mscale_all_dim"));
+      POSENC_TAKE(truncate, rs.boolean("truncate"));
+      p.beta_fast = beta_fast.value_or(32.0);
+      p.beta_slow = beta_slow.value_or(1.0);
+      p.mscale = mscale.value_or(0.0);
+      p.mscale_all_dim = mscale_all_dim.value_or(0.0);
+      p.truncate = truncate.value_or(true);
+      if (attention_factor) p.attention_factor = *attention_factor;
+      if (top_original) out.notes.push_back(ignored_top + " (it reads rope_scaling.original_max_position_embeddings)");
+      if (is_deepseek(mt) && p.mscale_all_dim != 0) {
+        // DeepseekV3Attention: scaling = qk_head_dim^-0.5 · m(factor, mscale_all_dim)², not part of RoPE.
+        const double m = p.factor <= 1 ? 1.0 : 0.1 * p.mscale_all_dim * std::log(p.factor) + 1.0;
+        out.notes.push_back("DeepSeek's attention multiplies its softmax scale qk_head_dim^-0.5 by m(factor, "
+                            "mscale_all_dim)^2 = " + num(m * m) + " (transformers' DeepseekV3Attention; not part of "
+                            "RoPE: give it to posenc attention --scale), and rotates only the last qk_rope_head_dim "
+                            "dimensions of q and k (q_pe, k_pe)");
+      }
+      break;
+    }
+    case RopeType::kLlama3: {
+      POSENC_RETURN_IF_ERROR(need_factor());
+      POSENC_TAKE(low, rs.positive("low_freq_factor"));
+      POSENC_TAKE(high, rs.positive("high_freq_factor"));
+      if (!low) return Status::Invalid("rope_scaling.low_freq_factor", "missing (rope_type llama3 requires it)");
+      if (!high) return Status::Invalid("rope_scaling.high_freq_factor", "missing (rope_type llama3 requires it)");
+      if (!(*high > *low))
+        return Status::Invalid("rope_scaling.high_freq_factor", "expected a number > low_freq_factor = " + num(*low) +
+                                                                   ", got " + num(*high));
+      if (!sc_original)
+        return Status::Invalid("rope_scaling.original_max_position_embeddings", "missing (rope_type llama3 requires it)");
+      p.low_freq_factor = *low;
+      p.high_freq_factor = *high;
+      p.original_max_position = *sc_original;
+      if (top_original) out.notes.push_back(ignored_top + " (it reads rope_scaling.original_max_position_embeddings)");
+      break;
+    }
+    case RopeType::kLongrope: {
+      POSENC_TAKE(sf, rs.list("short_factor", r / 2));
+      POSENC_TAKE(lf, rs.list("long_factor", r / 2));
+      p.short_factor = std::move(sf);
+      p.long_factor = std::move(lf);
+      if (top_original) {
+        POSENC_RETURN_IF_ERROR(need_max_pos("longrope's factor is max_position_embeddings / original_max_position_embeddings"));
+        p.original_max_position = *top_original;
+        p.factor = static_cast<double>(*max_pos) / static_cast<double>(*top_original);
+        if (factor)
+          out.notes.push_back("rope_scaling.factor: not read by transformers 4.56's longrope when the config has "
+                              "original_max_position_embeddings (it takes max_position_embeddings / "
+                              "original_max_position_embeddings = " + num(p.factor) + ")");
+      } else {
+        POSENC_RETURN_IF_ERROR(need_max_pos("longrope without original_max_position_embeddings switches there"));
+        p.original_max_position = *max_pos;
+        if (!factor)
+          return Status::Invalid("rope_scaling.factor", "missing (longrope's attention factor needs it when the config "
+                                                        "has no top-level original_max_position_embeddings)");
+        p.factor = *factor;
+      }
+      if (sc_original)
+        out.notes.push_back("rope_scaling.original_max_position_embeddings: not read by transformers 4.56's longrope "
+                            "(it reads the top-level original_max_position_embeddings)");
+      if (attention_factor) p.attention_factor = *attention_factor;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace posenc
