@@ -4,7 +4,10 @@
 // probabilities, gradient normalised by the whole batch's count); training lowers the loss; a run
 // with T threads is bit-reproducible for T = 1, 2, 3; the shard pool; and the model's refusals.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -262,6 +265,20 @@ TEST(Model, ShardPoolRunsEachShardOnceOnItsOwnThread) {
     EXPECT_EQ(int(ids.size()), n) << "n " << n;
     EXPECT_EQ(first, std::this_thread::get_id());
   }
+  // A fork() child has none of the parent's workers: its own pool runs the job (a child stuck
+  // waiting for workers that do not exist there is killed by the alarm).
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);
+    std::atomic<int> ran{0};
+    model_fast::ShardPool::instance().run(3, [&](int) { ran.fetch_add(1); });
+    _exit(ran.load() == 3 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 TEST(Model, Refusals) {

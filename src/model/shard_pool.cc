@@ -1,19 +1,30 @@
 #include "model/shard_pool.h"
 
+#include <pthread.h>
+
+#include <atomic>
+
 namespace posenc::model_fast {
 
-ShardPool& ShardPool::instance() {
-  static ShardPool pool;
-  return pool;
-}
+namespace {
+std::atomic<ShardPool*> g_pool{nullptr};
+std::mutex g_pool_mu;
+}  // namespace
 
-ShardPool::~ShardPool() {
-  {
-    const std::lock_guard<std::mutex> lk(m_);
-    stop_ = true;
-  }
-  start_.notify_all();
-  for (std::thread& t : workers_) t.join();
+// The pool lives until the process ends (its idle workers are never joined: nothing to clean up, and
+// no static destructor to order). A child of fork() has none of the parent's workers, so it starts a
+// pool of its own (the parent's, unreachable there, is left as it is).
+ShardPool& ShardPool::instance() {
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_pool.store(nullptr); });
+    return true;
+  }();
+  (void)registered;
+  ShardPool* p = g_pool.load();
+  if (p) return *p;
+  const std::lock_guard<std::mutex> lk(g_pool_mu);
+  if (!(p = g_pool.load())) g_pool.store(p = new ShardPool);
+  return *p;
 }
 
 void ShardPool::run(int n, const std::function<void(int)>& f) {
@@ -44,8 +55,7 @@ void ShardPool::run(int n, const std::function<void(int)>& f) {
 void ShardPool::work(int index, std::uint64_t seen) {
   std::unique_lock<std::mutex> lk(m_);
   for (;;) {
-    start_.wait(lk, [&] { return stop_ || epoch_ != seen; });
-    if (stop_) return;
+    start_.wait(lk, [&] { return epoch_ != seen; });
     seen = epoch_;
     if (index >= active_) continue;  // this job needs fewer shards
     const std::function<void(int)>* job = job_;

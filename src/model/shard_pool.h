@@ -4,7 +4,8 @@
 // barrier takes the core its partner needs), so a job costs two wake-ups; the model runs two per
 // training step. Workers are created on first need and kept. One job at a time: a second caller
 // waits for the first job to finish. f must not call run() itself (nested model passes open
-// ThreadScope(1) and never get here).
+// ThreadScope(1) and never get here). The pool lives as long as the process; a fork() child gets a
+// fresh one.
 #pragma once
 
 #include <condition_variable>
@@ -20,7 +21,6 @@ class ShardPool {
  public:
   static ShardPool& instance();
   void run(int n, const std::function<void(int)>& f);
-  ~ShardPool();
 
  private:
   ShardPool() = default;
@@ -33,7 +33,6 @@ class ShardPool {
   const std::function<void(int)>* job_ = nullptr;
   std::uint64_t epoch_ = 0;  // one per job
   int active_ = 0, pending_ = 0;
-  bool stop_ = false;
 };
 
 }  // namespace posenc::model_fast
