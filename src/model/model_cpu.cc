@@ -118,7 +118,7 @@ HWY_INLINE V GeluGradVec(D d, V x) {
   return hn::IfThenElse(g.inner, inner, tail);
 }
 
-void Gelu(const float* HWY_RESTRICT x, float* y, I n) {
+void Gelu(const float* x, float* y, I n) {
   const hn::ScalableTag<float> d;
   const I N = static_cast<I>(hn::Lanes(d));
   I i = 0;
