@@ -2,9 +2,9 @@
 
 Used by scripts/train_speed.py (tokens per second, PyTorch against posenc in one run) and by
 tests/e2e/test_train_torch.py (replays a posenc training run from its initial checkpoint and batches
-and compares the losses). Covers the encodings that need no posenc-specific tables: nope, learned,
-sinusoidal, rope (interleaved pairs, theta 10000, whole head) and alibi (symmetric, the paper's
-slope rule), each written from the papers' formulas.
+and compares the losses). Covers nope, learned, sinusoidal, rope (interleaved pairs, theta 10000,
+whole head), alibi (symmetric, the paper's slope rule) and t5 (a learned bias per layer over the
+decoder's unidirectional buckets), each written from the papers' formulas.
 
 Runs with Debian's /usr/bin/python3 (python3-torch, python3-numpy); never a runtime dependency.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SUPPORTED = ("nope", "learned", "sinusoidal", "rope", "alibi")
+SUPPORTED = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
 
 
 def load(path):
@@ -53,6 +53,17 @@ def alibi_slopes(h):
     return pow2(p) + pow2(2 * p)[0::2][: h - p]
 
 
+def t5_buckets(rel, num_buckets, max_distance):
+    """Raffel et al. 2020 (Mesh TensorFlow's _relative_position_bucket), unidirectional as in a
+    decoder: n = max(query − key, 0); exact buckets below num_buckets/2, then logarithmic up to
+    max_distance (the log evaluated in float32), the last bucket beyond. rel = key − query."""
+    n = torch.clamp(-rel, min=0)
+    exact = num_buckets // 2
+    logn = torch.log(torch.clamp(n, min=1).to(torch.float32) / exact)
+    large = exact + (logn / math.log(max_distance / exact) * (num_buckets - exact)).to(torch.long)
+    return torch.where(n < exact, n, torch.clamp(large, max=num_buckets - 1))
+
+
 class Model(torch.nn.Module):
     def __init__(self, cfg, params):
         super().__init__()
@@ -70,6 +81,8 @@ class Model(torch.nn.Module):
                            p + "attn.bqkv": (3 * C,), p + "attn.wo": (C, C), p + "attn.bo": (C,),
                            p + "ln2.g": (C,), p + "ln2.b": (C,), p + "mlp.w1": (C, F_),
                            p + "mlp.b1": (F_,), p + "mlp.w2": (F_, C), p + "mlp.b2": (C,)})
+            if enc == "t5":
+                shapes[p + "attn.t5_bias"] = (cfg["t5"]["num_buckets"], cfg["n_heads"])
         self.p = torch.nn.ParameterDict()
         for name, shape in shapes.items():  # the parameters of a posenc checkpoint, checked by shape
             if tuple(params[name].shape) != shape:
@@ -105,6 +118,9 @@ class Model(torch.nn.Module):
             dist = (pos[:, None] - pos[None, :]).abs().to(torch.float32)
             slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32)
             bias = -slopes[:, None, None] * dist[None]
+        if enc == "t5":
+            ids = torch.arange(L)
+            buckets = t5_buckets(ids[None, :] - ids[:, None], cfg["t5"]["num_buckets"], cfg["t5"]["max_distance"])
         for l in range(cfg["n_layers"]):
             p = f"layers.{l}."
             a = F.layer_norm(x, (C,), self.w(p + "ln1.g"), self.w(p + "ln1.b"), 1e-5)
@@ -119,6 +135,8 @@ class Model(torch.nn.Module):
             s = (q @ k_.transpose(-1, -2)) / math.sqrt(D)
             if bias is not None:
                 s = s + bias
+            if enc == "t5":
+                s = s + self.w(p + "attn.t5_bias")[buckets].permute(2, 0, 1)  # [H, L, L]
             s = s.masked_fill(~mask, float("-inf"))
             o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, C)
             x = x + o @ self.w(p + "attn.wo") + self.w(p + "attn.bo")

@@ -1,14 +1,23 @@
 // The study's model (posenc/model.h): the whole gradient of Model<double> against central differences
-// for every encoding of the catalogue the model takes; Model<float> against Model<double> on the same parameters;
-// training lowers the loss; a one-thread run is bit-reproducible; and the model's refusals.
+// for every encoding of the catalogue the model takes, on one thread and on two uneven batch shards;
+// Model<float> against Model<double> on the same parameters; the sharded passes against the one-thread
+// pass (loss, probabilities, gradient normalised by the whole batch's count); training lowers the loss;
+// a run with T threads is bit-reproducible for T = 1, 2, 3; the shard pool; and the model's refusals.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "model/shard_pool.h"
 #include "posenc/model.h"
 #include "posenc/registry.h"
 #include "posenc/threads.h"
@@ -74,31 +83,43 @@ TEST(Model, NotWiredYetIsAClearError) {
 
 class ModelGrad : public ::testing::TestWithParam<Encoding> {};
 
+// Restores the process-wide thread count on scope exit.
+struct ThreadCount {
+  int prev = num_threads();
+  explicit ThreadCount(int n) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(prev); }
+};
+
+// On one thread, and on two threads with an uneven split of the batch (shards of 1 and 2 sequences).
 TEST_P(ModelGrad, WholeGradientMatchesFiniteDifferences) {
-  const ModelConfig c = tiny(GetParam());
-  ASSERT_TRUE(validate_config(c).ok());
-  Model<double> m(c, 7);
-  // Perturb every parameter so that zero-initialised ones (biases, xl u/v) carry gradient paths.
-  const std::vector<double> noise = testing::randn(m.params().size(), 3, 0.05);
-  for (std::size_t i = 0; i < noise.size(); ++i) m.params()[i] += noise[i];
-  const Batch b = batch(2, 6, c.vocab, 11);
-  auto loss = [&](const std::vector<double>& w) {
-    m.params() = w;
-    auto r = m.forward(b.tokens.data(), b.targets.data(), 2, 6);
-    EXPECT_TRUE(r.ok());
-    return r.value().nll / double(r.value().count);
-  };
-  const std::vector<double> w0 = m.params();
-  loss(w0);
-  ASSERT_TRUE(m.backward().ok());
-  const std::vector<double> grad = m.grads();
-  // every parameter tensor is reached by the gradient
-  for (const ParamInfo& p : m.layout()) {
-    double s = 0;
-    for (std::size_t i = 0; i < p.size; ++i) s += std::fabs(grad[p.offset + i]);
-    EXPECT_GT(s, 0.0) << p.name;
+  for (int threads : {1, 2}) {
+    const ThreadCount tc(threads);
+    const ModelConfig c = tiny(GetParam());
+    ASSERT_TRUE(validate_config(c).ok());
+    Model<double> m(c, 7);
+    // Perturb every parameter so that zero-initialised ones (biases, xl u/v) carry gradient paths.
+    const std::vector<double> noise = testing::randn(m.params().size(), 3, 0.05);
+    for (std::size_t i = 0; i < noise.size(); ++i) m.params()[i] += noise[i];
+    const I B = 3, L = 6;
+    const Batch b = batch(B, L, c.vocab, 11);
+    auto loss = [&](const std::vector<double>& w) {
+      m.params() = w;
+      auto r = m.forward(b.tokens.data(), b.targets.data(), B, L);
+      EXPECT_TRUE(r.ok());
+      return r.value().nll / double(r.value().count);
+    };
+    const std::vector<double> w0 = m.params();
+    loss(w0);
+    ASSERT_TRUE(m.backward().ok());
+    const std::vector<double> grad = m.grads();
+    // every parameter tensor is reached by the gradient
+    for (const ParamInfo& p : m.layout()) {
+      double s = 0;
+      for (std::size_t i = 0; i < p.size; ++i) s += std::fabs(grad[p.offset + i]);
+      EXPECT_GT(s, 0.0) << p.name;
+    }
+    EXPECT_TRUE(GradCheck(loss, w0, grad, 1e-6, 1e-7, 1e-5, 5000)) << threads << " threads";
   }
-  EXPECT_TRUE(GradCheck(loss, w0, grad, 1e-6, 1e-7, 1e-5, 5000));
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, ModelGrad, ::testing::ValuesIn(all_encodings()),
@@ -165,30 +186,118 @@ TEST(Model, TrainingLowersTheLoss) {
   EXPECT_LT(last, 0.2);
 }
 
-TEST(Model, OneThreadRunIsBitReproducible) {
-  const int prev = num_threads();
-  set_num_threads(1);
-  auto run = [] {
-    ModelConfig c = tiny(Encoding::kAlibi);
+// The batch split over 2 and 3 threads (uneven shards) gives the one-thread pass up to float
+// rounding: the loss, the probabilities (an evaluation pass is sharded too) and the gradient, which is
+// normalised by the count of the whole batch. The batch counts its targets unevenly: the first
+// sequences (shard 0) count one target each, the last ones all of theirs, so a per-shard mean would
+// weight them differently and fail here.
+TEST(Model, ShardedPassesGiveTheOneThreadResult) {
+  for (Encoding e : all_encodings()) {
+    ModelConfig c = tiny(e);
     c.d_model = 16;
     c.d_ff = 32;
-    Model<float> m(c, 9);
-    AdamWConfig oc;
-    oc.total = 5;
-    AdamW opt(oc, m.layout(), m.params().size());
-    std::vector<double> losses;
-    for (int s = 0; s < 5; ++s) {
-      const Batch b = batch(4, 16, c.vocab, std::uint64_t(s));
-      auto r = m.forward(b.tokens.data(), b.targets.data(), 4, 16);
-      losses.push_back(r.value().nll);
-      EXPECT_TRUE(m.backward().ok());
-      opt.step(m.params(), m.grads());
+    c.max_len = 24;
+    const I B = 5, L = 24;
+    Batch b = batch(B, L, c.vocab, 21);
+    for (I i = 0; i < 2 * L; ++i)
+      if (i % L != 5) b.targets[std::size_t(i)] = -1;
+    for (I i = 2 * L; i < B * L; ++i)
+      if (b.targets[std::size_t(i)] < 0) b.targets[std::size_t(i)] = 1;
+    auto pass = [&](int threads, LossSum* loss, std::vector<float>* probs, std::vector<float>* grads) {
+      const ThreadCount tc(threads);
+      Model<float> m(c, 4);
+      auto r = m.forward(b.tokens.data(), b.targets.data(), B, L);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      *loss = r.value();
+      *probs = m.probs();
+      ASSERT_TRUE(m.backward().ok());
+      *grads = m.grads();
+    };
+    LossSum l1, lt;
+    std::vector<float> p1, g1, pt, gt;
+    pass(1, &l1, &p1, &g1);
+    for (int threads : {2, 3}) {
+      pass(threads, &lt, &pt, &gt);
+      const std::string what = std::string(encoding_info(e).name) + ", " + std::to_string(threads) + " threads";
+      EXPECT_EQ(lt.count, l1.count) << what;
+      EXPECT_NEAR(lt.nll, l1.nll, 1e-6 * l1.nll) << what;
+      EXPECT_TRUE(testing::AllClose(std::vector<double>(pt.begin(), pt.end()),
+                                    std::vector<double>(p1.begin(), p1.end()), 1e-7, 1e-5))
+          << what;
+      double mx = 0;
+      for (float x : g1) mx = std::max(mx, double(std::fabs(x)));
+      EXPECT_TRUE(testing::AllClose(std::vector<double>(gt.begin(), gt.end()),
+                                    std::vector<double>(g1.begin(), g1.end()), 1e-5 * mx, 1e-4))
+          << what;
     }
-    return losses;
-  };
-  const std::vector<double> a = run(), b = run();
-  set_num_threads(prev);
-  EXPECT_EQ(a, b);
+  }
+}
+
+// Five AdamW steps twice from the same seed give the same losses and parameters, bit for bit, for
+// each thread count (the shards' gradients are summed in a fixed order).
+TEST(Model, RunIsBitReproducibleForEachThreadCount) {
+  for (int threads : {1, 2, 3}) {
+    const ThreadCount tc(threads);
+    auto run = [](std::vector<float>* params) {
+      ModelConfig c = tiny(Encoding::kAlibi);
+      c.d_model = 16;
+      c.d_ff = 32;
+      Model<float> m(c, 9);
+      AdamWConfig oc;
+      oc.total = 5;
+      AdamW opt(oc, m.layout(), m.params().size());
+      std::vector<double> losses;
+      for (int s = 0; s < 5; ++s) {
+        const Batch b = batch(4, 16, c.vocab, std::uint64_t(s));
+        auto r = m.forward(b.tokens.data(), b.targets.data(), 4, 16);
+        losses.push_back(r.value().nll);
+        EXPECT_TRUE(m.backward().ok());
+        opt.step(m.params(), m.grads());
+      }
+      *params = m.params();
+      return losses;
+    };
+    std::vector<float> pa, pb;
+    const std::vector<double> a = run(&pa), b = run(&pb);
+    EXPECT_EQ(a, b) << threads << " threads";
+    EXPECT_EQ(pa, pb) << threads << " threads";
+  }
+}
+
+// Each shard index runs exactly once per job, shard 0 on the caller and the others on distinct
+// threads, over jobs that grow and shrink the number of shards.
+TEST(Model, ShardPoolRunsEachShardOnceOnItsOwnThread) {
+  model_fast::ShardPool& pool = model_fast::ShardPool::instance();
+  for (int rep = 0; rep < 50; ++rep) {
+    const int n = 1 + rep % 4;
+    std::mutex mu;
+    std::vector<int> runs(std::size_t(n), 0);
+    std::set<std::thread::id> ids;
+    std::thread::id first;
+    pool.run(n, [&](int s) {
+      const std::lock_guard<std::mutex> lk(mu);
+      ++runs[std::size_t(s)];
+      ids.insert(std::this_thread::get_id());
+      if (s == 0) first = std::this_thread::get_id();
+    });
+    EXPECT_EQ(runs, std::vector<int>(std::size_t(n), 1)) << "n " << n;
+    EXPECT_EQ(int(ids.size()), n) << "n " << n;
+    EXPECT_EQ(first, std::this_thread::get_id());
+  }
+  // A fork() child has none of the parent's workers: its own pool runs the job (a child stuck
+  // waiting for workers that do not exist there is killed by the alarm).
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);
+    std::atomic<int> ran{0};
+    model_fast::ShardPool::instance().run(3, [&](int) { ran.fetch_add(1); });
+    _exit(ran.load() == 3 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 TEST(Model, Refusals) {

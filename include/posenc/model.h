@@ -8,12 +8,25 @@
 // The positional encoding sits where its kind says (registry.h): absolute ones at the input, rotary
 // and bias ones inside every attention layer (posenc::attention_forward / attention_backward, the
 // fused kernels), with their own learned tensors per layer (t5 W, xl u, v, W, cope table). GELU is
-// the exact erf form. Forward and backward are written by hand; the projections use OpenBLAS gemm.
-// Model<float> trains; Model<double> exists for the finite-difference test of the whole gradient.
+// the exact erf form. Forward and backward are written by hand; the projections use OpenBLAS gemm,
+// the row and elementwise work of Model<float> (GELU and its derivative, LayerNorm, softmax and
+// cross-entropy, bias and embedding rows, AdamW) Highway kernels (src/model/model_kernels.h states
+// their bounds). Model<float> trains; Model<double>, all scalar, exists for the finite-difference
+// test of the whole gradient.
+//
+// Threads: a pass with T = min(num_threads(), batch) > 1 splits the batch into T shards of
+// consecutive sequences (shard s: sequences [B·s/T, B·(s+1)/T)), each run entirely on one thread
+// (the caller and T − 1 persistent workers that sleep between passes) under ThreadScope(1), with
+// OpenBLAS at one thread for the pass, so every kernel a shard calls stays on its thread. Each shard
+// has its own rows of the activations and, in backward, its own gradient buffer; the buffers are
+// then summed in shard order, and Σ NLL over rows in order. The gradient is that of Σ NLL / count
+// over the whole batch. With one shard (one thread, or a batch of one) the pass runs on the calling
+// thread and the kernels keep their own threading (the fused attention's OpenMP, OpenBLAS's pool).
 //
 // Determinism: parameters come from a seeded std::mt19937_64 (its output is fixed by the standard)
-// through our own uniform and Box–Muller mappings, so a seed gives the same model everywhere; a
-// one-thread run is bit-reproducible.
+// through our own uniform and Box–Muller mappings, so a seed gives the same model everywhere; a run
+// with T threads is bit-reproducible for that T (T = 1 included). Different T give results that
+// differ by float rounding only (sums taken in other groupings).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +77,9 @@ struct LossSum {
 };
 
 template <typename T>
+struct ModelPass;  // model.cc: one forward or backward pass over the shards
+
+template <typename T>
 class Model {
  public:
   // A fresh model with parameters drawn from `seed`. The config must pass validate_config.
@@ -87,22 +103,22 @@ class Model {
   Status backward();  // once per forward
 
  private:
-  // What forward keeps of one layer for backward ([B·L, ·] row-major).
+  friend struct ModelPass<T>;
+  // What forward keeps of one layer ([B·L, ·] row-major; x_in is the previous layer's output).
   struct LayerActs {
     std::vector<T> x_in, a, mean1, rstd1, qkv, att, x_mid, m, mean2, rstd2, h, gel;
   };
-  View qkv_view(const T* qkv, int which) const;  // q, k or v of a [B, L, 3, H, D] activation
-  EncodingTensors enc_tensors(std::int64_t layer) const;
-  EncodingGrads enc_grads(std::int64_t layer);
 
   ModelConfig c_;
   std::vector<ParamInfo> layout_;
   std::vector<T> w_, g_;
+  std::vector<std::vector<T>> g_shard_;  // gradients of shards 1 .. T−1 (shard 0 writes g_)
   std::int64_t B_ = 0, L_ = 0, count_ = 0;
+  int shards_ = 1;  // the last forward's shard count; its backward splits the batch the same way
   std::vector<std::int32_t> tokens_, targets_;
   std::vector<LayerActs> acts_;
   std::vector<T> xf_, lnf_, lnf_mean_, lnf_rstd_, probs_;
-  std::vector<T> x_, dy_, dh_, dgel_, dqkv_, datt_;  // scratch reused across steps
+  std::vector<T> dx_, dy_, dh_, dqkv_, datt_;  // backward scratch reused across steps
   std::vector<double> nll_;
 };
 
@@ -116,7 +132,8 @@ Status save_checkpoint(const std::string& path, const ModelConfig& c, const std:
 Expected<Checkpoint> load_checkpoint(const std::string& path);
 
 // AdamW (Loshchilov & Hutter 2019) with linear warm-up, cosine decay to min_lr_ratio·lr, and global
-// gradient-norm clipping.
+// gradient-norm clipping. The update runs on the calling thread through a Highway kernel
+// (model_kernels.h): adamw.cc's formula in its precisions (float moments, double update).
 struct AdamWConfig {
   double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double clip = 1.0;            // global L2 norm (≤ 0: none)
@@ -133,8 +150,12 @@ class AdamW {
   std::int64_t steps_done() const { return t_; }
 
  private:
+  struct Run {  // consecutive elements that are all decayed or all not
+    std::size_t offset, size;
+    bool decay;
+  };
   AdamWConfig c_;
-  std::vector<unsigned char> decay_;
+  std::vector<Run> runs_;
   std::vector<float> m_, v_;
   std::int64_t t_ = 0;
 };

@@ -3,17 +3,27 @@
 //   g ← g·min(1, clip/‖g‖);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²
 //   w ← w − lr_t·( m/(1−β₁ᵗ) / (√(v/(1−β₂ᵗ)) + ε) + λ·w )      (λ only on the decayed matrices)
 //   lr_t: linear from lr/warmup to lr over the warm-up, then lr·(r + (1−r)·½(1 + cos(π·progress))).
+// Precisions (model_kernels.h's adamw, which runs it): the moments in float, the update in double.
+#include <algorithm>
 #include <cmath>
 
+#include "model/model_kernels.h"
 #include "posenc/model.h"
 
 namespace posenc {
 
 AdamW::AdamW(const AdamWConfig& c, const std::vector<ParamInfo>& layout, std::size_t n)
-    : c_(c), decay_(n, 0), m_(n, 0.f), v_(n, 0.f) {
+    : c_(c), m_(n, 0.f), v_(n, 0.f) {
+  std::vector<unsigned char> decay(n, 0);
   for (const ParamInfo& p : layout)
     if (p.decay)
-      for (std::size_t i = 0; i < p.size; ++i) decay_[p.offset + i] = 1;
+      for (std::size_t i = 0; i < p.size && p.offset + i < n; ++i) decay[p.offset + i] = 1;
+  for (std::size_t i = 0; i < n;) {
+    std::size_t j = i;
+    while (j < n && decay[j] == decay[i]) ++j;
+    runs_.push_back({i, j - i, decay[i] != 0});
+    i = j;
+  }
 }
 
 double AdamW::lr_at(std::int64_t step) const {
@@ -25,22 +35,16 @@ double AdamW::lr_at(std::int64_t step) const {
 }
 
 double AdamW::step(std::vector<float>& w, const std::vector<float>& g) {
-  double sq = 0;
-  for (float x : g) sq += double(x) * double(x);
-  const double norm = std::sqrt(sq);
+  const model_fast::Kernels k = model_fast::kernels();
+  const double norm = std::sqrt(k.sum_squares(g.data(), std::int64_t(g.size())));
   const double clip = c_.clip > 0 && norm > c_.clip ? c_.clip / norm : 1.0;
   const double lr = lr_at(t_);
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
-  const float b1 = float(c_.beta1), b2 = float(c_.beta2);
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    const float gi = float(double(g[i]) * clip);
-    m_[i] = b1 * m_[i] + (1 - b1) * gi;
-    v_[i] = b2 * v_[i] + (1 - b2) * gi * gi;
-    const double upd = (double(m_[i]) / bc1) / (std::sqrt(double(v_[i]) / bc2) + c_.eps);
-    const double wd = decay_[i] ? c_.weight_decay * double(w[i]) : 0.0;
-    w[i] = float(double(w[i]) - lr * (upd + wd));
-  }
+  for (const Run& r : runs_)
+    k.adamw(w.data() + r.offset, g.data() + r.offset, m_.data() + r.offset, v_.data() + r.offset,
+            std::int64_t(r.size), clip, float(c_.beta1), float(c_.beta2), bc1, bc2, c_.eps, lr,
+            r.decay ? c_.weight_decay : 0.0);
   return norm;
 }
 

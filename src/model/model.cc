@@ -12,8 +12,13 @@
 //     dWo += attᵀδ_mid, dbo += Σδ_mid, datt = δ_mid·Woᵀ → attention_backward → dqkv,
 //     dWqkv += LN₁ᵀdqkv, dbqkv += Σdqkv, δ_in = δ_mid + LN₁'(dqkv·Wqkvᵀ)
 //   LN'(dy) = rstd·(dy⊙g − mean(dy⊙g) − x̂·mean(dy⊙g⊙x̂)), dg += Σ dy⊙x̂, db += Σ dy.
-// Bias and LayerNorm parameter gradients are summed over rows serially (a fixed order, so results do
-// not depend on the thread count); the row-wise work is split over OpenMP threads.
+//
+// Threads (model.h): the batch is cut into shards of whole sequences, one thread each, every
+// shard working on its own rows [b0·L, b1·L) of the shared activation buffers and, in backward, on
+// its own gradient buffer (zeroed, then filled exactly as a one-shard backward of its rows would fill
+// it, with the global 1/count); the buffers are summed in shard order afterwards. Within a shard the
+// bias, LayerNorm and embedding gradients are summed over its rows in order. Row work goes through
+// Ops<T>: the Highway kernels of model_kernels.h for float, plain loops in double for double.
 #include "posenc/model.h"
 
 #include <cblas.h>
@@ -23,6 +28,8 @@
 #include <cstring>
 #include <string>
 
+#include "model/model_kernels.h"
+#include "model/shard_pool.h"
 #include "posenc/absolute.h"
 #include "posenc/attention.h"
 #include "posenc/threads.h"
@@ -51,74 +58,140 @@ void gemm(bool ta, bool tb, I M, I N, I K, double alpha, const double* A, I lda,
               int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
-// y [R, n] = x·W + b for x [R, k], W [k, n]; beta = 1 adds into y instead.
-template <typename T>
-void linear(const T* x, const T* W, const T* b, I R, I k, I n, T* y, bool accumulate) {
-  if (!accumulate)
-    for (I r = 0; r < R; ++r) std::memcpy(y + r * n, b, ix(n) * sizeof(T));
-  else
+// ---- row operations ------------------------------------------------------------------------------
+// Ops<double>: the plain loops (double accumulation; GELU by std::erf) — the finite-difference oracle.
+// Ops<float>: the Highway kernels (model_kernels.h), fetched once per pass. Same contracts.
+template <typename T> struct Ops;
+
+template <> struct Ops<double> {
+  using T = double;
+  static T gelu1(T x) { return 0.5 * x * (1 + std::erf(x * M_SQRT1_2)); }  // x·Φ(x)
+  static T gelu_grad1(T x) {                                                // Φ(x) + x·φ(x)
+    return 0.5 * (1 + std::erf(x * M_SQRT1_2)) + x * (0.5 * M_2_SQRTPI * M_SQRT1_2) * std::exp(-0.5 * x * x);
+  }
+  void gelu(const T* x, T* y, I n) const {
+    for (I i = 0; i < n; ++i) y[i] = gelu1(x[i]);
+  }
+  void gelu_backward(const T* x, const T* dy, T* dx, I n) const {
+    for (I i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad1(x[i]);
+  }
+  void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) const {
+    for (I r = 0; r < R; ++r) {
+      const T* xr = x + r * C;
+      double s = 0, ss = 0;
+      for (I c = 0; c < C; ++c) s += xr[c];
+      const double mu = s / double(C);
+      for (I c = 0; c < C; ++c) ss += (xr[c] - mu) * (xr[c] - mu);
+      const double rs = 1.0 / std::sqrt(ss / double(C) + kLnEps);
+      mean[r] = mu;
+      rstd[r] = rs;
+      for (I c = 0; c < C; ++c) y[r * C + c] = (xr[c] - mu) * rs * g[c] + b[c];
+    }
+  }
+  void layer_norm_backward(const T* x, const T* g, const T* mean, const T* rstd, const T* dy, I R, I C,
+                           T* dx, T* dg, T* db) const {
+    for (I r = 0; r < R; ++r) {
+      double s1 = 0, s2 = 0;
+      for (I c = 0; c < C; ++c) {
+        const double xh = (x[r * C + c] - mean[r]) * rstd[r];
+        dg[c] += dy[r * C + c] * xh;
+        db[c] += dy[r * C + c];
+        s1 += dy[r * C + c] * g[c];
+        s2 += dy[r * C + c] * g[c] * xh;
+      }
+      s1 /= double(C);
+      s2 /= double(C);
+      for (I c = 0; c < C; ++c) {
+        const double xh = (x[r * C + c] - mean[r]) * rstd[r];
+        dx[r * C + c] += rstd[r] * (dy[r * C + c] * g[c] - s1 - xh * s2);
+      }
+    }
+  }
+  void softmax_xent(T* z, const std::int32_t* target, I R, I V, double* nll) const {
+    for (I r = 0; r < R; ++r) {
+      T* p = z + r * V;
+      const T mx = *std::max_element(p, p + V);
+      const double zt = target[r] >= 0 ? p[target[r]] : 0.0;
+      double sum = 0;
+      for (I j = 0; j < V; ++j) sum += (p[j] = std::exp(p[j] - mx));
+      const T inv = 1.0 / sum;
+      for (I j = 0; j < V; ++j) p[j] *= inv;
+      nll[r] = target[r] >= 0 ? std::log(sum) + mx - zt : 0.0;
+    }
+  }
+  void xent_backward(T* p, const std::int32_t* target, I R, I V, T scale) const {
+    for (I r = 0; r < R; ++r) {
+      T* d = p + r * V;
+      if (target[r] < 0) {
+        std::fill(d, d + V, T(0));
+        continue;
+      }
+      d[target[r]] -= 1;
+      for (I j = 0; j < V; ++j) d[j] *= scale;
+    }
+  }
+  void add_bias_rows(const T* x, const T* b, I R, I n, T* y) const {
     for (I r = 0; r < R; ++r)
-      for (I j = 0; j < n; ++j) y[r * n + j] += b[j];
+      for (I j = 0; j < n; ++j) y[r * n + j] = x[r * n + j] + b[j];
+  }
+  void sum_rows(const T* dy, I R, I n, T* db) const {
+    for (I r = 0; r < R; ++r)
+      for (I j = 0; j < n; ++j) db[j] += dy[r * n + j];
+  }
+  void embed(const T* E, const std::int32_t* tok, I R, I C, T s, T* x) const {
+    for (I r = 0; r < R; ++r)
+      for (I c = 0; c < C; ++c) x[r * C + c] = s * E[I(tok[r]) * C + c];
+  }
+  void embed_backward(const T* dx, const std::int32_t* tok, I R, I C, T s, T* dE) const {
+    for (I r = 0; r < R; ++r)
+      for (I c = 0; c < C; ++c) dE[I(tok[r]) * C + c] += s * dx[r * C + c];
+  }
+  void add_to(T* y, const T* x, I n) const {
+    for (I i = 0; i < n; ++i) y[i] += x[i];
+  }
+};
+
+template <> struct Ops<float> {
+  using T = float;
+  model_fast::Kernels k = model_fast::kernels();
+  void gelu(const T* x, T* y, I n) const { k.gelu(x, y, n); }
+  void gelu_backward(const T* x, const T* dy, T* dx, I n) const { k.gelu_backward(x, dy, dx, n); }
+  void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) const {
+    k.layer_norm(x, g, b, R, C, kLnEps, y, mean, rstd);
+  }
+  void layer_norm_backward(const T* x, const T* g, const T* mean, const T* rstd, const T* dy, I R, I C,
+                           T* dx, T* dg, T* db) const {
+    k.layer_norm_backward(x, g, mean, rstd, dy, R, C, dx, dg, db);
+  }
+  void softmax_xent(T* z, const std::int32_t* target, I R, I V, double* nll) const {
+    k.softmax_xent(z, target, R, V, nll);
+  }
+  void xent_backward(T* p, const std::int32_t* target, I R, I V, T scale) const {
+    k.xent_backward(p, target, R, V, scale);
+  }
+  void add_bias_rows(const T* x, const T* b, I R, I n, T* y) const { k.add_bias_rows(x, b, R, n, y); }
+  void sum_rows(const T* dy, I R, I n, T* db) const { k.sum_rows(dy, R, n, db); }
+  void embed(const T* E, const std::int32_t* tok, I R, I C, T s, T* x) const { k.embed(E, tok, R, C, s, x); }
+  void embed_backward(const T* dx, const std::int32_t* tok, I R, I C, T s, T* dE) const {
+    k.embed_backward(dx, tok, R, C, s, dE);
+  }
+  void add_to(T* y, const T* x, I n) const { k.add_to(y, x, n); }
+};
+
+// y [R, n] = x·W + b for x [R, k], W [k, n].
+template <typename T>
+void linear(const T* x, const T* W, const T* b, I R, I k, I n, T* y) {
+  for (I r = 0; r < R; ++r) std::memcpy(y + r * n, b, ix(n) * sizeof(T));
   gemm(false, false, R, n, k, T(1), x, k, W, n, T(1), y, n);
 }
 
-// dW [k, n] += xᵀ·dy, db [n] += Σ_r dy, dx [R, k] = dy·Wᵀ (dx may be null).
+// dW [k, n] += xᵀ·dy, db [n] += Σ_r dy, dx [R, k] = dy·Wᵀ.
 template <typename T>
-void linear_backward(const T* x, const T* W, const T* dy, I R, I k, I n, T* dW, T* db, T* dx) {
+void linear_backward(const Ops<T>& ops, const T* x, const T* W, const T* dy, I R, I k, I n, T* dW, T* db,
+                     T* dx) {
   gemm(true, false, k, n, R, T(1), x, k, dy, n, T(1), dW, n);
-  for (I r = 0; r < R; ++r)
-    for (I j = 0; j < n; ++j) db[j] += dy[r * n + j];
-  if (dx) gemm(false, true, R, k, n, T(1), dy, n, W, n, T(0), dx, k);
-}
-
-template <typename T>
-void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) {
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (R * C > 32768)
-  for (I r = 0; r < R; ++r) {
-    const T* xr = x + r * C;
-    double s = 0, ss = 0;
-    for (I c = 0; c < C; ++c) s += xr[c];
-    const double mu = s / double(C);
-    for (I c = 0; c < C; ++c) ss += (xr[c] - mu) * (xr[c] - mu);
-    const double rs = 1.0 / std::sqrt(ss / double(C) + kLnEps);
-    mean[r] = T(mu);
-    rstd[r] = T(rs);
-    for (I c = 0; c < C; ++c) y[r * C + c] = T((xr[c] - mu) * rs) * g[c] + b[c];
-  }
-}
-
-// dx [R, C] += LN'(dy) (added into the residual gradient); dg, db accumulate.
-template <typename T>
-void layer_norm_backward(const T* x, const T* g, const T* mean, const T* rstd, const T* dy, I R, I C,
-                         T* dx, T* dg, T* db) {
-  for (I r = 0; r < R; ++r)
-    for (I c = 0; c < C; ++c) {
-      const T xh = (x[r * C + c] - mean[r]) * rstd[r];
-      dg[c] += dy[r * C + c] * xh;
-      db[c] += dy[r * C + c];
-    }
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (R * C > 32768)
-  for (I r = 0; r < R; ++r) {
-    double s1 = 0, s2 = 0;
-    for (I c = 0; c < C; ++c) {
-      const double dxh = double(dy[r * C + c]) * g[c];
-      s1 += dxh;
-      s2 += dxh * (x[r * C + c] - mean[r]) * rstd[r];
-    }
-    s1 /= double(C);
-    s2 /= double(C);
-    for (I c = 0; c < C; ++c) {
-      const double xh = (double(x[r * C + c]) - mean[r]) * rstd[r];
-      dx[r * C + c] += T(rstd[r] * (double(dy[r * C + c]) * g[c] - s1 - xh * s2));
-    }
-  }
-}
-
-// GELU, the exact form x·Φ(x), and its derivative Φ(x) + x·φ(x).
-template <typename T> T gelu(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2))); }
-template <typename T> T gelu_grad(T x) {
-  const T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
-  return cdf + x * T(0.5 * M_2_SQRTPI * M_SQRT1_2) * std::exp(T(-0.5) * x * x);
+  ops.sum_rows(dy, R, n, db);
+  gemm(false, true, R, k, n, T(1), dy, n, W, n, T(0), dx, k);
 }
 
 // A deterministic N(0, 1) stream: mt19937_64 bits → uniforms in (0, 1) → Box–Muller.
@@ -144,13 +217,30 @@ class Normal {
   bool have_ = false;
 };
 
-// OpenBLAS's own thread pool sized to posenc's thread count for a pass (restored after): with more
-// BLAS threads than posenc's, idle BLAS threads yield and steal time from the OpenMP ones.
+// OpenBLAS's own thread count for a pass (restored after): posenc's count when one thread drives the
+// pass, 1 when shards run on their own threads (nested BLAS threads would only fight them for cores).
 struct BlasThreads {
   int prev;
-  BlasThreads() : prev(openblas_get_num_threads()) { openblas_set_num_threads(num_threads()); }
+  explicit BlasThreads(int n) : prev(openblas_get_num_threads()) { openblas_set_num_threads(n); }
   ~BlasThreads() { openblas_set_num_threads(prev); }
 };
+
+// Runs body(s, b0, b1) for the `shards` shards of a batch of B sequences (shard s: sequences
+// [B·s/T, B·(s+1)/T)), shard 0 on the calling thread and the others on the shard pool's threads,
+// each under ThreadScope(1); one shard runs on the calling thread as it is. Returns the first error in
+// shard order.
+template <class F>
+Status run_shards(int shards, I B, const F& body) {
+  if (shards <= 1) return body(0, I{0}, B);
+  std::vector<Status> st(ix(shards));
+  model_fast::ShardPool::instance().run(shards, [&](int s) {
+    const ThreadScope one(1);
+    st[ix(s)] = body(s, B * s / shards, B * (s + 1) / shards);
+  });
+  for (Status& x : st)
+    if (!x.ok()) return x;
+  return Status::Ok();
+}
 
 std::string layer_name(I l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
@@ -308,6 +398,7 @@ AttentionParams attention_params(const ModelConfig& c) {
 
 }  // namespace
 
+
 template <typename T>
 Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param_layout(c)) {
   std::size_t n = 0;
@@ -340,60 +431,162 @@ Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param
   }
 }
 
-template <typename T>
-View Model<T>::qkv_view(const T* qkv, int which) const {
-  const I C = c_.d_model, H = c_.n_heads, D = c_.head_dim();
-  View v = View::contiguous(qkv + which * C, kDType<T>, {B_, L_, H, D});
-  v.strides = {L_ * 3 * C, 3 * C, D, 1};
-  return v;
-}
 
+// One pass over the shards: the parameter slots, the row operations, and each shard's work.
 template <typename T>
-EncodingTensors Model<T>::enc_tensors(I l) const {
-  EncodingTensors t;
-  const Slots s = slots_of(c_, layout_);
-  const Slots::Layer& P = s.layers[ix(l)];
-  const I H = c_.n_heads, D = c_.head_dim();
-  const T* w = w_.data();
-  switch (c_.encoding) {
-    case Encoding::kT5: t.weights = View::contiguous(w + P.enc[0], kDType<T>, {c_.t5.num_buckets, H}); break;
-    case Encoding::kAlibi:
-      if (c_.alibi.variant == AlibiVariant::kLearned)
-        t.weights = View::contiguous(w + P.enc[0], kDType<T>, {2, H});
-      break;
-    case Encoding::kXL: {
-      const I R = c_.xl_dim ? c_.xl_dim : D;
-      t.u = View::contiguous(w + P.enc[0], kDType<T>, {H, D});
-      t.v = View::contiguous(w + P.enc[1], kDType<T>, {H, D});
-      t.rel_proj = View::contiguous(w + P.enc[2], kDType<T>, {H, D, R});
-      break;
-    }
-    case Encoding::kCope:
-      t.table = View::contiguous(w + P.enc[0], kDType<T>, {c_.cope_npos ? c_.cope_npos : c_.max_len, D});
-      break;
-    default: break;
+struct ModelPass {
+  Model<T>& m;
+  const Slots s;
+  const Ops<T> ops;
+  const I C, H, D, F, V, L;
+
+  explicit ModelPass(Model<T>& model)
+      : m(model), s(slots_of(model.c_, model.layout_)), ops(), C(model.c_.d_model), H(model.c_.n_heads),
+        D(model.c_.head_dim()), F(model.c_.d_ff), V(model.c_.vocab), L(model.L_) {}
+
+  // q, k or v of Bs sequences of a [Bs, L, 3, H, D] activation.
+  View qkv_view(T* qkv, I Bs, int which) const {
+    View v = View::contiguous(qkv + which * C, kDType<T>, {Bs, L, H, D});
+    v.strides = {L * 3 * C, 3 * C, D, 1};
+    return v;
   }
-  return t;
-}
 
-template <typename T>
-EncodingGrads Model<T>::enc_grads(I l) {
-  // The same tensors as enc_tensors, placed in the gradient vector.
-  const EncodingTensors t = enc_tensors(l);
-  const auto moved = [&](const View& v) {
-    if (!v.present()) return View{};
-    View r = v;
-    r.data = g_.data() + (static_cast<const T*>(v.data) - w_.data());
-    return r;
-  };
-  EncodingGrads g;
-  g.weights = moved(t.weights);
-  g.u = moved(t.u);
-  g.v = moved(t.v);
-  g.rel_proj = moved(t.rel_proj);
-  g.table = moved(t.table);
-  return g;
-}
+  EncodingTensors enc_tensors(I l) const {
+    EncodingTensors t;
+    const Slots::Layer& P = s.layers[ix(l)];
+    const T* w = m.w_.data();
+    const ModelConfig& c = m.c_;
+    switch (c.encoding) {
+      case Encoding::kT5: t.weights = View::contiguous(w + P.enc[0], kDType<T>, {c.t5.num_buckets, H}); break;
+      case Encoding::kAlibi:
+        if (c.alibi.variant == AlibiVariant::kLearned)
+          t.weights = View::contiguous(w + P.enc[0], kDType<T>, {2, H});
+        break;
+      case Encoding::kXL: {
+        const I R = c.xl_dim ? c.xl_dim : D;
+        t.u = View::contiguous(w + P.enc[0], kDType<T>, {H, D});
+        t.v = View::contiguous(w + P.enc[1], kDType<T>, {H, D});
+        t.rel_proj = View::contiguous(w + P.enc[2], kDType<T>, {H, D, R});
+        break;
+      }
+      case Encoding::kCope:
+        t.table = View::contiguous(w + P.enc[0], kDType<T>, {c.cope_npos ? c.cope_npos : c.max_len, D});
+        break;
+      default: break;
+    }
+    return t;
+  }
+
+  // The same tensors as enc_tensors, placed in the gradient buffer g.
+  EncodingGrads enc_grads(I l, T* g) const {
+    const EncodingTensors t = enc_tensors(l);
+    const auto moved = [&](const View& v) {
+      if (!v.present()) return View{};
+      View r = v;
+      r.data = g + (static_cast<const T*>(v.data) - m.w_.data());
+      return r;
+    };
+    EncodingGrads out;
+    out.weights = moved(t.weights);
+    out.u = moved(t.u);
+    out.v = moved(t.v);
+    out.rel_proj = moved(t.rel_proj);
+    out.table = moved(t.table);
+    return out;
+  }
+
+  // Sequences [b0, b1): rows [b0·L, b1·L) of every activation, the logits turned into probabilities,
+  // and the NLL of each row.
+  Status forward_shard(I b0, I b1) const {
+    const I Bs = b1 - b0, r0 = b0 * L, R = Bs * L, nl = m.c_.n_layers;
+    const T* w = m.w_.data();
+    const auto at = [&](std::vector<T>& v, I width) { return v.data() + r0 * width; };
+    T* x0 = at(m.acts_[0].x_in, C);
+    // Vaswani et al.: embeddings × √C, then the absolute encoding is added
+    ops.embed(w + s.tok_emb, m.tokens_.data() + r0, R, C, T(std::sqrt(double(C))), x0);
+    const View xv = View::contiguous(x0, kDType<T>, {Bs, L, C});
+    if (m.c_.encoding == Encoding::kLearned) {
+      const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {m.c_.max_len, C});
+      POSENC_RETURN_IF_ERROR(learned_forward(LearnedParams{}, xv, tab, Positions{}, xv));
+    } else if (m.c_.encoding == Encoding::kSinusoidal) {
+      POSENC_RETURN_IF_ERROR(sinusoidal_forward(SinusoidalParams{m.c_.sinusoid_base}, xv, Positions{}, xv));
+    }
+    const AttentionParams ap = attention_params(m.c_);
+    for (I l = 0; l < nl; ++l) {
+      const Slots::Layer& P = s.layers[ix(l)];
+      typename Model<T>::LayerActs& A = m.acts_[ix(l)];
+      T *x_in = at(A.x_in, C), *a = at(A.a, C), *qkv = at(A.qkv, 3 * C), *att = at(A.att, C),
+        *x_mid = at(A.x_mid, C), *mm = at(A.m, C), *h = at(A.h, F), *gel = at(A.gel, F);
+      T* x_out = l + 1 < nl ? at(m.acts_[ix(l + 1)].x_in, C) : at(m.xf_, C);
+      ops.layer_norm(x_in, w + P.ln1_g, w + P.ln1_b, R, C, a, at(A.mean1, 1), at(A.rstd1, 1));
+      linear(a, w + P.wqkv, w + P.bqkv, R, C, 3 * C, qkv);
+      POSENC_RETURN_IF_ERROR(attention_forward(ap, qkv_view(qkv, Bs, 0), qkv_view(qkv, Bs, 1),
+                                               qkv_view(qkv, Bs, 2), enc_tensors(l),
+                                               View::contiguous(att, kDType<T>, {Bs, L, H, D})));
+      ops.add_bias_rows(x_in, w + P.bo, R, C, x_mid);  // x_mid = x_in + bo + att·Wo
+      gemm(false, false, R, C, C, T(1), att, C, w + P.wo, C, T(1), x_mid, C);
+      ops.layer_norm(x_mid, w + P.ln2_g, w + P.ln2_b, R, C, mm, at(A.mean2, 1), at(A.rstd2, 1));
+      linear(mm, w + P.w1, w + P.b1, R, C, F, h);
+      ops.gelu(h, gel, R * F);
+      ops.add_bias_rows(x_mid, w + P.b2, R, C, x_out);  // x_out = x_mid + b2 + GELU(h)·W2
+      gemm(false, false, R, C, F, T(1), gel, F, w + P.w2, C, T(1), x_out, C);
+    }
+    T* lnf = at(m.lnf_, C);
+    ops.layer_norm(at(m.xf_, C), w + s.lnf_g, w + s.lnf_b, R, C, lnf, at(m.lnf_mean_, 1), at(m.lnf_rstd_, 1));
+    T* logits = at(m.probs_, V);  // logits = LN_f(x)·Eᵀ, then probabilities in place
+    gemm(false, true, R, V, C, T(1), lnf, C, w + s.tok_emb, C, T(0), logits, V);
+    ops.softmax_xent(logits, m.targets_.data() + r0, R, V, m.nll_.data() + r0);
+    return Status::Ok();
+  }
+
+  // The gradient of Σ NLL / count (count over the whole batch) from sequences [b0, b1) into g (zeroed).
+  Status backward_shard(I b0, I b1, T* g) const {
+    const I Bs = b1 - b0, r0 = b0 * L, R = Bs * L;
+    const T* w = m.w_.data();
+    const auto at = [&](std::vector<T>& v, I width) { return v.data() + r0 * width; };
+    // logits: d = (p − onehot)/count on counted rows, 0 elsewhere (in place of the probabilities)
+    T* dlog = at(m.probs_, V);
+    ops.xent_backward(dlog, m.targets_.data() + r0, R, V, T(1.0 / double(m.count_)));
+    // logits = lnf·Eᵀ: dE += dlogᵀ·lnf, dlnf = dlog·E
+    gemm(true, false, V, C, R, T(1), dlog, V, at(m.lnf_, C), C, T(1), g + s.tok_emb, C);
+    T *dy = at(m.dy_, C), *dx = at(m.dx_, C), *dh = at(m.dh_, F), *dqkv = at(m.dqkv_, 3 * C),
+      *datt = at(m.datt_, C);
+    gemm(false, false, R, C, V, T(1), dlog, V, w + s.tok_emb, C, T(0), dy, C);
+    std::fill(dx, dx + R * C, T(0));
+    ops.layer_norm_backward(at(m.xf_, C), w + s.lnf_g, at(m.lnf_mean_, 1), at(m.lnf_rstd_, 1), dy, R, C, dx,
+                            g + s.lnf_g, g + s.lnf_b);
+    const AttentionParams ap = attention_params(m.c_);
+    for (I l = m.c_.n_layers - 1; l >= 0; --l) {
+      const Slots::Layer& P = s.layers[ix(l)];
+      typename Model<T>::LayerActs& A = m.acts_[ix(l)];
+      T* qkv = at(A.qkv, 3 * C);
+      // MLP: dx is the gradient of x_out; dh holds dGELU, then dh
+      linear_backward(ops, at(A.gel, F), w + P.w2, dx, R, F, C, g + P.w2, g + P.b2, dh);
+      ops.gelu_backward(at(A.h, F), dh, dh, R * F);
+      linear_backward(ops, at(A.m, C), w + P.w1, dh, R, C, F, g + P.w1, g + P.b1, dy);
+      ops.layer_norm_backward(at(A.x_mid, C), w + P.ln2_g, at(A.mean2, 1), at(A.rstd2, 1), dy, R, C, dx,
+                              g + P.ln2_g, g + P.ln2_b);
+      // attention: dx is now the gradient of x_mid
+      linear_backward(ops, at(A.att, C), w + P.wo, dx, R, C, C, g + P.wo, g + P.bo, datt);
+      POSENC_RETURN_IF_ERROR(attention_backward(
+          ap, qkv_view(qkv, Bs, 0), qkv_view(qkv, Bs, 1), qkv_view(qkv, Bs, 2), enc_tensors(l),
+          View::contiguous(datt, kDType<T>, {Bs, L, H, D}), qkv_view(dqkv, Bs, 0), qkv_view(dqkv, Bs, 1),
+          qkv_view(dqkv, Bs, 2), enc_grads(l, g)));
+      linear_backward(ops, at(A.a, C), w + P.wqkv, dqkv, R, C, 3 * C, g + P.wqkv, g + P.bqkv, dy);
+      ops.layer_norm_backward(at(A.x_in, C), w + P.ln1_g, at(A.mean1, 1), at(A.rstd1, 1), dy, R, C, dx,
+                              g + P.ln1_g, g + P.ln1_b);
+    }
+    // input: dx is the gradient of x₀ = √C·E[token] (+ absolute encoding)
+    if (m.c_.encoding == Encoding::kLearned) {
+      const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {m.c_.max_len, C});
+      POSENC_RETURN_IF_ERROR(learned_backward(LearnedParams{}, View::contiguous(dx, kDType<T>, {Bs, L, C}),
+                                              tab, Positions{}, View{},
+                                              View::contiguous(g + s.pos_emb, kDType<T>, {m.c_.max_len, C})));
+    }
+    ops.embed_backward(dx, m.tokens_.data() + r0, R, C, T(std::sqrt(double(C))), g + s.tok_emb);
+    return Status::Ok();
+  }
+};
 
 template <typename T>
 Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32_t* targets, I B, I L) {
@@ -402,91 +595,43 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
   if (c_.encoding == Encoding::kLearned && L > c_.max_len)
     return Status::OutOfRange("length", "a learned table of " + std::to_string(c_.max_len) +
                                             " positions cannot encode length " + std::to_string(L));
-  const I C = c_.d_model, H = c_.n_heads, D = c_.head_dim(), F = c_.d_ff, V = c_.vocab, BL = B * L;
+  const I C = c_.d_model, F = c_.d_ff, V = c_.vocab, BL = B * L;
   for (I r = 0; r < BL; ++r) {
     if (tokens[r] < 0 || tokens[r] >= V)
       return Status::OutOfRange("tokens", "id " + std::to_string(tokens[r]) + " outside [0, " + std::to_string(V) + ")");
     if (targets[r] >= V)
       return Status::OutOfRange("targets", "id " + std::to_string(targets[r]) + " outside [0, " + std::to_string(V) + ")");
   }
-  const Slots s = slots_of(c_, layout_);
-  const BlasThreads blas;
-  const T* w = w_.data();
-  B_ = B;
+  B_ = 0;  // until this forward succeeds
   L_ = L;
   tokens_.assign(tokens, tokens + BL);
   targets_.assign(targets, targets + BL);
   acts_.resize(ix(c_.n_layers));
-
-  std::vector<T>& x = x_;
-  x.resize(ix(BL * C));
-  const T es = T(std::sqrt(double(C)));  // Vaswani et al.: embeddings × √C, then the encoding is added
-  for (I r = 0; r < BL; ++r)
-    for (I c = 0; c < C; ++c) x[ix(r * C + c)] = es * w[s.tok_emb + ix(tokens[r] * C + c)];
-  const View xv = View::contiguous(x.data(), kDType<T>, {B, L, C});
-  if (c_.encoding == Encoding::kLearned) {
-    const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {c_.max_len, C});
-    POSENC_RETURN_IF_ERROR(learned_forward(LearnedParams{}, xv, tab, Positions{}, xv));
-  } else if (c_.encoding == Encoding::kSinusoidal) {
-    POSENC_RETURN_IF_ERROR(sinusoidal_forward(SinusoidalParams{c_.sinusoid_base}, xv, Positions{}, xv));
-  }
-
-  const AttentionParams ap = attention_params(c_);
-  for (I l = 0; l < c_.n_layers; ++l) {
-    const Slots::Layer& P = s.layers[ix(l)];
-    LayerActs& A = acts_[ix(l)];
-    A.x_in = x;
-    A.a.resize(ix(BL * C));
-    A.mean1.resize(ix(BL));
-    A.rstd1.resize(ix(BL));
-    layer_norm(x.data(), w + P.ln1_g, w + P.ln1_b, BL, C, A.a.data(), A.mean1.data(), A.rstd1.data());
+  for (LayerActs& A : acts_) {
+    for (std::vector<T>* v : {&A.x_in, &A.a, &A.att, &A.x_mid, &A.m}) v->resize(ix(BL * C));
+    for (std::vector<T>* v : {&A.mean1, &A.rstd1, &A.mean2, &A.rstd2}) v->resize(ix(BL));
     A.qkv.resize(ix(BL * 3 * C));
-    linear(A.a.data(), w + P.wqkv, w + P.bqkv, BL, C, 3 * C, A.qkv.data(), false);
-    A.att.resize(ix(BL * C));
-    POSENC_RETURN_IF_ERROR(attention_forward(ap, qkv_view(A.qkv.data(), 0), qkv_view(A.qkv.data(), 1),
-                                             qkv_view(A.qkv.data(), 2), enc_tensors(l),
-                                             View::contiguous(A.att.data(), kDType<T>, {B, L, H, D})));
-    linear(A.att.data(), w + P.wo, w + P.bo, BL, C, C, x.data(), true);
-    A.x_mid = x;
-    A.m.resize(ix(BL * C));
-    A.mean2.resize(ix(BL));
-    A.rstd2.resize(ix(BL));
-    layer_norm(x.data(), w + P.ln2_g, w + P.ln2_b, BL, C, A.m.data(), A.mean2.data(), A.rstd2.data());
     A.h.resize(ix(BL * F));
-    linear(A.m.data(), w + P.w1, w + P.b1, BL, C, F, A.h.data(), false);
     A.gel.resize(ix(BL * F));
-    for (I i = 0; i < BL * F; ++i) A.gel[ix(i)] = gelu(A.h[ix(i)]);
-    linear(A.gel.data(), w + P.w2, w + P.b2, BL, F, C, x.data(), true);
   }
-  xf_ = x;
+  xf_.resize(ix(BL * C));
   lnf_.resize(ix(BL * C));
   lnf_mean_.resize(ix(BL));
   lnf_rstd_.resize(ix(BL));
-  layer_norm(x.data(), w + s.lnf_g, w + s.lnf_b, BL, C, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data());
   probs_.resize(ix(BL * V));
-  gemm(false, true, BL, V, C, T(1), lnf_.data(), C, w + s.tok_emb, C, T(0), probs_.data(), V);
+  nll_.assign(ix(BL), 0.0);
+
+  shards_ = int(std::min<I>(num_threads(), B));
+  const BlasThreads blas(shards_ > 1 ? 1 : num_threads());
+  const ModelPass<T> pass(*this);
+  POSENC_RETURN_IF_ERROR(run_shards(shards_, B, [&](int, I b0, I b1) { return pass.forward_shard(b0, b1); }));
   LossSum out;
-  std::vector<double>& nll = nll_;
-  nll.assign(ix(BL), 0.0);
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (BL * V > 65536)
-  for (I r = 0; r < BL; ++r) {
-    T* p = &probs_[ix(r * V)];
-    const T mx = *std::max_element(p, p + V);
-    const double logit_t = targets[r] >= 0 ? double(p[targets[r]]) : 0.0;
-    double sum = 0;
-    for (I j = 0; j < V; ++j) {
-      p[j] = std::exp(p[j] - mx);
-      sum += p[j];
-    }
-    const T inv = T(1.0 / sum);
-    for (I j = 0; j < V; ++j) p[j] *= inv;
-    if (targets[r] >= 0) nll[ix(r)] = std::log(sum) + double(mx) - logit_t;
-  }
   for (I r = 0; r < BL; ++r)
     if (targets[r] >= 0) {
-      out.nll += nll[ix(r)];
+      out.nll += nll_[ix(r)];
       ++out.count;
     }
+  B_ = B;
   count_ = out.count;
   return out;
 }
@@ -494,76 +639,23 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
 template <typename T>
 Status Model<T>::backward() {
   if (B_ == 0) return Status::Invalid("backward", "needs a forward pass first");
-  const I B = B_, L = L_, C = c_.d_model, H = c_.n_heads, D = c_.head_dim(), F = c_.d_ff, V = c_.vocab;
-  const I BL = B * L;
-  const Slots s = slots_of(c_, layout_);
-  const BlasThreads blas;
-  const T* w = w_.data();
-  T* g = g_.data();
   std::fill(g_.begin(), g_.end(), T(0));
   if (count_ == 0) return Status::Ok();
-
-  // logits: d = (p − onehot)/count on counted rows, 0 elsewhere
-  std::vector<T>& dlog = probs_;  // turned into the logits' gradient in place
-  const T invn = T(1.0 / double(count_));
-  for (I r = 0; r < BL; ++r) {
-    T* d = &dlog[ix(r * V)];
-    if (targets_[ix(r)] < 0) {
-      std::fill(d, d + V, T(0));
-      continue;
-    }
-    d[targets_[ix(r)]] -= T(1);
-    for (I j = 0; j < V; ++j) d[j] *= invn;
-  }
-  // logits = lnf·Eᵀ: dE += dlogᵀ·lnf, dlnf = dlog·E
-  gemm(true, false, V, C, BL, T(1), dlog.data(), V, lnf_.data(), C, T(1), g + s.tok_emb, C);
-  std::vector<T>& dy = dy_;
-  std::vector<T>& dx = x_;
-  dy.resize(ix(BL * C));
-  dx.assign(ix(BL * C), T(0));
-  gemm(false, false, BL, C, V, T(1), dlog.data(), V, w + s.tok_emb, C, T(0), dy.data(), C);
-  layer_norm_backward(xf_.data(), w + s.lnf_g, lnf_mean_.data(), lnf_rstd_.data(), dy.data(), BL, C,
-                      dx.data(), g + s.lnf_g, g + s.lnf_b);
-
-  const AttentionParams ap = attention_params(c_);
-  std::vector<T>& dh = dh_;
-  std::vector<T>& dgel = dgel_;
-  std::vector<T>& dqkv = dqkv_;
-  std::vector<T>& datt = datt_;
-  dh.resize(ix(BL * F));
-  dgel.resize(ix(BL * F));
-  dqkv.resize(ix(BL * 3 * C));
-  datt.resize(ix(BL * C));
-  for (I l = c_.n_layers - 1; l >= 0; --l) {
-    const Slots::Layer& P = s.layers[ix(l)];
-    const LayerActs& A = acts_[ix(l)];
-    // MLP: dx is the gradient of x_out
-    linear_backward(A.gel.data(), w + P.w2, dx.data(), BL, F, C, g + P.w2, g + P.b2, dgel.data());
-    for (I i = 0; i < BL * F; ++i) dh[ix(i)] = dgel[ix(i)] * gelu_grad(A.h[ix(i)]);
-    linear_backward(A.m.data(), w + P.w1, dh.data(), BL, C, F, g + P.w1, g + P.b1, dy.data());
-    layer_norm_backward(A.x_mid.data(), w + P.ln2_g, A.mean2.data(), A.rstd2.data(), dy.data(), BL, C,
-                        dx.data(), g + P.ln2_g, g + P.ln2_b);
-    // attention: dx is now the gradient of x_mid
-    linear_backward(A.att.data(), w + P.wo, dx.data(), BL, C, C, g + P.wo, g + P.bo, datt.data());
-    POSENC_RETURN_IF_ERROR(attention_backward(
-        ap, qkv_view(A.qkv.data(), 0), qkv_view(A.qkv.data(), 1), qkv_view(A.qkv.data(), 2),
-        enc_tensors(l), View::contiguous(datt.data(), kDType<T>, {B, L, H, D}), qkv_view(dqkv.data(), 0),
-        qkv_view(dqkv.data(), 1), qkv_view(dqkv.data(), 2), enc_grads(l)));
-    linear_backward(A.a.data(), w + P.wqkv, dqkv.data(), BL, C, 3 * C, g + P.wqkv, g + P.bqkv, dy.data());
-    layer_norm_backward(A.x_in.data(), w + P.ln1_g, A.mean1.data(), A.rstd1.data(), dy.data(), BL, C,
-                        dx.data(), g + P.ln1_g, g + P.ln1_b);
-  }
-  // input: dx is the gradient of x₀ = √C·E[token] (+ absolute encoding)
-  const T es = T(std::sqrt(double(C)));
-  if (c_.encoding == Encoding::kLearned) {
-    const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {c_.max_len, C});
-    POSENC_RETURN_IF_ERROR(learned_backward(LearnedParams{}, View::contiguous(dx.data(), kDType<T>, {B, L, C}),
-                                            tab, Positions{}, View{},
-                                            View::contiguous(g + s.pos_emb, kDType<T>, {c_.max_len, C})));
-  }
-  for (I r = 0; r < BL; ++r) {
-    T* ge = g + s.tok_emb + ix(tokens_[ix(r)] * C);
-    for (I c = 0; c < C; ++c) ge[c] += es * dx[ix(r * C + c)];
+  const I BL = B_ * L_, C = c_.d_model, F = c_.d_ff;
+  dy_.resize(ix(BL * C));
+  dx_.resize(ix(BL * C));
+  dh_.resize(ix(BL * F));
+  dqkv_.resize(ix(BL * 3 * C));
+  datt_.resize(ix(BL * C));
+  g_shard_.resize(ix(std::max(shards_ - 1, 0)));
+  for (std::vector<T>& gs : g_shard_) gs.assign(g_.size(), T(0));
+  {
+    const BlasThreads blas(shards_ > 1 ? 1 : num_threads());
+    const ModelPass<T> pass(*this);
+    POSENC_RETURN_IF_ERROR(run_shards(shards_, B_, [&](int s, I b0, I b1) {
+      return pass.backward_shard(b0, b1, s == 0 ? g_.data() : g_shard_[ix(s - 1)].data());
+    }));
+    for (const std::vector<T>& gs : g_shard_) pass.ops.add_to(g_.data(), gs.data(), I(g_.size()));
   }
   B_ = 0;  // consumed: probs_ became the logits' gradient; the next backward needs a new forward
   return Status::Ok();
