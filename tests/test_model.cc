@@ -41,6 +41,8 @@ ModelConfig tiny(Encoding e) {
   c.cope_npos = 4;
   c.t5.num_buckets = 6;
   c.t5.max_distance = 8;
+  c.fire_width = 3;
+  c.sandwich.sinusoid_dim = 8;
   return c;
 }
 
@@ -57,28 +59,47 @@ Batch batch(I B, I L, I V, std::uint64_t seed) {
   return b;
 }
 
-// The catalogue's encodings but those the model does not take yet (see NotWiredYetIsAClearError).
-const Encoding kNotInTheModel[] = {Encoding::kKerple, Encoding::kSandwich, Encoding::kFire};
-
 std::vector<Encoding> all_encodings() {
   std::vector<Encoding> e;
-  for (const EncodingInfo& info : registry())
-    if (std::find(std::begin(kNotInTheModel), std::end(kNotInTheModel), info.id) == std::end(kNotInTheModel))
-      e.push_back(info.id);
+  for (const EncodingInfo& info : registry()) e.push_back(info.id);
   return e;
 }
 
-// KERPLE, Sandwich and FIRE work in posenc bias / attention but are not wired into the study's model
-// yet: the model says so, naming the encoding, instead of failing inside the attention. (When they
-// are wired in, this test and kNotInTheModel go.)
-TEST(Model, NotWiredYetIsAClearError) {
-  for (Encoding e : kNotInTheModel) {
-    ModelConfig c = tiny(e);
-    const Status s = validate_config(c);
-    ASSERT_FALSE(s.ok()) << encoding_info(e).name;
-    EXPECT_EQ(s.arg(), "encoding");
-    EXPECT_NE(s.what().find(encoding_info(e).name), std::string::npos) << s.message();
-  }
+// Bounded tensors (ParamInfo::lo, hi) stay in their range through an optimiser step that pushes them
+// out: KERPLE's r1, r2 ≥ 10⁻² (power: r2 ≤ 2), FIRE's c > 0 and L ≥ 1; an unbounded tensor moves freely.
+TEST(Model, OptimiserKeepsBoundedParametersInRange) {
+  for (KerpleKernel k : {KerpleKernel::kLog, KerpleKernel::kPower})
+    for (Encoding e : {Encoding::kKerple, Encoding::kFire}) {
+      ModelConfig c = tiny(e);
+      c.kerple.kernel = k;
+      ASSERT_TRUE(validate_config(c).ok());
+      Model<float> m(c, 3);
+      AdamWConfig oc;
+      oc.lr = 10;  // a step far larger than any range
+      oc.warmup = 0;
+      oc.clip = 0;
+      AdamW opt(oc, m.layout(), m.params().size());
+      std::vector<float> w = m.params(), g(w.size(), 0.f);
+      int bounded = 0;
+      for (const ParamInfo& p : m.layout()) {
+        const bool up = p.name.find("r2") != std::string::npos;  // r2 pushed up, the rest down
+        for (std::size_t i = 0; i < p.size; ++i) g[p.offset + i] = up ? -1.f : 1.f;
+        bounded += p.lo > -HUGE_VAL || p.hi < HUGE_VAL;
+      }
+      EXPECT_EQ(bounded, 2 * c.n_layers);  // kerple r1, r2 / fire c, L per layer
+      opt.step(w, g);
+      for (const ParamInfo& p : m.layout())
+        for (std::size_t i = 0; i < p.size; ++i) {
+          const float v = w[p.offset + i];
+          if (p.lo > -HUGE_VAL) EXPECT_GE(v, float(p.lo)) << p.name;
+          if (p.hi < HUGE_VAL) EXPECT_LE(v, float(p.hi)) << p.name;
+          if (p.name.find("kerple_r1") != std::string::npos || p.name.find("fire_c") != std::string::npos)
+            EXPECT_EQ(v, float(p.lo)) << p.name << " was pushed below its floor";
+          if (k == KerpleKernel::kPower && p.name.find("kerple_r2") != std::string::npos)
+            EXPECT_EQ(v, 2.f) << p.name << " was pushed above 2";
+          if (p.name == "tok_emb") EXPECT_LT(v, m.params()[p.offset + i] - 1.f) << "unbounded tensors move";
+        }
+    }
 }
 
 class ModelGrad : public ::testing::TestWithParam<Encoding> {};
@@ -100,6 +121,9 @@ TEST_P(ModelGrad, WholeGradientMatchesFiniteDifferences) {
     // Perturb every parameter so that zero-initialised ones (biases, xl u/v) carry gradient paths.
     const std::vector<double> noise = testing::randn(m.params().size(), 3, 0.05);
     for (std::size_t i = 0; i < noise.size(); ++i) m.params()[i] += noise[i];
+    for (const ParamInfo& p : m.layout())  // bounded tensors stay inside their range (and off its edge)
+      for (std::size_t i = 0; i < p.size; ++i)
+        m.params()[p.offset + i] = std::min(p.hi - 0.05, std::max(p.lo + 0.05, m.params()[p.offset + i]));
     const I B = 3, L = 6;
     const Batch b = batch(B, L, c.vocab, 11);
     auto loss = [&](const std::vector<double>& w) {

@@ -29,12 +29,14 @@
 // differ by float rounding only (sums taken in other groupings).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "posenc/attention.h"
+#include "posenc/bias.h"
 #include "posenc/registry.h"
 #include "posenc/status.h"
 
@@ -53,6 +55,9 @@ struct ModelConfig {
   RopeParams rope;
   AlibiParams alibi;
   T5Params t5;
+  KerpleParams kerple;         // kerple: the kernel (r1, r2 are learned per layer and head)
+  SandwichParams sandwich;     // sandwich: parameter-free
+  std::int64_t fire_width = 32;  // fire: hidden units of its MLP (the paper's 32)
   double sinusoid_base = 10000.0;
 
   std::int64_t head_dim() const { return d_model / n_heads; }
@@ -64,6 +69,9 @@ struct ParamInfo {
   std::vector<std::int64_t> shape;
   std::size_t offset = 0, size = 0;  // into the flat vector
   bool decay = false;                // AdamW weight decay applies (the projection matrices)
+  // Kept within [lo, hi] after every optimiser step (a projection, as KERPLE's authors clamp r1, r2):
+  // KERPLE's r1, r2 > 0 (power: r2 ≤ 2), FIRE's c > 0 and L ≥ 1.
+  double lo = -HUGE_VAL, hi = HUGE_VAL;
 };
 
 // The layout of a model's parameters, and checks on a config ("d_model": must be a multiple of …).
@@ -154,8 +162,13 @@ class AdamW {
     std::size_t offset, size;
     bool decay;
   };
+  struct Bounds {  // a bounded tensor (ParamInfo::lo, hi)
+    std::size_t offset, size;
+    double lo, hi;
+  };
   AdamWConfig c_;
   std::vector<Run> runs_;
+  std::vector<Bounds> bounds_;
   std::vector<float> m_, v_;
   std::int64_t t_ = 0;
 };

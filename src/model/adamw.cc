@@ -3,6 +3,7 @@
 //   g ← g·min(1, clip/‖g‖);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²
 //   w ← w − lr_t·( m/(1−β₁ᵗ) / (√(v/(1−β₂ᵗ)) + ε) + λ·w )      (λ only on the decayed matrices)
 //   lr_t: linear from lr/warmup to lr over the warm-up, then lr·(r + (1−r)·½(1 + cos(π·progress))).
+//   Bounded tensors (ParamInfo::lo, hi) are then clamped into their range.
 // Precisions (model_kernels.h's adamw, which runs it): the moments in float, the update in double.
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,8 @@ AdamW::AdamW(const AdamWConfig& c, const std::vector<ParamInfo>& layout, std::si
     runs_.push_back({i, j - i, decay[i] != 0});
     i = j;
   }
+  for (const ParamInfo& p : layout)
+    if (p.lo > -HUGE_VAL || p.hi < HUGE_VAL) bounds_.push_back({p.offset, p.size, p.lo, p.hi});
 }
 
 double AdamW::lr_at(std::int64_t step) const {
@@ -45,6 +48,9 @@ double AdamW::step(std::vector<float>& w, const std::vector<float>& g) {
     k.adamw(w.data() + r.offset, g.data() + r.offset, m_.data() + r.offset, v_.data() + r.offset,
             std::int64_t(r.size), clip, float(c_.beta1), float(c_.beta2), bc1, bc2, c_.eps, lr,
             r.decay ? c_.weight_decay : 0.0);
+  for (const Bounds& b : bounds_)  // projected back into their range (ParamInfo::lo, hi)
+    for (std::size_t i = b.offset; i < b.offset + b.size && i < w.size(); ++i)
+      w[i] = float(std::min(b.hi, std::max(b.lo, double(w[i]))));
   return norm;
 }
 

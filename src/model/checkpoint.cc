@@ -27,6 +27,9 @@ nlohmann::json config_json(const ModelConfig& c) {
                     {"theta", c.rope.theta}}},
           {"alibi", {{"variant", alibi_variant_name(c.alibi.variant)}}},
           {"t5", {{"num_buckets", c.t5.num_buckets}, {"max_distance", c.t5.max_distance}}},
+          {"kerple", {{"kernel", kerple_kernel_name(c.kerple.kernel)}}},
+          {"sandwich", {{"sinusoid_dim", c.sandwich.sinusoid_dim}, {"base", c.sandwich.base}}},
+          {"fire_width", c.fire_width},
           {"sinusoid_base", c.sinusoid_base}};
 }
 
@@ -55,6 +58,17 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
     c.t5.num_buckets = j.at("t5").at("num_buckets").get<std::int64_t>();
     c.t5.max_distance = j.at("t5").at("max_distance").get<std::int64_t>();
     c.sinusoid_base = j.at("sinusoid_base").get<double>();
+    // Keys written since KERPLE, Sandwich and FIRE joined the model (absent: the defaults).
+    if (j.contains("kerple")) {
+      Expected<KerpleKernel> k = parse_kerple_kernel(j.at("kerple").at("kernel").get<std::string>());
+      if (!k.ok()) return k.status();
+      c.kerple.kernel = k.value();
+    }
+    if (j.contains("sandwich")) {
+      c.sandwich.sinusoid_dim = j.at("sandwich").at("sinusoid_dim").get<std::int64_t>();
+      c.sandwich.base = j.at("sandwich").at("base").get<double>();
+    }
+    if (j.contains("fire_width")) c.fire_width = j.at("fire_width").get<std::int64_t>();
   } catch (const nlohmann::json::exception& ex) {
     return Status::Invalid("checkpoint", std::string("bad posenc.config: ") + ex.what());
   }

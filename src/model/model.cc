@@ -42,6 +42,8 @@ using I = std::int64_t;
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
 constexpr double kLnEps = 1e-5;
+constexpr double kKerpleMin = 1e-2;  // KERPLE's r1, r2 clamped to at least this (the authors' ε)
+constexpr double kFireMinC = 1e-3;   // FIRE's c kept positive
 
 template <typename T> constexpr DType kDType = DType::kF32;
 template <> constexpr DType kDType<double> = DType::kF64;
@@ -281,11 +283,14 @@ Status validate_config(const ModelConfig& c) {
     case Encoding::kCope:
       if (c.cope_npos < 0) return Status::Invalid("cope_npos", "must be positive (0: max_len)");
       break;
-    case Encoding::kKerple: case Encoding::kSandwich: case Encoding::kFire:
-      // Their learned tensors (and KERPLE/FIRE's positivity clamps) are not wired into the model yet.
-      return Status::Invalid("encoding", encoding_info(c.encoding).name +
-                                             " is not in the study's model yet (posenc bias and posenc "
-                                             "attention take it)");
+    case Encoding::kKerple:
+      if (c.kerple.kernel != KerpleKernel::kLog && c.kerple.kernel != KerpleKernel::kPower)
+        return Status::Invalid("kerple", "unknown kernel");
+      break;
+    case Encoding::kSandwich: POSENC_RETURN_IF_ERROR(sandwich_validate(c.sandwich)); break;
+    case Encoding::kFire:
+      if (c.fire_width < 1) return Status::Invalid("fire_width", "must be at least 1");
+      break;
     default: break;
   }
   return Status::Ok();
@@ -325,6 +330,25 @@ std::vector<ParamInfo> param_layout(const ModelConfig& c) {
       case Encoding::kCope:
         add(layer_name(l, "attn.cope_table"), {c.cope_npos ? c.cope_npos : c.max_len, D}, false);
         break;
+      case Encoding::kKerple:  // r1, r2 > 0 (clamped to 10⁻², as the authors do); power: r2 ≤ 2
+        add(layer_name(l, "attn.kerple_r1"), {H}, false);
+        out.back().lo = kKerpleMin;
+        add(layer_name(l, "attn.kerple_r2"), {H}, false);
+        out.back().lo = kKerpleMin;
+        if (c.kerple.kernel == KerpleKernel::kPower) out.back().hi = 2.0;
+        break;
+      case Encoding::kFire: {
+        const I W = c.fire_width;
+        add(layer_name(l, "attn.fire_w1"), {W}, false);
+        add(layer_name(l, "attn.fire_b1"), {W}, false);
+        add(layer_name(l, "attn.fire_w2"), {H, W}, false);
+        add(layer_name(l, "attn.fire_b2"), {H}, false);
+        add(layer_name(l, "attn.fire_c"), {1}, false);
+        out.back().lo = kFireMinC;
+        add(layer_name(l, "attn.fire_L"), {1}, false);
+        out.back().lo = 1.0;
+        break;
+      }
       default: break;
     }
     add(layer_name(l, "ln2.g"), {C}, false);
@@ -346,7 +370,9 @@ struct Slots {
   std::size_t tok_emb = 0, pos_emb = 0, lnf_g = 0, lnf_b = 0;
   struct Layer {
     std::size_t ln1_g, ln1_b, wqkv, bqkv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2;
-    std::size_t enc[3] = {0, 0, 0};  // t5 W / alibi w / cope table; xl u, v, W
+    // t5 W / alibi w / cope table / kerple r1 / fire w1; xl v, kerple r2, fire b1; xl W, fire w2;
+    // fire b2, c, L
+    std::size_t enc[6] = {0, 0, 0, 0, 0, 0};
   };
   std::vector<Layer> layers;
 };
@@ -376,9 +402,12 @@ Slots slots_of(const ModelConfig& c, const std::vector<ParamInfo>& layout) {
       else if (r == "mlp.b1") L.b1 = p.offset;
       else if (r == "mlp.w2") L.w2 = p.offset;
       else if (r == "mlp.b2") L.b2 = p.offset;
-      else if (r == "attn.xl_v") L.enc[1] = p.offset;
-      else if (r == "attn.xl_proj") L.enc[2] = p.offset;
-      else L.enc[0] = p.offset;  // t5_bias, alibi_w, cope_table, xl_u
+      else if (r == "attn.xl_v" || r == "attn.kerple_r2" || r == "attn.fire_b1") L.enc[1] = p.offset;
+      else if (r == "attn.xl_proj" || r == "attn.fire_w2") L.enc[2] = p.offset;
+      else if (r == "attn.fire_b2") L.enc[3] = p.offset;
+      else if (r == "attn.fire_c") L.enc[4] = p.offset;
+      else if (r == "attn.fire_L") L.enc[5] = p.offset;
+      else L.enc[0] = p.offset;  // t5_bias, alibi_w, cope_table, xl_u, kerple_r1, fire_w1
     }
   }
   return s;
@@ -392,6 +421,8 @@ AttentionParams attention_params(const ModelConfig& c) {
   p.alibi = c.alibi;
   p.t5 = c.t5;
   p.t5.bidirectional = false;  // a decoder: T5's unidirectional buckets
+  p.kerple = c.kerple;
+  p.sandwich = c.sandwich;
   if (c.encoding == Encoding::kLearned || c.encoding == Encoding::kSinusoidal) p.encoding = Encoding::kNope;
   return p;
 }
@@ -407,7 +438,9 @@ Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param
   g_.assign(n, T(0));
   Normal rnd(seed);
   // GPT-2's initialisation: N(0, 0.02), the residual projections shrunk by 1/√(2·layers), LayerNorm
-  // gains 1, biases 0; encoding tensors N(0, 0.02) except xl's u, v (0) and t5's table (N(0, 0.1)).
+  // gains 1, biases 0; encoding tensors N(0, 0.02) except xl's u, v (0), t5's table (N(0, 0.1)),
+  // FIRE's first layer N(0, 1) with c = 0.1, L = the training length and b2 = 0, and KERPLE's r1, r2
+  // (below).
   // The token table is N(0, 1/C) so that √C·E[token] has unit scale like the sinusoid added to it
   // (Vaswani et al. §3.4), and a learned position table starts at that scale too.
   const double resid = 0.02 / std::sqrt(2.0 * double(c.n_layers));
@@ -427,6 +460,17 @@ Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param
     else if (ends("t5_bias")) sd = 0.1;
     else if (nm == "tok_emb") sd = 1.0 / std::sqrt(double(c.d_model));
     else if (nm == "pos_emb") sd = 1.0;
+    else if (ends("fire_w1") || ends("fire_b1")) sd = 1.0;  // breakpoints −b1/w1 spread over x
+    else if (ends("fire_b2")) random = false;
+    else if (ends("fire_c")) random = false, fill = 0.1;              // the paper's c
+    else if (ends("fire_L")) random = false, fill = double(c.max_len);  // the training length
+    if (ends("kerple_r1") || ends("kerple_r2")) {
+      // Spread over the heads like ALiBi's slopes: r1 = (h+1)/H, r2 = 2(h+1)/H (≤ 2 for the power
+      // kernel); the authors draw them uniformly in (0, 1) and (0, 2).
+      const double top = ends("kerple_r1") ? 1.0 : 2.0;
+      for (std::size_t i = 0; i < p.size; ++i) w_[p.offset + i] = T(top * double(i + 1) / double(p.size));
+      continue;
+    }
     for (std::size_t i = 0; i < p.size; ++i) w_[p.offset + i] = T(random ? sd * rnd.next() : fill);
   }
 }
@@ -472,6 +516,20 @@ struct ModelPass {
       case Encoding::kCope:
         t.table = View::contiguous(w + P.enc[0], kDType<T>, {c.cope_npos ? c.cope_npos : c.max_len, D});
         break;
+      case Encoding::kKerple:
+        t.r1 = View::contiguous(w + P.enc[0], kDType<T>, {H});
+        t.r2 = View::contiguous(w + P.enc[1], kDType<T>, {H});
+        break;
+      case Encoding::kFire: {
+        const I W = c.fire_width;
+        t.fire.w1 = View::contiguous(w + P.enc[0], kDType<T>, {W});
+        t.fire.b1 = View::contiguous(w + P.enc[1], kDType<T>, {W});
+        t.fire.w2 = View::contiguous(w + P.enc[2], kDType<T>, {H, W});
+        t.fire.b2 = View::contiguous(w + P.enc[3], kDType<T>, {H});
+        t.fire.c = View::contiguous(w + P.enc[4], kDType<T>, {1});
+        t.fire.threshold = View::contiguous(w + P.enc[5], kDType<T>, {1});
+        break;
+      }
       default: break;
     }
     return t;
@@ -492,6 +550,10 @@ struct ModelPass {
     out.v = moved(t.v);
     out.rel_proj = moved(t.rel_proj);
     out.table = moved(t.table);
+    out.r1 = moved(t.r1);
+    out.r2 = moved(t.r2);
+    out.fire = {moved(t.fire.w1), moved(t.fire.b1), moved(t.fire.w2), moved(t.fire.b2), moved(t.fire.c),
+                moved(t.fire.threshold)};
     return out;
   }
 
