@@ -60,7 +60,8 @@ std::string script(const PlotState& st, const std::string& png) {
     const double n = st.base.empty() ? 10000.0 : parse_float("--base", st.base);
     if (!(n > 1)) fail(Status::Invalid("--base", "expected a number above 1"));
     s << header(png, 1000, 420) << "set title 'sinusoidal positional encoding, n = " << n << "'\n"
-      << "set xlabel 'dimension'\nset ylabel 'position'\nset yrange [] reverse\n"
+      << "set xlabel 'dimension'\nset ylabel 'position'\n"
+      << "set xrange [-0.5:" << D - 0.5 << "]\nset yrange [" << L - 0.5 << ":-0.5]\n"
       << "set palette defined (-1 '#3b4cc0', 0 '#f7f7f7', 1 '#b40426')\nset cbrange [-1:1]\n$m << EOD\n";
     for (std::int64_t p = 0; p < L; ++p) {
       for (std::int64_t c = 0; c < D; ++c) s << (c ? " " : "") << sinusoid::value(double(p), c, D, n);
