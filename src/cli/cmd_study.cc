@@ -45,8 +45,11 @@ StudyConfig preset(const std::string& name) {
   c.model.n_layers = 2;
   c.model.n_heads = 4;
   c.model.d_ff = 256;
-  c.batch = 16;
-  c.steps = 500;
+  // 1000 steps of 8 windows: the tokens of 500 steps of 16, but twice the updates, so the models lean
+  // on positions more (measured: sinusoidal's perplexity at 4x the training length was 1.35x its value
+  // at 1x after 500 steps of 16, 1.68x after 1000 steps of 8; the ALiBi paper's gap is larger still).
+  c.batch = 8;
+  c.steps = 1000;
   c.opt.lr = 3e-3;
   c.opt.warmup = 50;
   if (name == "full") {
