@@ -10,32 +10,21 @@ measured ones by the documented formulas (bytes and useful FLOPs, ratio, vs_nope
 thread counts, and the one-line errors for bad flags.
 
 Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
-case failed.
+case failed (tests/e2e/harness.py).
 """
-import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import time
-import traceback
 
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--posenc", required=True, help="the posenc binary")
-ap.add_argument("--seeds", default="", help="unused (the e2e tests share one command line)")
-ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
-ARGS = ap.parse_args()
-POSENC = os.path.abspath(ARGS.posenc)
+from harness import case, main, run
+import harness
 
 REQUIRED = {"kernel": str, "encoding": str, "shape": str, "dtype": str, "threads": int, "seconds": float,
             "throughput": float, "unit": str, "baseline": str, "baseline_throughput": float, "ratio": float}
 
 
 def bench(*args):
-    r = subprocess.run([POSENC, "bench", *map(str, args)], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise AssertionError(f"posenc bench {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
+    r = run("bench", *args)
     rows = []
     for line in r.stdout.splitlines():
         row = json.loads(line)  # with --json, every stdout line is one JSON object
@@ -59,20 +48,7 @@ def near(a, b, what, rel=1e-9):
 
 
 def expect_error(args, flag):
-    r = subprocess.run([POSENC, "bench", *map(str, args)], capture_output=True, text=True, timeout=60)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2, f"exit {r.returncode}, expected 2; stderr: {r.stderr!r}"
-    assert len(lines) == 1 and lines[0].startswith("posenc: "), f"expected one 'posenc: ' line: {r.stderr!r}"
-    assert flag in lines[0], f"stderr does not name {flag}: {lines[0]!r}"
-    assert r.stdout == "", f"stdout on failure: {r.stdout!r}"
-
-
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
+    harness.expect_error(["bench", *args], flag)
 
 
 @case
@@ -95,9 +71,7 @@ def elementwise_row_fields_bytes_and_threads():
 
 @case
 def table_output_has_a_header_and_one_line_per_row():
-    r = subprocess.run([POSENC, "bench", "--filter", r"^rope\.decode\.qk\.half .* float32$", "--threads", "1"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    r = run("bench", "--filter", r"^rope\.decode\.qk\.half .* float32$", "--threads", "1")
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and lines[0].split()[:4] == ["kernel", "encoding", "shape", "dtype"], lines
     assert lines[1].startswith("rope.decode.qk.half"), lines
@@ -148,31 +122,6 @@ def bad_flags_are_one_line_errors():
     expect_error(["--memory-length", 64], "--memory-length")
     expect_error(["--memory", "--memory-length", 0], "--memory-length")
     expect_error(["--memory", "--filter", "no such case"], "--filter")
-
-
-def main():
-    if not os.access(POSENC, os.X_OK):
-        print(f"FAIL: the posenc binary {POSENC} is not executable")
-        print("0 passed, 1 failed")
-        return 1
-    passed = failed = 0
-    t0 = time.time()
-    for fn in CASES:
-        if ARGS.k and ARGS.k not in fn.__name__:
-            continue
-        t = time.time()
-        try:
-            fn()
-            passed += 1
-            print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
-        except Exception as e:  # noqa: BLE001 - report every failure, keep going
-            failed += 1
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
-        sys.stdout.flush()
-    print(f"# {time.time() - t0:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

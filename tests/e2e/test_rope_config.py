@@ -22,28 +22,12 @@ copies of published config.json files in tests/data/rope/. Checked:
 Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
 case failed, 77 (skip) when numpy or torch is missing.
 """
-import argparse
-import glob
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
-import time
-import traceback
 
-
-def skip(reason):
-    print(f"SKIP: {reason}")
-    sys.exit(77)
-
-
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--posenc", required=True, help="the posenc binary")
-ap.add_argument("--seeds", default="", help="unused (the e2e tests share one command line)")
-ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
-ARGS = ap.parse_args()
+from harness import case, expect_error, main, run, skip
 
 try:
     import numpy as np
@@ -54,57 +38,9 @@ try:
 except ImportError:
     skip("torch is not importable by this python")
 
-POSENC = os.path.abspath(ARGS.posenc)
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "rope")
 RNG = np.random.default_rng(20250830)
 torch.set_num_threads(1)
-
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
-
-
-class Dir:
-    def __init__(self, path):
-        self.path = path
-
-    def save(self, name, arr):
-        p = os.path.join(self.path, name)
-        np.save(p, arr)
-        return p
-
-    def out(self, name):
-        return os.path.join(self.path, name)
-
-    def write(self, name, text):
-        p = os.path.join(self.path, name)
-        with open(p, "w") as f:
-            f.write(text)
-        return p
-
-
-def run(*args, ok=True):
-    r = subprocess.run([POSENC, *map(str, args)], capture_output=True, text=True, timeout=120)
-    if ok and r.returncode != 0:
-        raise AssertionError(f"posenc {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
-    return r
-
-
-def expect_error(args, flag, outputs=()):
-    r = run(*args, ok=False)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2, f"exit {r.returncode}, expected 2; stderr: {r.stderr!r}"
-    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {r.stderr!r}"
-    assert lines[0].startswith("posenc: "), lines[0]
-    assert flag in lines[0], f"stderr does not name {flag}: {lines[0]!r}"
-    assert r.stdout == "", f"output printed on error: {r.stdout!r}"
-    for o in outputs:
-        assert not os.path.exists(o), f"{o} exists after a failed run"
-        assert not glob.glob(os.path.join(os.path.dirname(o) or ".", ".*posenc-tmp*")), "temporary left behind"
-    return lines[0]
 
 
 def config(name):
@@ -515,31 +451,5 @@ def table_parts_and_flags_without_config(d):
     assert np.array_equal(y[..., 16:], x[..., 16:]) and not np.allclose(y[..., :16], x[..., :16])
 
 
-def main():
-    if not os.access(POSENC, os.X_OK):
-        print(f"FAIL: the posenc binary {POSENC} is not executable")
-        print("0 passed, 1 failed")
-        return 1
-    passed = failed = 0
-    t0 = time.time()
-    for fn in CASES:
-        if ARGS.k and ARGS.k not in fn.__name__:
-            continue
-        with tempfile.TemporaryDirectory(prefix="posenc-rope-") as tmp:
-            t = time.time()
-            try:
-                fn(Dir(tmp))
-                passed += 1
-                print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
-            sys.stdout.flush()
-    print(f"# {time.time() - t0:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(folder="dir", prefix="posenc-rope-"))

@@ -11,53 +11,17 @@ not about which encoding extrapolates — that is the README's main job. PNGs ar
 the PNG filters) and must be real pictures: the stated size and more than a handful of colours.
 
 Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
-case failed.
+case failed (tests/e2e/harness.py).
 """
-import argparse
 import csv
 import json
 import math
 import os
 import struct
-import subprocess
 import sys
-import tempfile
-import time
-import traceback
 import zlib
 
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--posenc", required=True, help="the posenc binary")
-ap.add_argument("--seeds", default="", help="unused")
-ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
-ARGS = ap.parse_args()
-POSENC = os.path.abspath(ARGS.posenc)
-
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
-
-
-def run(*args, ok=True, timeout=300):
-    r = subprocess.run([POSENC, *map(str, args)], capture_output=True, text=True, timeout=timeout)
-    if ok and r.returncode != 0:
-        raise AssertionError(f"posenc {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
-    return r
-
-
-def expect_error(args, flag, absent=()):
-    """Bad input: exit 2, one stderr line 'posenc: ...' naming `flag`, none of `absent` exists."""
-    r = run(*args, ok=False)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2, f"exit {r.returncode}, expected 2; stderr: {r.stderr!r}"
-    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {r.stderr!r}"
-    assert lines[0].startswith("posenc: ") and flag in lines[0], f"stderr does not name {flag}: {lines[0]!r}"
-    assert r.stdout == "", f"stdout written on an error: {r.stdout!r}"
-    for p in absent:
-        assert not os.path.exists(p), f"{p} exists after a failed run"
+from harness import case, expect_error, main, run
 
 
 def png_pixels(path):
@@ -237,31 +201,5 @@ def check_lists_every_encoding(d):
     assert rows["sinusoidal"].split()[1] == "yes:" and rows["nope"].split()[1] == "no:", rows
 
 
-def main():
-    if not os.access(POSENC, os.X_OK):
-        print(f"FAIL: the posenc binary {POSENC} is not executable")
-        print("0 passed, 1 failed")
-        return 1
-    passed = failed = 0
-    t0 = time.time()
-    for fn in CASES:
-        if ARGS.k and ARGS.k not in fn.__name__:
-            continue
-        with tempfile.TemporaryDirectory(prefix="posenc-study-") as tmp:
-            t = time.time()
-            try:
-                fn(tmp)
-                passed += 1
-                print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
-            sys.stdout.flush()
-    print(f"# {time.time() - t0:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(folder="path", prefix="posenc-study-"))
