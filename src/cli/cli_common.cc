@@ -58,6 +58,7 @@ std::string flag_for(const std::string& arg, const FlagMap& extra) {
       {"dmlp_b2", "--grad-mlp-b2"},
       {"dc", "--grad-c"},
       {"dthreshold", "--grad-threshold"},
+      {"dfreqs", "--grad-freqs"},
       {"lse", "--lse"},
       {"encoding", "ENC"},
   };
@@ -152,6 +153,7 @@ namespace {
 std::string type_name_of(const ParamSpec& p) {
   if (p.type == "float") return "FLOAT";
   if (p.type == "int") return "INT";
+  if (p.type == "ints") return "INT,INT,...";
   if (p.type == "bool") return "true|false";
   if (p.type == "tensor") return "FILE.npy";
   if (p.type == "file") return "FILE";
@@ -205,8 +207,16 @@ void ParamFlags::declare(CLI::App* app, Accept accept, bool with_grads) {
                   help_of(p);
       group += (group.empty() ? "" : ", ") + owner;
     }
+    // A choice shared by several encodings lists every encoding's values.
+    ParamSpec shown = s->spec;
+    for (const std::string& owner : s->owners)
+      for (const ParamSpec& p : take(find_encoding(owner)).params)
+        if (p.name == s->name)
+          for (const std::string& c : p.choices)
+            if (std::find(shown.choices.begin(), shown.choices.end(), c) == shown.choices.end())
+              shown.choices.push_back(c);
     s->opt =
-        add_text(app, "--" + s->name, &s->value, help, type_name_of(s->spec))->group(group + " parameters");
+        add_text(app, "--" + s->name, &s->value, help, type_name_of(shown))->group(group + " parameters");
     if (with_grads && s->spec.learned) {
       s->grad_opt = add_path(app, "--grad-" + s->name, &s->grad_path,
                              "output: gradient of the loss with respect to --" + s->name)

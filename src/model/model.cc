@@ -282,10 +282,12 @@ Status validate_config(const ModelConfig& c) {
       if (c.cope_npos < 0) return Status::Invalid("cope_npos", "must be positive (0: max_len)");
       break;
     case Encoding::kKerple: case Encoding::kSandwich: case Encoding::kFire:
-      // Their learned tensors (and KERPLE/FIRE's positivity clamps) are not wired into the model yet.
-      return Status::Invalid("encoding", encoding_info(c.encoding).name +
-                                             " is not in the study's model yet (posenc bias and posenc "
-                                             "attention take it)");
+    case Encoding::kRope2d: case Encoding::kMrope: case Encoding::kXpos:
+      // Their learned tensors (and KERPLE/FIRE's positivity clamps) are not wired into the model yet;
+      // neither are the rotary encodings of rotary.h (their parameters, 2D/3D positions).
+      return Status::Invalid("encoding", encoding_info(c.encoding).name + " is not in the study's model yet (posenc " +
+                                             (encoding_info(c.encoding).kind == Kind::kRotary ? "apply" : "bias") +
+                                             " and posenc attention take it)");
     default: break;
   }
   return Status::Ok();
