@@ -54,10 +54,11 @@
 // so that a query at m and a key at n give Σ_k ζ_k^((m − n)/scale_base)·(the RoPE terms of pair k):
 // the logit depends on m − n only, c cancels. c (center) defaults to ⌈n/2⌉, n the call's length
 // (largest position + 1, or rope.seq_len): torchscale's exponents run from −⌈n/2⌉ for the call's
-// first position, so the scales stay near 1 (ζ_0^(±n/2/512) underflows float32 beyond n ≈ 70000
-// from the centre at γ = 0.4). Queries and keys rotated in separate calls must share c: pass the
-// same positions' length (or seq_len, or c itself). Defaults γ = 0.4, scale_base = 512 (the paper's
-// and torchscale's).
+// first position, so the scales stay near 1 (at γ = 0.4, ζ_0^(±(m − c)/scale_base) leaves
+// float32's range once |m − c| > ≈ 35000·scale_base/512). Queries and keys rotated in separate
+// calls must share c: calls whose largest positions agree do (torchscale's prefill and decode
+// both); otherwise pass seq_len or c itself. Defaults γ = 0.4, scale_base = 512 (the paper's and
+// torchscale's). In attention (attention.h) c defaults to the middle of the call's positions.
 //
 // ---- arguments ----------------------------------------------------------------------------------
 // x, y: [B, L, H, D], float32, float64, bfloat16 or float16 (math in float32 for the 16-bit types
@@ -168,5 +169,21 @@ Status xpos_backward(const XposParams& p, XposRole role, const View& dy, const P
 
 // The centre c of a call whose length is n (largest position + 1; seq_len when set): p.center, else ⌈n/2⌉.
 std::int64_t xpos_center(const XposParams& p, std::int64_t n);
+
+// ---- tables (what posenc table writes) --------------------------------------------------------------
+// For one sequence of L tokens at pos (ids [A, L], xpos [L]; or offset + l) and head dimension D:
+// the angle φ and the factor a·ρ of every pair, as the forward rotation uses them (the rotation of
+// pair k is a·ρ·R(φ)); [heads, L, r/2] each, heads = H of freqs for rope2d mixed, else 1. The
+// validation and errors are the forward's (x being [1, L, heads, D]).
+struct RotaryTable {
+  std::int64_t heads = 1, length = 0, pairs = 0;
+  std::vector<double> angle, scale;
+};
+Expected<RotaryTable> rope2d_table(const Rope2dParams& p, std::int64_t head_dim, std::int64_t length,
+                                   const Positions& pos, const View& freqs);
+Expected<RotaryTable> mrope_table(const MropeParams& p, std::int64_t head_dim, std::int64_t length,
+                                  const Positions& pos);
+Expected<RotaryTable> xpos_table(const XposParams& p, XposRole role, std::int64_t head_dim, std::int64_t length,
+                                 const Positions& pos);
 
 }  // namespace posenc

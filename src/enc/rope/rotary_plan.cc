@@ -310,6 +310,78 @@ Expected<Call> prepare_xpos(const XposParams& p, XposRole role, const char* in_a
   return c;
 }
 
+// ---- tables ----------------------------------------------------------------------------------------
+
+namespace {
+
+Expected<RotaryTable> table_of(const Plan& pl, const std::vector<I>& ids, I L, int role) {
+  RotaryTable t;
+  t.heads = pl.per_head() ? pl.heads : 1;
+  t.length = L;
+  t.pairs = pl.half;
+  t.angle.resize(static_cast<std::size_t>(t.heads * L * pl.half));
+  t.scale.resize(t.angle.size());
+  I p[3] = {0, 0, 0};
+  for (I h = 0; h < t.heads; ++h)
+    for (I l = 0; l < L; ++l) {
+      for (I a = 0; a < pl.axes; ++a) p[a] = ids[static_cast<std::size_t>(a * L + l)];
+      for (I k = 0; k < pl.half; ++k) {
+        const std::size_t at = static_cast<std::size_t>((h * L + l) * pl.half + k);
+        t.angle[at] = pl.angle(p, k, h);
+        t.scale[at] = pl.scale(p[0], k, role);
+      }
+    }
+  return t;
+}
+
+Status check_table(I head_dim, I length) {
+  if (head_dim < 1) return Status::Invalid("head_dim", "expected a head dimension D >= 1, got " + str(head_dim));
+  if (length < 0) return Status::Invalid("length", "expected a length >= 0, got " + str(length));
+  return Status::Ok();
+}
+
+}  // namespace
+
+}  // namespace rotary
+
+Expected<RotaryTable> rope2d_table(const Rope2dParams& p, std::int64_t head_dim, std::int64_t length,
+                                   const Positions& pos, const View& freqs) {
+  using namespace rotary;
+  POSENC_RETURN_IF_ERROR(check_table(head_dim, length));
+  auto ids = expand_positions_axes("positions", pos, 2, 1, length);
+  if (!ids.ok()) return ids.status();
+  const I heads = freqs.present() && freqs.ndim == 3 ? freqs.dim(1) : 1;
+  auto pl = rope2d_plan(p, head_dim, call_length(*ids), freqs, heads);
+  if (!pl.ok()) return pl.status();
+  return table_of(*pl, *ids, length, +1);
+}
+
+Expected<RotaryTable> mrope_table(const MropeParams& p, std::int64_t head_dim, std::int64_t length,
+                                  const Positions& pos) {
+  using namespace rotary;
+  POSENC_RETURN_IF_ERROR(check_table(head_dim, length));
+  auto ids = expand_positions_axes("positions", pos, 3, 1, length);
+  if (!ids.ok()) return ids.status();
+  auto pl = mrope_plan(p, head_dim, call_length(*ids));
+  if (!pl.ok()) return pl.status();
+  return table_of(*pl, *ids, length, +1);
+}
+
+Expected<RotaryTable> xpos_table(const XposParams& p, XposRole role, std::int64_t head_dim, std::int64_t length,
+                                 const Positions& pos) {
+  using namespace rotary;
+  if (role != XposRole::kQuery && role != XposRole::kKey)
+    return Status::Invalid("role", "expected query or key, got value " + std::to_string(static_cast<int>(role)));
+  POSENC_RETURN_IF_ERROR(check_table(head_dim, length));
+  auto ids = expand_positions("positions", pos, 1, length);
+  if (!ids.ok()) return ids.status();
+  auto pl = xpos_plan(p, head_dim, call_length(*ids));
+  if (!pl.ok()) return pl.status();
+  return table_of(*pl, *ids, length, role_sign(role));
+}
+
+namespace rotary {
+
 // ---- the reference ------------------------------------------------------------------------------
 
 void rotate_ref(const Plan& pl, std::vector<double>* x, I B, I L, I H, I D, const std::vector<I>& ids, int dir,
