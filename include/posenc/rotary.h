@@ -24,7 +24,7 @@
 //   mixed  φ_{h,k} = x·θˣ_{h,k} + y·θʸ_{h,k} with learned per-head frequencies freqs [2, H, r/2]
 //          (freqs[0] = θˣ, freqs[1] = θʸ; H the heads of x; the authors' compute_mixed_cis). The
 //          backward also gives dfreqs: with y = a·R(φ)x and g = ∂L/∂y,
-//            ∂L/∂φ_k = g_b·y_a − g_a·y_b,   dθˣ_{h,k} = Σ_tokens x·∂L/∂φ_k,   dθʸ_{h,k} = Σ y·∂L/∂φ_k.
+//            ∂L/∂φ_k = g_b·y_a − g_a·y_b,  dθˣ_{h,k} = Σ_tokens x·∂L/∂φ_k,  dθʸ_{h,k} = Σ y·∂L/∂φ_k.
 //          mixed reads layout and rotary_dim (the frequencies are the tensor); theta is the
 //          magnitude base of rope2d_mixed_init (the authors use 10 for RoPE-Mixed).
 // q·k after rope2d depends on the positions only through the 2D offset (Δx, Δy) (tested).

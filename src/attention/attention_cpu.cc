@@ -2,7 +2,8 @@
 // dispatch here.
 //
 // Validation is shared with the reference (attention_check.h), so errors are identical. The fused
-// kernels run nope, rope, alibi (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
+// kernels run nope, the rotary encodings (rope, rope2d axial and mixed, mrope, xpos), alibi
+// (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
 // on float32, bfloat16 and float16 q/k/v (any strides; tiles are converted to float32 on load,
 // outputs rounded once on store); xl and cope run the kernels of attention_xl_cpu.cc and
 // attention_cope_cpu.cc where those are built. Float64 inputs, outputs that overlap an input, and
@@ -16,10 +17,14 @@
 // kp = k_off + j. T: the call's thread count (one below 2^15 pairs).
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
-// place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under rope,
-// rows are converted into per-thread scratch; rope rotates them there by a·R(pos) (SIMD; a·cos, a·sin
-// tabulated once per call for every position met from the call's RopeFrequencies: angles in double
-// (accurate) or transformers' float32 product (hf), the exact-angle sincos of core/simd-inl.h).
+// place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
+// encoding, rows are converted into per-thread scratch and rotated there by a·ρ·R(φ) (SIMD), from
+// per-token tables built once per call for the queries and for the keys (RotTab: a·ρ·cos φ,
+// a·ρ·sin φ of every token and pair, from the call's rotary::Plan — RoPE's frequencies in either
+// angle mode, 2D axial / mixed, M-RoPE's sections, xPos's ζ^(±(p − c)/s) — angles formed in double,
+// the exact-angle sincos of core/simd-inl.h). rope2d mixed's angles are per head: its tables are
+// per query head, and a key block is rotated (and its dK rotated back) once per query head of the
+// group. The tile code is the same for every rotary encoding; only the tables differ.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ --------------------
 //   Tasks run (b, h)-major, so that the threads share one head's K and V in cache; within a head
@@ -40,7 +45,8 @@
 //     mask (−inf), online softmax: m' = max(m, rowmax S); P = exp(S − m'); l = l·e^{m−m'} + ΣP;
 //     O = O·e^{m−m'} + P·V;
 //   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked).
-//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, rope's table O((M + N)·r), t5's buckets O(M + N),
+//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, the rotary tables O(B'·(M + N)·r) (B' = B when the
+//   positions differ per batch row, else 1; times Hq for rope2d mixed), t5's buckets O(M + N),
 //   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
@@ -50,10 +56,14 @@
 //     heads and its query blocks not wholly masked:
 //       S = scale·Q·Kᵀ + bias, P = exp(S − lse);  dP = dO·Vᵀ;  dV += Pᵀ·dO;  dS = P ⊙ (dP − D);
 //       dK += scale·dSᵀ·Q;  dQ += scale·dS·K;
-//     dK, dV of the block stored once it is done (rope: dK rotated back by R(−kp)); dQ summed in
-//     float32 over the key blocks — in dq itself when dq is float32 with rows that never overlap
-//     (no buffer), else in a [G, M, D] buffer per thread — and rotated back by R(−qp) / stored at
-//     the end; parameter gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h];
+//     dK, dV of the block stored once it is done (rotary: dK rotated back by the transpose
+//     a·ρ·R(−φ); mixed: per query head, then summed); dQ summed in float32 over the key blocks — in
+//     dq itself when dq is float32 with rows that never overlap (no buffer), else in a [G, M, D]
+//     buffer per thread — and rotated back / stored at the end; rope2d mixed's dfreqs from each
+//     complete dK̃ block and dQ̃ row before they are rotated back (Σ (p − p₀)·(g_b·ỹ_a − g_a·ỹ_b),
+//     p₀ the middle of the call's positions: the same sum, since Σ ∂L/∂φ = 0 per head and pair,
+//     without cancellation at large positions; dQ̃ is accumulated for it even without dq); parameter
+//     gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h];
 //     learned ALiBi: dw[side, h] += Σ dS·(−σ(1−σ)|Δ|); KERPLE: dr[h] += Σ dS·∂b/∂r at each Δ, from
 //     the table of derivatives; FIRE: per row run Σ dS, Σ dS·ψ, Σ dS·∂ψ/∂c into per-segment
 //     moments and the c, L sums, turned into the MLP's gradients at the end), per (b, h) in double,
@@ -64,7 +74,8 @@
 //     equal work (causal: the early key blocks meet the most queries), run in parallel; part 0
 //     sums dQ in the unit's accumulator, part p > 0 in a buffer of the rows it touches (at most
 //     T − 1 more [G, M, D]), added in part order afterwards (in parallel over rows); parameter
-//     gradients likewise. So results depend on T (the order of dQ's sums), never on which thread
+//     gradients likewise (rope2d mixed's dQ̃ share of dfreqs per thread of a static schedule over
+//     the unit's rows, summed in thread order). So results depend on T (the order of dQ's sums), never on which thread
 //     ran what; dK and dV do not depend on T at all.
 //   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread, the dQ buffers above.
 //
@@ -690,9 +701,10 @@ class Fused {
     if (!in_place && dq.present()) attn_fast::store_rows(dq, d_.D, b, i0, i1 - i0, h, y);
   }
 
-  // rope2d mixed: fg [2, half] (head h's ∂/∂θˣ, ∂/∂θʸ) += Σ over rows [i0, i0 + n) of side x
-  // (queries or keys) of (px − x₀, py − y₀)·(g_b·ỹ_a − g_a·ỹ_b) (pos0_: the same total), ỹ the row rotated for head h (tile rows at
-  // yt, row stride yld; null: loaded and rotated here) and g its gradient (rows at gt, stride gld).
+  // rope2d mixed: fg [2, half] (head h's ∂/∂θˣ, ∂/∂θʸ) += Σ over the rows [i0, i0 + n) of the
+  // queries (query) or keys of (px − x₀, py − y₀)·(g_b·ỹ_a − g_a·ỹ_b) (pos0_: the same total), ỹ
+  // the row rotated for head h (tile rows at yt, row stride yld; null: the query rows, loaded and
+  // rotated here into tmp [D]) and g its gradient (rows at gt, row stride gld).
   void freq_grad_rows(bool query, I b, I h, I i0, I n, const float* yt, I yld, const float* gt, I gld,
                       float* tmp, double* fg) const {
     const I half = d_.rot.half, L = query ? d_.M : d_.N;

@@ -35,8 +35,8 @@ bool has_table(Encoding e) {
 }
 
 struct TableState {
-  std::string enc, length, dim, offset = "0", dtype = "float64", out, part = "angle", positions, role = "query",
-                                                                   heads, seed = "0";
+  std::string enc, length, dim, offset = "0", dtype = "float64", out, part = "angle";
+  std::string positions, role = "query", heads, seed = "0";
   CLI::Option *dim_opt = nullptr, *part_opt = nullptr, *length_opt = nullptr, *positions_opt = nullptr,
               *offset_opt = nullptr, *role_opt = nullptr, *heads_opt = nullptr, *seed_opt = nullptr;
   ParamFlags params;
@@ -64,12 +64,15 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
       fail(Status::Invalid(have_pos ? "--positions" : have_len ? "--length" : "--offset",
                            "--part init takes no positions (only --heads, --dim, --rotary-dim, --theta, --seed)"));
     if (st.heads_opt->count() == 0) fail(Status::Invalid("--heads", "is required for --part init: the heads H"));
+    if (st.params.given("freqs"))
+      fail(Status::Invalid("--freqs", "--part init writes the initial frequencies; it reads none"));
     const std::int64_t H = parse_int("--heads", st.heads), seed = parse_int("--seed", st.seed);
     if (H < 1 || H > (std::int64_t{1} << 20))
       fail(Status::Invalid("--heads", "expected 1 .. 2^20 heads, got " + std::to_string(H)));
     const Rope2dParams p = rope2d_params(st.params);
     const std::int64_t r = p.rope.rotary_dim == 0 ? D : p.rope.rotary_dim;
-    if (r > D) fail(Status::Invalid("--rotary-dim", "expected at most D = " + std::to_string(D) + ", got " + std::to_string(r)));
+    if (r > D)
+      fail(Status::Invalid("--rotary-dim", "expected at most D = " + std::to_string(D) + ", got " + std::to_string(r)));
     std::mt19937_64 gen(static_cast<std::uint64_t>(seed));
     std::vector<double> angles(static_cast<std::size_t>(H));
     for (double& a : angles) a = 2 * M_PI * (static_cast<double>(gen() >> 11) * 0x1.0p-53);
