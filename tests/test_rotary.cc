@@ -474,6 +474,44 @@ TEST(MropePositions, Qwen2VlHandWorked) {
   EXPECT_EQ(mrope_positions({{K::kText, 3}}, 0).status().arg(), "spatial_merge");
 }
 
+// Rotations keep every pair's norm (a = 1): rope2d axial and mixed, mrope; the pass-through tail is
+// untouched.
+TEST(RotaryProperties, RotationsKeepPairNorms) {
+  const I L = 6, H = 2, D = 14, r = 12;
+  const Vec x = randn(ix(L * H * D), 30);
+  Vec freqs = randn(ix(2 * H * r / 2), 31);
+  std::vector<std::int64_t> p2 = {0, 5, 9, 2, 7, 1, 3, 3, 8, 0, 4, 6}, p3(ix(3 * L));
+  for (Sz i = 0; i < p3.size(); ++i) p3[i] = static_cast<std::int64_t>((i * 5) % 17);
+  for (int which = 0; which < 3; ++which)
+    for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kHalf}) {
+      Vec xc = x, y(x.size());
+      const View xv = V(xc, {1, L, H, D}), yv = V(y, {1, L, H, D});
+      if (which < 2) {
+        Rope2dParams p;
+        p.variant = which ? Rope2dVariant::kMixed : Rope2dVariant::kAxial;
+        p.rope.layout = layout;
+        p.rope.rotary_dim = r;
+        ASSERT_TRUE(rope2d_forward(p, xv, Positions{View::contiguous(p2.data(), DType::kI64, {2, L}), 0},
+                                   which ? V(freqs, {2, H, r / 2}) : View{}, yv)
+                        .ok());
+      } else {
+        MropeParams p;
+        p.mrope_section = {2, 2, 2};
+        p.rope.layout = layout;
+        p.rope.rotary_dim = r;
+        ASSERT_TRUE(mrope_forward(p, xv, Positions{View::contiguous(p3.data(), DType::kI64, {3, L}), 0}, yv).ok());
+      }
+      for (Sz t = 0; t < ix(L * H); ++t) {
+        for (I k = 0; k < r / 2; ++k) {
+          const I a = layout == RopeLayout::kInterleaved ? 2 * k : k, b = layout == RopeLayout::kInterleaved ? 2 * k + 1 : k + r / 2;
+          EXPECT_NEAR(std::hypot(y[t * D + ix(a)], y[t * D + ix(b)]), std::hypot(x[t * D + ix(a)], x[t * D + ix(b)]), 1e-13)
+              << which << " " << rope_layout_name(layout);
+        }
+        for (I e = r; e < D; ++e) EXPECT_EQ(y[t * D + ix(e)], x[t * D + ix(e)]);
+      }
+    }
+}
+
 // ---- xpos ------------------------------------------------------------------------------------------
 
 // torchscale's XPOS on a sequence of n tokens at positions offset .. offset + n − 1 with the table
