@@ -2,7 +2,9 @@
 // reference posenc::reference:: (src/attention/attention_ref.cc), forward (out, lse) and backward
 // (dq, dk, dv and the parameter gradients), for every encoding the kernels cover (nope, rope in both
 // layouts, full and partial, alibi symmetric / with slopes / nonsymmetric / learned, t5 bi- and
-// unidirectional, kerple log and power, sandwich, fire) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
+// unidirectional, kerple log and power, sandwich, fire, rope2d axial and mixed (with dfreqs, per
+// query head under grouped heads), mrope chunked and interleaved with 2D/3D positions shared or per
+// batch row, xpos) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
 // global offsets × float32 and bfloat16 × sizes off the tile (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64,
 // 130}) × 1 and 2 threads; every SIMD target on one case per encoding; backward units split over key
 // blocks (B·Hkv not a multiple of the threads: one head, MQA, three units) against one thread and the
@@ -75,6 +77,13 @@ std::vector<Variant> variants() {
        false, true, KerpleKernel::kLog, 1},
       {"rope_dynamic_hf", Encoding::kRope, RopeLayout::kHalf, false, AlibiVariant::kSymmetric, false, true, KerpleKernel::kLog, 2},
       {"rope_longrope_llama3", Encoding::kRope, RopeLayout::kHalf, true, AlibiVariant::kSymmetric, false, true, KerpleKernel::kLog, 3},
+      // rotary.h (the variant by name: "mixed", "interleaved"; rope2d needs D >= 4, shapes below skip it)
+      {"rope2d_axial", Encoding::kRope2d, RopeLayout::kInterleaved},
+      {"rope2d_mixed_half", Encoding::kRope2d, RopeLayout::kHalf},
+      {"mrope_chunked", Encoding::kMrope, RopeLayout::kHalf},
+      {"mrope_interleaved_partial", Encoding::kMrope, RopeLayout::kInterleaved, true},
+      {"xpos", Encoding::kXpos, RopeLayout::kInterleaved},
+      {"xpos_half_partial", Encoding::kXpos, RopeLayout::kHalf, true},
   };
 }
 
@@ -177,6 +186,10 @@ struct Problem {
   Vec r1, r2;           // kerple [Hq]
   I fire_w = 9;         // fire: w1, b1 [W], w2 [Hq, W], b2 [Hq], c, L [1]
   Vec w1, b1, w2, b2, c, L;
+  Vec freqs;                             // rope2d mixed [2, Hq, r/2]
+  I A = 0, r2d = 0;                      // rope2d / mrope: position components; rope2d's rotary dim
+  std::vector<std::int64_t> qpos, kpos;  // [A, M] / [B, A, M], [A, N] / [B, A, N]
+  bool batched = false;
 
   Problem(const Variant& var, const Shape& sh, bool causal, std::uint64_t seed) : s(sh) {
     p.encoding = var.enc;
@@ -208,6 +221,42 @@ struct Problem {
       for (double& x : r2) x = 0.05 + 1.9 * (0.5 + 0.5 * std::tanh(x));
     }
     if (var.enc == Encoding::kSandwich) p.sandwich.sinusoid_dim = 16;
+    const bool partial = var.partial && sh.D >= 4;
+    const I r = partial ? (sh.D / 2) & ~I{1} : sh.D;
+    if (var.enc == Encoding::kRope2d) {  // a multiple of 4 (callers skip D < 4)
+      p.rope2d.rope.layout = var.layout;
+      r2d = sh.D - sh.D % 4;
+      if (r2d != sh.D) p.rope2d.rope.rotary_dim = r2d;
+      if (var.name.find("mixed") != std::string::npos) {
+        p.rope2d.variant = Rope2dVariant::kMixed;
+        freqs = randn(ix(2 * sh.Hq * r2d / 2), seed + 19, 0.5);
+      }
+    }
+    if (var.enc == Encoding::kMrope) {
+      p.mrope.rope.layout = var.layout;
+      if (partial) p.mrope.rope.rotary_dim = r;
+      const I half = r / 2, s3 = half / 3;
+      p.mrope.mrope_section = {half - 2 * s3, s3, s3};
+      if (var.name.find("interleaved") != std::string::npos) p.mrope.variant = MropeVariant::kInterleaved;
+      p.mrope.rope.theta = 1e6;
+    }
+    if (var.enc == Encoding::kXpos) {
+      p.xpos.rope.layout = var.layout;
+      if (partial) p.xpos.rope.rotary_dim = r;
+      p.xpos.scale_base = 64;  // a stronger decay than the paper's 512: the scales matter here
+    }
+    if (var.enc == Encoding::kRope2d || var.enc == Encoding::kMrope) {
+      // Grid-like ids from the 1D positions (far shapes stay far), per batch row when B > 1.
+      A = var.enc == Encoding::kRope2d ? 2 : 3;
+      batched = sh.B > 1;
+      const I qo = std::max<I>(0, sh.q_off ? *sh.q_off : sh.k_off + sh.N - sh.M), ko = sh.k_off;
+      for (I b = 0; b < (batched ? sh.B : 1); ++b) {
+        for (I a = 0; a < A; ++a)
+          for (I i = 0; i < sh.M; ++i) qpos.push_back(qo + (i * (a + 1) + 3 * b) % 11 + (a == 0 ? i / 11 : 0));
+        for (I a = 0; a < A; ++a)
+          for (I j = 0; j < sh.N; ++j) kpos.push_back(ko + (j * (a + 2) + 5 * b) % 13 + (a == 0 ? j / 13 : 0));
+      }
+    }
     if (var.enc == Encoding::kFire) {
       w1 = randn(ix(fire_w), seed + 15, 1.5);
       b1 = randn(ix(fire_w), seed + 16, 0.7);
@@ -228,6 +277,13 @@ struct Problem {
     if (!w1.empty())
       t.fire = FireTensors{v64(w1, {fire_w}), v64(b1, {fire_w}), v64(w2, {s.Hq, fire_w}), v64(b2, {s.Hq}),
                            v64(c, {1}), v64(L, {1})};
+    if (!freqs.empty()) t.freqs = v64(freqs, {2, s.Hq, r2d / 2});
+    if (A > 0) {
+      t.q_positions = batched ? View::contiguous(qpos.data(), DType::kI64, {s.B, A, s.M})
+                              : View::contiguous(qpos.data(), DType::kI64, {A, s.M});
+      t.k_positions = batched ? View::contiguous(kpos.data(), DType::kI64, {s.B, A, s.N})
+                              : View::contiguous(kpos.data(), DType::kI64, {A, s.N});
+    }
     return t;
   }
   // Gradient buffers (filled with `fill`) for every learned tensor the encoding reads, and their views.
@@ -255,6 +311,7 @@ struct Problem {
       r.g.fire.c = buf(1, {1});
       r.g.fire.threshold = buf(1, {1});
     }
+    if (!freqs.empty()) r.g.freqs = buf(freqs.size(), {2, s.Hq, r2d / 2});
     return r;
   }
   std::vector<std::int64_t> qshape() const { return {s.B, s.M, s.Hq, s.D}; }
@@ -355,6 +412,7 @@ TEST_P(FastAttention, ForwardMatchesReference) {
     for (bool causal : {false, true})
       for (DType dt : {DType::kF32, DType::kBF16}) {
         if (dt == DType::kBF16 && ns.s.D == 130) continue;  // bf16 on the smaller shapes suffices
+        if (var.enc == Encoding::kRope2d && ns.s.D < 4) continue;  // 2D RoPE needs r >= 4
         SCOPED_TRACE(std::string(ns.name) + (causal ? " causal " : " full ") + dtype_name(dt));
         Problem pr(var, ns.s, causal, 100);
         check_forward(pr, dt, 200);
@@ -367,6 +425,7 @@ TEST_P(FastAttention, BackwardMatchesReference) {
     for (bool causal : {false, true})
       for (DType dt : {DType::kF32, DType::kBF16}) {
         if (dt == DType::kBF16 && ns.s.D == 130) continue;
+        if (var.enc == Encoding::kRope2d && ns.s.D < 4) continue;
         SCOPED_TRACE(std::string(ns.name) + (causal ? " causal " : " full ") + dtype_name(dt));
         Problem pr(var, ns.s, causal, 300);
         check_backward(pr, dt, 400);
@@ -414,7 +473,8 @@ TEST(FastAttentionTargets, EveryTargetMatchesReference) {
       if (var.name != "nope" && var.name != "rope_interleaved" && var.name != "rope_half_partial" &&
           var.name != "alibi_learned" && var.name != "t5_bidirectional" && var.name != "kerple_power" &&
           var.name != "sandwich" && var.name != "fire" && var.name != "rope_yarn_attention_factor" &&
-          var.name != "rope_dynamic_hf")
+          var.name != "rope_dynamic_hf" && var.name != "rope2d_mixed_half" && var.name != "mrope_interleaved_partial" &&
+          var.name != "xpos")
         continue;
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + var.name);
       const bool causal = ++n % 2 == 1;
@@ -471,7 +531,9 @@ TEST(FastAttentionSplit, SplitUnitsMatchOneThreadAndReference) {
                            AlibiVariant::kLearned},
                           {"t5", Encoding::kT5},
                           {"kerple", Encoding::kKerple},
-                          {"fire", Encoding::kFire}};
+                          {"fire", Encoding::kFire},
+                          {"rope2d_mixed", Encoding::kRope2d, RopeLayout::kInterleaved},
+                          {"xpos", Encoding::kXpos, RopeLayout::kHalf}};
   int n = 0;
   for (const SplitCase& c : cases)
     for (const Variant& var : vars) {
@@ -582,12 +644,59 @@ TEST(FastAttentionLarge, LongSequenceWithTheNewBiasesNeedsNoLxLBuffer) {
     }
 }
 
+// The rotary encodings at L = 16384 (one head, per-head tables for rope2d mixed: O(Hq·L·r)): forward
+// and backward (mixed with dfreqs) without an L×L buffer, the peak reset before each call.
+TEST(FastAttentionLarge, LongSequenceWithTheRotaryEncodingsNeedsNoLxLBuffer) {
+  const I L = 16384, D = 64;
+  std::vector<float> q(ix(L * D)), out(ix(L * D), 1.f), dq(ix(L * D), 1.f), dk(ix(L * D), 1.f), dv(ix(L * D), 1.f);
+  const Vec r = randn(ix(L * D), 16);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(r[i]);
+  Vec freqs = randn(ix(2 * D / 2), 17, 0.1), dfreqs(ix(2 * D / 2), 1.0);
+  std::vector<std::int64_t> pos2(ix(2 * L)), pos3(ix(3 * L));
+  for (I l = 0; l < L; ++l) {
+    pos2[ix(l)] = l % 128, pos2[ix(L + l)] = l / 128;                                  // a 128 × 128 image
+    pos3[ix(l)] = l < 64 ? l : 64, pos3[ix(L + l)] = l < 64 ? l : 64 + (l - 64) / 128;  // text, then a grid
+    pos3[ix(2 * L + l)] = l < 64 ? l : 64 + (l - 64) % 128;
+  }
+  const View qv = View::contiguous(q.data(), DType::kF32, {1, L, 1, D});
+  auto v32 = [&](std::vector<float>& x) { return View::contiguous(x.data(), DType::kF32, {1, L, 1, D}); };
+  for (Encoding e : {Encoding::kRope2d, Encoding::kMrope, Encoding::kXpos})
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(std::string(encoding_info(e).name) + (backward ? " backward" : " forward"));
+      AttentionParams p;
+      p.encoding = e;
+      p.causal = true;
+      EncodingTensors t;
+      EncodingGrads g;
+      if (e == Encoding::kRope2d) {
+        p.rope2d.variant = Rope2dVariant::kMixed;
+        t.freqs = View::contiguous(freqs.data(), DType::kF64, {2, 1, D / 2});
+        g.freqs = View::contiguous(dfreqs.data(), DType::kF64, {2, 1, D / 2});
+        t.q_positions = t.k_positions = View::contiguous(pos2.data(), DType::kI64, {2, L});
+      }
+      if (e == Encoding::kMrope) {
+        p.mrope.mrope_section = {8, 12, 12};
+        t.q_positions = t.k_positions = View::contiguous(pos3.data(), DType::kI64, {3, L});
+      }
+      std::FILE* f = std::fopen("/proc/self/clear_refs", "w");  // VmHWM := VmRSS (Linux ≥ 4.0)
+      const bool reset = f && std::fputs("5", f) >= 0;
+      if (f) std::fclose(f);
+      if (!reset) GTEST_SKIP() << "cannot reset the peak resident memory here";
+      const long before = peak_kb();
+      const Status st = backward ? attention_backward(p, qv, qv, qv, t, qv, v32(dq), v32(dk), v32(dv), g)
+                                 : attention_forward(p, qv, qv, qv, t, v32(out));
+      ASSERT_TRUE(st.ok()) << st.message();
+      const long after = peak_kb();
+      EXPECT_LT(after - before, 64 * 1024) << "peak grew by " << (after - before) << " kB";
+    }
+}
+
 // No keys at all: the kernels write out = 0 and every gradient, parameter gradients included, as 0
 // (not left unwritten), like the reference.
 TEST(FastAttentionEdges, NoKeysWritesZeroGradients) {
   for (const Variant& var : variants()) {
     if (var.enc != Encoding::kKerple && var.enc != Encoding::kFire && var.enc != Encoding::kSandwich &&
-        var.enc != Encoding::kT5)
+        var.enc != Encoding::kT5 && var.name != "rope2d_mixed_half")
       continue;
     for (I M : {1, 3}) {  // M = 1: no distance at all (M + N − 1 = 0)
       SCOPED_TRACE(var.name + " M=" + std::to_string(M));

@@ -112,10 +112,9 @@ struct ThreadCount {
 };
 
 // On one thread, and on two threads with an uneven split of the batch (shards of 1 and 2 sequences).
-TEST_P(ModelGrad, WholeGradientMatchesFiniteDifferences) {
+void check_whole_gradient(const ModelConfig& c) {
   for (int threads : {1, 2}) {
     const ThreadCount tc(threads);
-    const ModelConfig c = tiny(GetParam());
     ASSERT_TRUE(validate_config(c).ok());
     Model<double> m(c, 7);
     // Perturb every parameter so that zero-initialised ones (biases, xl u/v) carry gradient paths.
@@ -144,6 +143,19 @@ TEST_P(ModelGrad, WholeGradientMatchesFiniteDifferences) {
     }
     EXPECT_TRUE(GradCheck(loss, w0, grad, 1e-6, 1e-7, 1e-5, 5000)) << threads << " threads";
   }
+}
+
+TEST_P(ModelGrad, WholeGradientMatchesFiniteDifferences) { check_whole_gradient(tiny(GetParam())); }
+
+// The non-default variants that bring learned tensors of their own: rope2d mixed's frequencies,
+// KERPLE's power kernel.
+TEST(Model, LearnedVariantsGradientMatchesFiniteDifferences) {
+  ModelConfig mixed = tiny(Encoding::kRope2d);
+  mixed.rope2d.variant = Rope2dVariant::kMixed;
+  check_whole_gradient(mixed);
+  ModelConfig power = tiny(Encoding::kKerple);
+  power.kerple.kernel = KerpleKernel::kPower;
+  check_whole_gradient(power);
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, ModelGrad, ::testing::ValuesIn(all_encodings()),

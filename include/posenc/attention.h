@@ -22,6 +22,22 @@
 //   rope   q and k rotated by their positions before the product, any scheme and angle mode of
 //          rope.h, the attention factor scaling both; the call's length (dynamic, longrope) is
 //          rope.seq_len or max(q_offset + M, k_offset + N).
+//   rope2d, mrope  q and k rotated as rotary.h says, by multi-dimensional positions: query i at
+//          q_positions[·, i] and key j at k_positions[·, j] (EncodingTensors: int32/int64 [A, M] or
+//          [B, A, M], [A, N] or [B, A, N]; A = 2 (x, y) for rope2d, 3 (t, h, w) for mrope). Absent,
+//          every component is the 1D position (q_offset + i; k_offset + j): text. The 1D positions
+//          still order the tokens: causal masks key j when k_offset + j > q_offset + i, whatever
+//          the multi-dimensional positions. The call's length for rope.h's schemes: the largest
+//          component + 1. rope2d mixed reads freqs [2, Hq, r/2] (per query head; with grouped
+//          heads, the key of kv head h/G is rotated by query head h's frequencies for that head's
+//          product) and gives dfreqs (EncodingGrads) from the gradients of the rotated q and k
+//          (rotary.h's formula), accumulated per key block and per query row, no L×L buffer.
+//   xpos   q rotated and scaled by ζ^((qp − c)/s), k by ζ^(−(kp − c)/s) (rotary.h): the logit of a
+//          pair is Σ_k ζ_k^((qp − kp)/s)·(RoPE's terms), a function of qp − kp only, so c only
+//          matters to rounding and range: it defaults to the middle of the call's positions,
+//          lo + ⌈(hi + 1 − lo)/2⌉ over every query and key position (torchscale's ⌈n/2⌉ when they
+//          start at 0), or ⌈seq_len/2⌉ when xpos.rope.seq_len is set, or xpos.center. A span of
+//          positions beyond ~70000·scale_base/512 still leaves float32's range at the ends.
 //   alibi  + alibi bias (see bias.h); variants symmetric, nonsymmetric, learned.
 //   t5     + W[bucket(key − query), h] (see bias.h).
 //   xl     Transformer-XL (Dai et al. 2019, arXiv 1901.02860, §3.3):
@@ -45,8 +61,8 @@
 // Implementations. posenc::attention_forward / attention_backward are dispatchers
 // (src/attention/attention_cpu.cc): they validate, then run a fused, flash-style kernel (tiles of
 // queries × keys, online softmax, O(L·D) memory, never an [H, M, N] buffer; backward recomputes the
-// logits per tile, FlashAttention-2 style) for nope, rope, alibi (all variants), t5, kerple, sandwich
-// and fire with float32, bfloat16 or float16 q/k/v (math in float32, accumulation in float32; lse
+// logits per tile, FlashAttention-2 style) for nope, rope, rope2d, mrope, xpos, alibi (all
+// variants), t5, kerple, sandwich and fire with float32, bfloat16 or float16 q/k/v (math in float32, accumulation in float32; lse
 // then carries float32 error). xl, cope, float64 inputs, outputs that overlap an input and small problems (B·Hq·M·N < 2^14,
 // where the reference is as fast and exact) run the plain reference, posenc::reference::attention_forward /
 // attention_backward (double accumulation; declared at the end of this file), which is the oracle the
@@ -58,6 +74,7 @@
 #include "posenc/bias.h"
 #include "posenc/registry.h"
 #include "posenc/rope.h"
+#include "posenc/rotary.h"
 #include "posenc/view.h"
 
 namespace posenc {
@@ -69,6 +86,9 @@ struct AttentionParams {
   std::optional<std::int64_t> q_offset;    // default k_offset + N − M
   std::int64_t k_offset = 0;
   RopeParams rope;
+  Rope2dParams rope2d;
+  MropeParams mrope;
+  XposParams xpos;
   AlibiParams alibi;
   T5Params t5;
   KerpleParams kerple;
@@ -85,6 +105,8 @@ struct EncodingTensors {
   View table;     // cope: [npos, D]
   View r1, r2;    // kerple: [Hq] each
   FireTensors fire;  // fire: w1 [W], b1 [W], w2 [Hq, W], b2 [Hq], c [1], threshold [1]
+  View freqs;     // rope2d mixed: [2, Hq, r/2]
+  View q_positions, k_positions;  // rope2d, mrope: int32/int64 [A, M] / [B, A, M], [A, N] / [B, A, N]
 };
 
 // Gradients of those tensors (each optional, but only for a tensor the encoding reads; overwritten).
@@ -95,6 +117,7 @@ struct EncodingGrads {
   View table;     // cope
   View r1, r2;    // kerple
   FireTensors fire;  // fire (each of the six optional)
+  View freqs;     // rope2d mixed [2, Hq, r/2]
 };
 
 // lse (optional, float64 [B, Hq, M]): log Σ_j exp(logit_ij), so shards over keys can be combined.

@@ -17,7 +17,10 @@
 // Attention (unit GFLOP/s = 10⁹ useful FLOP/s): through the public posenc::attention_forward /
 // attention_backward, causal, B = 1, Hq = Hkv = 8, d = 64, every encoding the attention takes (the
 // registry's kinds other than absolute), with each encoding's default parameters and random tensors
-// (t5: 32 buckets; xl: R = 64; cope: npos = 64). Useful FLOPs of the forward: 4·B·H·M·N·d (the two
+// (t5: 32 buckets; xl: R = 64; cope: npos = 64; rope2d axial on a W × W grid of positions, W = ⌈√L⌉;
+// mrope with Qwen2-VL's section proportions 8,12,12 on a text + image + text sequence's ids; xpos
+// with scale base 512); rope2d mixed (its learned frequencies, dfreqs in the backward) as kernels
+// attention.forward.mixed / attention.backward.mixed at L = 4096 float32. Useful FLOPs of the forward: 4·B·H·M·N·d (the two
 // products q·kᵀ and P·v), halved when causal. The backward is counted as 2.5× that, as
 // FlashAttention reports it (five products of that size: q·kᵀ recomputed, dO·vᵀ, Pᵀ·dO, dSᵀ·q,
 // dS·k); its seconds are the whole public call, which computes dq, dk, dv and every parameter
@@ -27,7 +30,9 @@
 // throughput = its real FLOPs (4·H·L·L·d, not halved) / seconds. So ratio is the share of a dense
 // sgemm's rate that the kernel turns into useful work. `path` says whether the fused kernel or the
 // plain reference (posenc::reference, double, one thread) ran; `vs_nope` = seconds / seconds of nope
-// for the same kernel, shape, dtype and threads, when nope ran in the same invocation.
+// for the same kernel (attention.forward / attention.backward: a variant suffix such as ".mixed" is
+// compared with the plain kernel's nope), shape, dtype and threads, when nope ran in the same
+// invocation.
 //
 // Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L]`; not in the default
 // run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64, causal, float32) per

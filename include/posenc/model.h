@@ -37,6 +37,7 @@
 
 #include "posenc/attention.h"
 #include "posenc/bias.h"
+#include "posenc/rotary.h"
 #include "posenc/registry.h"
 #include "posenc/status.h"
 
@@ -55,12 +56,17 @@ struct ModelConfig {
   RopeParams rope;
   AlibiParams alibi;
   T5Params t5;
+  Rope2dParams rope2d;         // rope2d: variant (mixed: frequencies learned per layer), layout, theta
+  MropeParams mrope;           // mrope: variant, mrope_section (empty: Qwen2-VL's 1/4, 3/8, 3/8 of r/2)
+  XposParams xpos;             // xpos: scale_base, gamma
   KerpleParams kerple;         // kerple: the kernel (r1, r2 are learned per layer and head)
   SandwichParams sandwich;     // sandwich: parameter-free
   std::int64_t fire_width = 32;  // fire: hidden units of its MLP (the paper's 32)
   double sinusoid_base = 10000.0;
 
   std::int64_t head_dim() const { return d_model / n_heads; }
+  // mrope's sections: mrope.mrope_section, or Qwen2-VL's proportions (16, 24, 24 of 64) of D/2 pairs.
+  std::vector<std::int64_t> mrope_section() const;
 };
 
 // One named parameter tensor inside the flat parameter vector.

@@ -5,5 +5,6 @@
 #include "posenc/bias.h"
 #include "posenc/registry.h"
 #include "posenc/rope.h"
+#include "posenc/rotary.h"
 #include "posenc/status.h"
 #include "posenc/view.h"

@@ -1,7 +1,7 @@
 // posenc/reference.h — the plain references: scalar, double accumulation, readable — the oracle.
 //
 // Same signatures, arguments, validation and error Status (argument names) as the public entry points
-// of absolute.h, rope.h and bias.h. The public posenc:: functions are the fast dispatchers (Highway
+// of absolute.h, rope.h, rotary.h and bias.h. The public posenc:: functions are the fast dispatchers (Highway
 // SIMD + OpenMP, src/enc/<enc>/<enc>_cpu.cc); they are tested against these, and fall back to them
 // for what the kernels do not cover (float64, a non-contiguous innermost dimension, partial aliasing).
 #pragma once
@@ -9,6 +9,7 @@
 #include "posenc/absolute.h"
 #include "posenc/bias.h"
 #include "posenc/rope.h"
+#include "posenc/rotary.h"
 
 namespace posenc::reference {
 
@@ -23,6 +24,15 @@ Status learned_backward(const LearnedParams& p, const View& dy, const View& tabl
 
 Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, const View& y);
 Status rope_backward(const RopeParams& p, const View& dy, const Positions& pos, const View& dx);
+
+Status rope2d_forward(const Rope2dParams& p, const View& x, const Positions& pos, const View& freqs,
+                      const View& y);
+Status rope2d_backward(const Rope2dParams& p, const View& dy, const Positions& pos, const View& freqs,
+                       const View& dx, const View& x = View{}, const View& dfreqs = View{});
+Status mrope_forward(const MropeParams& p, const View& x, const Positions& pos, const View& y);
+Status mrope_backward(const MropeParams& p, const View& dy, const Positions& pos, const View& dx);
+Status xpos_forward(const XposParams& p, XposRole role, const View& x, const Positions& pos, const View& y);
+Status xpos_backward(const XposParams& p, XposRole role, const View& dy, const Positions& pos, const View& dx);
 
 Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slopes, const View& weights,
                   const View& out);

@@ -12,6 +12,7 @@ namespace posenc {
 enum class Encoding {
   kNope, kLearned, kSinusoidal, kRope, kAlibi, kT5, kXL, kCope,
   kKerple, kSandwich, kFire,  // the extrapolating logit biases beyond ALiBi (bias.h)
+  kRope2d, kMrope, kXpos,     // the rotary encodings beyond 1D RoPE (rotary.h)
 };
 
 // Where an encoding acts.
@@ -28,7 +29,8 @@ const char* kind_name(Kind k);  // "none", "absolute", "rotary", "logit_bias", "
 // One parameter of an encoding, as the CLI spells it (flag --<name>).
 struct ParamSpec {
   std::string name;       // "rotary-dim"
-  std::string type;       // "float", "int", "bool", "choice", "tensor" (.npy), "file" (another file)
+  std::string type;       // "float", "int", "bool", "choice", "ints" (comma-separated: "16,24,24"),
+                          // "tensor" (.npy), "file" (another file)
   std::string default_;   // "" when required or absent by default
   std::vector<std::string> choices;  // for "choice"
   std::string help;

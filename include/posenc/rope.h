@@ -112,7 +112,9 @@ struct RopeParams {
 };
 
 // The frequencies of one call: the one place every RoPE path reads them from (rope_forward,
-// rope_backward, rope_apply_qk, both attentions, posenc rope-config and posenc table).
+// rope_backward, rope_apply_qk, both attentions, posenc rope-config and posenc table), and the
+// rotary encodings of rotary.h that use RoPE's frequencies (rope2d axial's per-axis ladder, mrope,
+// xpos).
 struct RopeFrequencies {
   std::int64_t rotary_dim = 0;
   std::int64_t seq_len = 0;          // the length the scheme saw (dynamic, longrope)

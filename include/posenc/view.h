@@ -8,7 +8,9 @@
 //   * q/k/v and rotary inputs are tokens-major [B, L, H, D] (the articles' layout);
 //     absolute encodings act on embeddings [B, L, D]; biases are [H, Lq, Lk].
 //   * positions are int32 or int64, shape [L] (shared by the batch) or [B, L]; when no positions are
-//     given, token l sits at position offset + l.
+//     given, token l sits at position offset + l. Encodings with A position components per token
+//     (rotary.h: 2D RoPE (x, y), M-RoPE (t, h, w)) take [A, L] or [B, A, L]; without ids every
+//     component of token l is offset + l (text: M-RoPE on such positions is RoPE).
 //   * relative distance is key position − query position.
 //   * in attention, query i of M sits at q_offset + i and key j at k_offset + j; by default
 //     k_offset = 0 and q_offset = k_offset + N − M, so a prefill and a decode step are one code path
@@ -83,5 +85,9 @@ struct Positions {
 // Expands positions to a [B, L] table, validating shape and dtype (arg names the ids argument).
 Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Positions& p,
                                                      std::int64_t B, std::int64_t L);
+// The same for `axes` components per token: ids [axes, L] or [B, axes, L] (int32/int64, every value
+// + offset ≥ 0), expanded to [B, axes, L]; absent ids give offset + l in every component.
+Expected<std::vector<std::int64_t>> expand_positions_axes(const char* arg, const Positions& p, int axes,
+                                                          std::int64_t B, std::int64_t L);
 
 }  // namespace posenc

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 #include "enc/fire/fire_check.h"
 #include "enc/kerple/kerple_check.h"
 #include "enc/rope/rope_check.h"
+#include "enc/rope/rotary_plan.h"
 #include "posenc/attention.h"
 
 namespace posenc::attn {
@@ -24,8 +26,13 @@ struct Dims {
   I B = 0, M = 0, N = 0, Hq = 0, Hkv = 0, D = 0, G = 1;
   double scale = 1;
   I q_off = 0, k_off = 0;
-  I rdim = 0;  // rope: rotary dimensions
-  RopeFrequencies rope;  // rope: the call's frequencies (length max(q_off + M, k_off + N))
+  // Rotary encodings (rope, rope2d, mrope, xpos): the call's plan (rotary_plan.h; call length: the
+  // largest query or key position component + 1) and the positions it reads, [B, axes, M] and
+  // [B, axes, N]; *_batched: the positions differ per batch row (else every row holds row 0's).
+  bool rotary = false;
+  rotary::Plan rot;
+  std::vector<I> q_ids, k_ids;
+  bool q_batched = false, k_batched = false;
   I R = 0;     // xl: sinusoid dimension
   I npos = 0;  // cope: table rows
   I fire_w = 0;  // fire: hidden units of the MLP
@@ -41,6 +48,7 @@ inline Status require_tensor(const char* arg, const View& t, std::initializer_li
 struct Reads {
   bool slopes = false, weights = false, xl = false, table = false;
   bool kerple = false, fire = false;
+  bool freqs = false, positions = false;  // rope2d mixed; rope2d and mrope
 };
 inline Reads reads(const AttentionParams& p) {
   Reads r;
@@ -51,13 +59,69 @@ inline Reads reads(const AttentionParams& p) {
   r.table = p.encoding == Encoding::kCope;
   r.kerple = p.encoding == Encoding::kKerple;
   r.fire = p.encoding == Encoding::kFire;
+  r.freqs = p.encoding == Encoding::kRope2d && p.rope2d.variant == Rope2dVariant::kMixed;
+  r.positions = p.encoding == Encoding::kRope2d || p.encoding == Encoding::kMrope;
   return r;
+}
+inline bool is_rotary(Encoding e) {
+  return e == Encoding::kRope || e == Encoding::kRope2d || e == Encoding::kMrope || e == Encoding::kXpos;
 }
 inline std::string describe(const AttentionParams& p) {
   std::string s = encoding_info(p.encoding).name;
   if (p.encoding == Encoding::kAlibi) s += std::string(" (") + alibi_variant_name(p.alibi.variant) + ")";
   if (p.encoding == Encoding::kKerple) s += std::string(" (") + kerple_kernel_name(p.kerple.kernel) + ")";
+  if (p.encoding == Encoding::kRope2d) s += std::string(" (") + rope2d_variant_name(p.rope2d.variant) + ")";
   return s;
+}
+
+// The positions a rotary encoding reads and its plan (see attention.h): 1D q_off + i, k_off + j, or
+// the multi-dimensional q_positions / k_positions of rope2d and mrope (absent: the 1D position in
+// every component).
+inline Status check_rotary(const AttentionParams& p, const EncodingTensors& t, Dims* d) {
+  const int axes = p.encoding == Encoding::kRope2d ? 2 : p.encoding == Encoding::kMrope ? 3 : 1;
+  auto side = [&](const char* arg, const View& ids, I off, I n, std::vector<I>* out, bool* batched) -> Status {
+    if (axes > 1) {
+      auto e = expand_positions_axes(arg, Positions{ids, ids.present() ? 0 : off}, axes, d->B, n);
+      if (!e.ok()) return e.status();
+      *out = std::move(e).value();
+      *batched = ids.present() && ids.ndim == 3;
+    } else {
+      out->resize(static_cast<std::size_t>(d->B * n));
+      for (I b = 0; b < d->B; ++b)
+        for (I i = 0; i < n; ++i) (*out)[static_cast<std::size_t>(b * n + i)] = off + i;
+      *batched = false;
+    }
+    return Status::Ok();
+  };
+  POSENC_RETURN_IF_ERROR(side("q_positions", t.q_positions, d->q_off, d->M, &d->q_ids, &d->q_batched));
+  POSENC_RETURN_IF_ERROR(side("k_positions", t.k_positions, d->k_off, d->N, &d->k_ids, &d->k_batched));
+  // The call's own length: the largest query or key position (component) + 1 (see rope.h).
+  const I call_len = std::max<I>(0, std::max(rotary::call_length(d->q_ids), rotary::call_length(d->k_ids)));
+  auto build = [&]() -> Expected<rotary::Plan> {
+    switch (p.encoding) {
+      case Encoding::kRope2d: return rotary::rope2d_plan(p.rope2d, d->D, call_len, t.freqs, d->Hq);
+      case Encoding::kMrope: return rotary::mrope_plan(p.mrope, d->D, call_len);
+      case Encoding::kXpos: {
+        // The centre cancels in q·k; by default the middle of the call's positions, lo + ⌈(hi + 1 −
+        // lo)/2⌉ (torchscale's ⌈n/2⌉ when they start at 0), so that a window far from 0 keeps its
+        // scales near 1. With seq_len, ⌈seq_len/2⌉ as in xpos_forward.
+        XposParams xp = p.xpos;
+        if (!xp.center && xp.rope.seq_len == 0 && d->M + d->N > 0) {
+          I lo = INT64_MAX, hi = INT64_MIN;
+          for (const std::vector<I>* ids : {&d->q_ids, &d->k_ids})
+            for (I v : *ids) lo = std::min(lo, v), hi = std::max(hi, v);
+          xp.center = lo + (hi - lo + 2) / 2;
+        }
+        return rotary::xpos_plan(xp, d->D, call_len);
+      }
+      default: return rotary::rope_plan(p.rope, d->D, call_len);
+    }
+  };
+  Expected<rotary::Plan> pl = build();
+  if (!pl.ok()) return pl.status();
+  d->rot = std::move(pl).value();
+  d->rotary = true;
+  return Status::Ok();
 }
 
 // Checks everything forward and backward share; fills d.
@@ -67,6 +131,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
     case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5:
     case Encoding::kXL: case Encoding::kCope:
     case Encoding::kKerple: case Encoding::kSandwich: case Encoding::kFire:
+    case Encoding::kRope2d: case Encoding::kMrope: case Encoding::kXpos:
       break;
     case Encoding::kLearned: case Encoding::kSinusoidal:
       return Status::Invalid("encoding", encoding_info(p.encoding).name +
@@ -112,20 +177,9 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
     return Status::OutOfRange("q_offset", "expected |q_offset| <= 2^53, got " + str(d->q_off));
 
   switch (p.encoding) {
-    case Encoding::kRope: {
-      const I r = p.rope.rotary_dim == 0 ? d->D : p.rope.rotary_dim;
-      if (r < 0 || r % 2 != 0 || r > d->D)
-        return Status::Invalid("rotary_dim", "expected an even value in [0, D = " + str(d->D) +
-                                                  "] (0 = D), got " + str(p.rope.rotary_dim));
-      POSENC_RETURN_IF_ERROR(rope::check_params(p.rope, r));
-      // The call's own length: the largest query or key position + 1 (see rope.h).
-      const I call_len = std::max<I>(0, std::max(d->q_off + d->M, d->k_off + d->N));
-      auto f = rope::frequencies(p.rope, r, call_len);
-      if (!f.ok()) return f.status();
-      d->rope = std::move(f).value();
-      d->rdim = r;
+    case Encoding::kRope: case Encoding::kRope2d: case Encoding::kMrope: case Encoding::kXpos:
+      POSENC_RETURN_IF_ERROR(check_rotary(p, t, d));
       break;
-    }
     case Encoding::kAlibi: {
       const AlibiVariant var = p.alibi.variant;
       if (var != AlibiVariant::kSymmetric && var != AlibiVariant::kNonsymmetric &&
@@ -197,7 +251,9 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
       {"v_bias", {r.xl, &t.v}},          {"rel_proj", {r.xl, &t.rel_proj}},     {"table", {r.table, &t.table}},
       {"r1", {r.kerple, &t.r1}},         {"r2", {r.kerple, &t.r2}},             {"mlp_w1", {r.fire, &t.fire.w1}},
       {"mlp_b1", {r.fire, &t.fire.b1}},  {"mlp_w2", {r.fire, &t.fire.w2}},      {"mlp_b2", {r.fire, &t.fire.b2}},
-      {"c", {r.fire, &t.fire.c}},        {"threshold", {r.fire, &t.fire.threshold}}};
+      {"c", {r.fire, &t.fire.c}},        {"threshold", {r.fire, &t.fire.threshold}},
+      {"freqs", {r.freqs, &t.freqs}},    {"q_positions", {r.positions, &t.q_positions}},
+      {"k_positions", {r.positions, &t.k_positions}}};
   for (const auto& [arg, use] : given)
     if (use.second->present() && !use.first)
       return Status::Invalid(arg, "not read by " + describe(p) + "; expected an absent view");
@@ -245,7 +301,8 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
       {"dr1", {r.kerple, &g.r1}},            {"dr2", {r.kerple, &g.r2}},
       {"dmlp_w1", {r.fire, &g.fire.w1}},     {"dmlp_b1", {r.fire, &g.fire.b1}},
       {"dmlp_w2", {r.fire, &g.fire.w2}},     {"dmlp_b2", {r.fire, &g.fire.b2}},
-      {"dc", {r.fire, &g.fire.c}},           {"dthreshold", {r.fire, &g.fire.threshold}}};
+      {"dc", {r.fire, &g.fire.c}},           {"dthreshold", {r.fire, &g.fire.threshold}},
+      {"dfreqs", {r.freqs, &g.freqs}}};
   for (const auto& [arg, use] : grads)
     if (use.second->present() && !use.first)
       return Status::Invalid(arg, describe(p) + " has no such learned tensor; expected an absent view");
@@ -259,6 +316,8 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   if (g.r1.present()) POSENC_RETURN_IF_ERROR(check_output("dr1", g.r1, {d.Hq}, nullptr, nullptr));
   if (g.r2.present()) POSENC_RETURN_IF_ERROR(check_output("dr2", g.r2, {d.Hq}, nullptr, nullptr));
   if (r.fire) POSENC_RETURN_IF_ERROR(fire::check_grads(g.fire, d.Hq, d.fire_w));
+  if (g.freqs.present())
+    POSENC_RETURN_IF_ERROR(check_output("dfreqs", g.freqs, {2, d.Hq, d.rot.half}, nullptr, nullptr));
 
   return Status::Ok();
 }

@@ -2,7 +2,8 @@
 // dispatch here.
 //
 // Validation is shared with the reference (attention_check.h), so errors are identical. The fused
-// kernels run nope, rope, alibi (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
+// kernels run nope, the rotary encodings (rope, rope2d axial and mixed, mrope, xpos), alibi
+// (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
 // on float32, bfloat16 and float16 q/k/v (any strides; tiles are converted to float32 on load,
 // outputs rounded once on store); xl and cope run the kernels of attention_xl_cpu.cc and
 // attention_cope_cpu.cc where those are built. Float64 inputs, outputs that overlap an input, and
@@ -16,10 +17,14 @@
 // kp = k_off + j. T: the call's thread count (one below 2^15 pairs).
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
-// place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under rope,
-// rows are converted into per-thread scratch; rope rotates them there by a·R(pos) (SIMD; a·cos, a·sin
-// tabulated once per call for every position met from the call's RopeFrequencies: angles in double
-// (accurate) or transformers' float32 product (hf), the exact-angle sincos of core/simd-inl.h).
+// place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
+// encoding, rows are converted into per-thread scratch and rotated there by a·ρ·R(φ) (SIMD), from
+// per-token tables built once per call for the queries and for the keys (RotTab: a·ρ·cos φ,
+// a·ρ·sin φ of every token and pair, from the call's rotary::Plan — RoPE's frequencies in either
+// angle mode, 2D axial / mixed, M-RoPE's sections, xPos's ζ^(±(p − c)/s) — angles formed in double,
+// the exact-angle sincos of core/simd-inl.h). rope2d mixed's angles are per head: its tables are
+// per query head, and a key block is rotated (and its dK rotated back) once per query head of the
+// group. The tile code is the same for every rotary encoding; only the tables differ.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ --------------------
 //   Tasks run (b, h)-major, so that the threads share one head's K and V in cache; within a head
@@ -40,7 +45,8 @@
 //     mask (−inf), online softmax: m' = max(m, rowmax S); P = exp(S − m'); l = l·e^{m−m'} + ΣP;
 //     O = O·e^{m−m'} + P·V;
 //   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked).
-//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, rope's table O((M + N)·r), t5's buckets O(M + N),
+//   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, the rotary tables O(B'·(M + N)·r) (B' = B when the
+//   positions differ per batch row, else 1; times Hq for rope2d mixed), t5's buckets O(M + N),
 //   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
@@ -50,10 +56,14 @@
 //     heads and its query blocks not wholly masked:
 //       S = scale·Q·Kᵀ + bias, P = exp(S − lse);  dP = dO·Vᵀ;  dV += Pᵀ·dO;  dS = P ⊙ (dP − D);
 //       dK += scale·dSᵀ·Q;  dQ += scale·dS·K;
-//     dK, dV of the block stored once it is done (rope: dK rotated back by R(−kp)); dQ summed in
-//     float32 over the key blocks — in dq itself when dq is float32 with rows that never overlap
-//     (no buffer), else in a [G, M, D] buffer per thread — and rotated back by R(−qp) / stored at
-//     the end; parameter gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h];
+//     dK, dV of the block stored once it is done (rotary: dK rotated back by the transpose
+//     a·ρ·R(−φ); mixed: per query head, then summed); dQ summed in float32 over the key blocks — in
+//     dq itself when dq is float32 with rows that never overlap (no buffer), else in a [G, M, D]
+//     buffer per thread — and rotated back / stored at the end; rope2d mixed's dfreqs from each
+//     complete dK̃ block and dQ̃ row before they are rotated back (Σ (p − p₀)·(g_b·ỹ_a − g_a·ỹ_b),
+//     p₀ the middle of the call's positions: the same sum, since Σ ∂L/∂φ = 0 per head and pair,
+//     without cancellation at large positions; dQ̃ is accumulated for it even without dq); parameter
+//     gradients from the tile's diagonal sums Σ_{j−i = t} dS (t5: dW[bucket, h];
 //     learned ALiBi: dw[side, h] += Σ dS·(−σ(1−σ)|Δ|); KERPLE: dr[h] += Σ dS·∂b/∂r at each Δ, from
 //     the table of derivatives; FIRE: per row run Σ dS, Σ dS·ψ, Σ dS·∂ψ/∂c into per-segment
 //     moments and the c, L sums, turned into the MLP's gradients at the end), per (b, h) in double,
@@ -64,7 +74,8 @@
 //     equal work (causal: the early key blocks meet the most queries), run in parallel; part 0
 //     sums dQ in the unit's accumulator, part p > 0 in a buffer of the rows it touches (at most
 //     T − 1 more [G, M, D]), added in part order afterwards (in parallel over rows); parameter
-//     gradients likewise. So results depend on T (the order of dQ's sums), never on which thread
+//     gradients likewise (rope2d mixed's dQ̃ share of dfreqs per thread of a static schedule over
+//     the unit's rows, summed in thread order). So results depend on T (the order of dQ's sums), never on which thread
 //     ran what; dK and dV do not depend on T at all.
 //   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread, the dQ buffers above.
 //
@@ -83,7 +94,7 @@
 namespace posenc::attn_fast {
 // This kernel's own SIMD helpers (beyond the shared Simd of attention_tiles.h), defined below.
 struct Extra {
-  void (*rope_rows)(I p0, I n, const double* inv, I half, bool hf, float scale, float* c, float* s);
+  void (*trig_rows)(const double* ang, const double* sc, I n, I half, float* c, float* s);
   void (*rot_rows)(float* x, I n, I ld, const float* c, const float* s, I half, bool interleaved,
                    bool inverse);
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
@@ -186,28 +197,21 @@ attn_fast::Simd GetSimd() {
   return attn_fast::Simd{&RowMax, &ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot};
 }
 
-// cos/sin rows of positions p0 .. p0 + n − 1 for the `half` frequencies inv (c, s: [n, half]), by
-// the exact-angle sincos of core/simd-inl.h (angle formed and reduced in double; bound stated
-// there), times scale (the attention factor). hf: the angle is transformers' float32 product
-// fl32(ω_k·fl32(m)) (inv holds float32 values), else m·ω_k in double.
-void RopeTableRows(I p0, I n, const double* HWY_RESTRICT inv, I half, bool hf, float scale,
-                   float* HWY_RESTRICT c, float* HWY_RESTRICT s) {
+// c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from
+// the call's rotary plan), by the exact-angle sincos of core/simd-inl.h (reduced in double; bound
+// stated there); sc [n, half] the per-pair a·ρ in double, rounded once to float, or null for 1.
+void TrigRows(const double* HWY_RESTRICT ang, const double* HWY_RESTRICT sc, I n, I half, float* HWY_RESTRICT c,
+              float* HWY_RESTRICT s) {
   std::vector<float> red(ix(2 * half));
-  std::vector<double> ang(hf ? ix(half) : 0);
   for (I t = 0; t < n; ++t) {
     float* ct = c + t * half;
     float* st = s + t * half;
-    if (hf) {
-      const double fm = static_cast<double>(static_cast<float>(p0 + t));
-      for (I k = 0; k < half; ++k) ang[ix(k)] = static_cast<double>(static_cast<float>(fm * inv[k]));
-      SinCosRow(1.0, ang.data(), ix(half), red.data(), red.data() + half, st, ct);
-    } else {
-      SinCosRow(static_cast<double>(p0 + t), inv, ix(half), red.data(), red.data() + half, st, ct);
-    }
-    if (scale != 1.0f)
+    SinCosRow(1.0, ang + t * half, ix(half), red.data(), red.data() + half, st, ct);
+    if (sc)
       for (I k = 0; k < half; ++k) {
-        ct[k] *= scale;
-        st[k] *= scale;
+        const float f = static_cast<float>(sc[t * half + k]);
+        ct[k] *= f;
+        st[k] *= f;
       }
   }
 }
@@ -317,7 +321,7 @@ void Moments(const float* HWY_RESTRICT w, const float* HWY_RESTRICT x, const flo
 }
 
 Extra GetExtra() {
-  return Extra{&RopeTableRows, &RotRows, &AddDiag, &SumDiag, &ExpRows, &AffineAdd, &Moments};
+  return Extra{&TrigRows, &RotRows, &AddDiag, &SumDiag, &ExpRows, &AffineAdd, &Moments};
 }
 
 }  // namespace HWY_NAMESPACE
@@ -362,32 +366,48 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 
 Extra extra() { return HWY_DYNAMIC_DISPATCH(GetExtra)(); }
 
-// a·cos, a·sin of every position in [p0, p0 + n) for the call's r/2 rotary frequencies (float;
-// angles formed in double, in the call's angle mode; a the attention factor).
-struct RopeTab {
-  I p0 = 0, n = 0, half = 0;
-  std::vector<float> c, s;  // [n, half]
-  void build(const Extra& xs, I first, I count, const RopeFrequencies& f, int threads) {
-    p0 = first;
+// One side's rotation table (queries or keys): a·ρ·cos φ, a·ρ·sin φ of every token and pair,
+// [nh, nb, n, half] — nh = Hq for rope2d mixed (per-head angles), else 1; nb = B when the positions
+// differ per batch row, else 1. Angles and scales come from the call's rotary plan (rotary_plan.h),
+// formed in double; role +1 for queries, −1 for keys (xPos's ζ^(±(p − c)/s)).
+struct RotTab {
+  I n = 0, half = 0, nb = 1, nh = 1;
+  std::vector<float> c, s;
+  void build(const Extra& xs, const rotary::Plan& pl, const std::vector<I>& ids, I B, I count, bool batched,
+             I heads, int role, int threads) {
     n = count;
-    half = f.rotary_dim / 2;
-    c.resize(ix(n * half));
-    s.resize(ix(n * half));
-    const bool hf = f.angles == RopeAngles::kHf;
-    const double* inv = hf ? f.inv_freq_f32.data() : f.inv_freq.data();
-    const float scale = static_cast<float>(f.attention_factor);
-    constexpr I kPiece = 512;  // positions per parallel piece: a decode step's stays on one thread
-    const I pieces = (n + kPiece - 1) / kPiece;
+    half = pl.half;
+    nb = batched ? B : 1;
+    nh = pl.per_head() ? heads : 1;
+    const I rows = nh * nb * n, A = pl.axes;
+    c.resize(ix(rows * half));
+    s.resize(ix(rows * half));
+    const bool scaled = pl.scaled() || pl.factor != 1.0;
+    constexpr I kPiece = 512;  // rows per parallel piece: a decode step's stays on one thread
+    const I pieces = (rows + kPiece - 1) / kPiece;
     const int th = pieces > 1 ? threads : 1;
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
     for (I pc = 0; pc < pieces; ++pc) {
-      const I t0 = pc * kPiece;
-      xs.rope_rows(p0 + t0, std::min(kPiece, n - t0), inv, half, hf, scale, &c[ix(t0 * half)],
-                   &s[ix(t0 * half)]);
+      const I r0 = pc * kPiece, cnt = std::min(kPiece, rows - r0);
+      std::vector<double> ang(ix(cnt * half)), sc(scaled ? ix(cnt * half) : 0);
+      I p[3] = {0, 0, 0};
+      for (I t = 0; t < cnt; ++t) {
+        const I row = r0 + t, i = row % n, b = (row / n) % nb, h = row / (n * nb);
+        for (I a = 0; a < A; ++a) p[a] = ids[ix((b * A + a) * n + i)];
+        for (I k = 0; k < half; ++k) {
+          ang[ix(t * half + k)] = pl.angle(p, k, h);
+          if (scaled) sc[ix(t * half + k)] = pl.scale(p[0], k, role);
+        }
+      }
+      xs.trig_rows(ang.data(), scaled ? sc.data() : nullptr, cnt, half, &c[ix(r0 * half)], &s[ix(r0 * half)]);
     }
   }
-  const float* cos_at(I pos) const { return &c[ix((pos - p0) * half)]; }
-  const float* sin_at(I pos) const { return &s[ix((pos - p0) * half)]; }
+  std::size_t at(I b, I h, I i) const {
+    return ix((((nh > 1 ? h : 0) * nb + (nb > 1 ? b : 0)) * n + i) * half);
+  }
+  // Rows i, i + 1, … of (b, h) follow one another.
+  const float* cos_at(I b, I h, I i) const { return &c[at(b, h, i)]; }
+  const float* sin_at(I b, I h, I i) const { return &s[at(b, h, i)]; }
 };
 
 // Rows of a tile as sgemm reads them: p with row stride ld (in the input itself, or in scratch).
@@ -406,7 +426,7 @@ struct Acc {
 
 // Per-thread scratch.
 struct Scratch {
-  std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dq;
+  std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dq, dkg, row;
   void init(I D) {
     q.resize(ix(kBq * D));
     k.resize(ix(kBk * D));
@@ -421,6 +441,8 @@ struct Scratch {
     dout.resize(ix(kBq * D));
     dk.resize(ix(kBk * D));
     dv.resize(ix(kBk * D));
+    dkg.resize(ix(kBk * D));
+    row.resize(ix(D));
   }
 };
 
@@ -433,18 +455,29 @@ class Fused {
     dir_q_ = direct(q);
     dir_k_ = direct(k);
     dir_v_ = direct(v);
-    if (p.encoding == Encoding::kRope) {
-      interleaved_ = p.rope.layout == RopeLayout::kInterleaved;
-      // One table over both position ranges when they overlap or abut closely, else two.
-      const I lo = std::min(d.q_off, d.k_off), hi = std::max(d.q_off + d.M, d.k_off + d.N);
-      if (hi - lo <= d.M + d.N) {
-        tab_q_.build(xs_, lo, hi - lo, d.rope, threads);
-        tq_ = tk_ = &tab_q_;
-      } else {
-        tab_q_.build(xs_, d.q_off, d.M, d.rope, threads);
-        tab_k_.build(xs_, d.k_off, d.N, d.rope, threads);
-        tq_ = &tab_q_;
-        tk_ = &tab_k_;
+    if (d.rotary) {
+      interleaved_ = d.rot.layout == RopeLayout::kInterleaved;
+      per_head_ = d.rot.per_head();
+      tab_q_.build(xs_, d.rot, d.q_ids, d.B, d.M, d.q_batched, Hq, +1, threads);
+      tab_k_.build(xs_, d.rot, d.k_ids, d.B, d.N, d.k_batched, Hq, -1, threads);
+      tq_ = &tab_q_;
+      tk_ = &tab_k_;
+      if (per_head_) {
+        // dfreqs = Σ p·∂L/∂φ over the head's rotated q and k rows. The logits depend on φ_q − φ_k
+        // only, so Σ ∂L/∂φ = 0 per head and pair: Σ (p − p₀)·∂L/∂φ is the same sum, and with p₀ the
+        // middle of the call's positions it loses no digits to cancellation at large positions.
+        for (int a = 0; a < 2; ++a) {
+          I lo = INT64_MAX, hi = INT64_MIN;
+          for (const std::vector<I>* ids : {&d.q_ids, &d.k_ids}) {
+            const I n = ids == &d.q_ids ? d.M : d.N;
+            for (I b = 0; b < d.B; ++b)
+              for (I i = 0; i < n; ++i) {
+                const I v = (*ids)[ix((b * 2 + a) * n + i)];
+                lo = std::min(lo, v), hi = std::max(hi, v);
+              }
+          }
+          pos0_[a] = lo <= hi ? static_cast<double>(lo / 2 + hi / 2) : 0.0;
+        }
       }
     }
     if (p.encoding == Encoding::kAlibi) {
@@ -536,29 +569,39 @@ class Fused {
     }
     // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
     // over the key blocks (see the file comment).
+    // rope2d mixed with dfreqs: the per-head sums [2, r/2] in gw; dQ̃ is then accumulated even
+    // when dq is not wanted.
+    bw.freq = per_head_ && g.freqs.present();
     bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets
               : bias_ == Bias::kLearned || p_.encoding == Encoding::kKerple ? 2
               : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
+              : bw.freq              ? 2 * d_.rot.half
                                      : 0;
     const I npar = bw.npar;
     std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
     const I U = B * Hkv, T = threads_, whole = U - U % T, nkb = (N + kBk - 1) / kBk;
+    const bool need_dq = dq.present() || bw.freq;
     const bool dq_dir = dq.present() && direct_out(dq, Hq);
 #pragma omp parallel num_threads(threads_) if (threads_ > 1 && whole > 1)
     if (whole > 0) {
       Scratch w;
       w.init(D);
       w.init_backward(D);
-      if (dq.present() && !dq_dir) w.dq.resize(ix(G * M * D));
+      if (need_dq && !dq_dir) w.dq.resize(ix(G * M * D));
 #pragma omp for schedule(dynamic, 1)
       for (I u = 0; u < whole; ++u) {
         const I b = u / Hkv, kh = u % Hkv;
-        const Acc acc = dq_dir         ? dq_in_place(dq, b, kh)
-                        : dq.present() ? Acc{w.dq.data(), D, M * D, 0}
-                                       : Acc{};
+        const Acc acc = dq_dir    ? dq_in_place(dq, b, kh)
+                        : need_dq ? Acc{w.dq.data(), D, M * D, 0}
+                                  : Acc{};
         for (I g = 0; g < G && acc.p; ++g) zero_rows(acc, g, 0, M);
         keys(bw, b, kh, 0, nkb, acc, npar ? &gw[ix((b * Hq + kh * G) * npar)] : nullptr, &w);
-        for (I g = 0; g < G && acc.p; ++g) finish_dq(dq, dq_dir, acc, b, kh, g, 0, M);
+        for (I g = 0; g < G && acc.p; ++g) {
+          if (bw.freq)  // dQ̃ of head h is complete: its frequency gradient, before it is rotated back
+            freq_grad_rows(true, b, kh * G + g, 0, M, nullptr, 0, acc.row(g, 0), acc.ld, w.row.data(),
+                           &gw[ix((b * Hq + kh * G + g) * npar)]);
+          finish_dq(dq, dq_dir, acc, b, kh, g, 0, M);
+        }
       }
     }
     for (I u = whole; u < U; ++u) split_unit(bw, u / Hkv, u % Hkv, dq_dir, &gw);
@@ -579,6 +622,12 @@ class Fused {
         if (g.r2.present()) g.r2.set(h, sum[ix(h * npar + 1)]);
       }
     if (bias_ == Bias::kFire) fire_grads(sum, g.fire);
+    if (bw.freq) {  // [2, Hq, r/2]: ∂/∂θˣ, ∂/∂θʸ
+      const I half = d_.rot.half;
+      for (I ax = 0; ax < 2; ++ax)
+        for (I h = 0; h < Hq; ++h)
+          for (I k = 0; k < half; ++k) g.freqs.set((ax * Hq + h) * half + k, sum[ix(h * npar + ax * half + k)]);
+    }
   }
 
  private:
@@ -593,6 +642,7 @@ class Fused {
     const View &dq, &dk, &dv;
     std::vector<float> lse, Dv;  // [B, Hq, M]
     I npar;                      // parameter gradients per head
+    bool freq = false;           // rope2d mixed: dfreqs wanted (npar = r: θˣ then θʸ per pair)
   };
 
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
@@ -640,31 +690,62 @@ class Fused {
   void zero_rows(const Acc& a, I g, I i0, I i1) const {
     for (I i = i0; i < i1; ++i) std::fill(a.row(g, i), a.row(g, i) + d_.D, 0.f);
   }
-  // dQ rows [i0, i1) of query head g of (b, kh), accumulated in a: rotated back by R(−pos) (rope)
-  // and, from a buffer, stored into dq.
+  // dQ rows [i0, i1) of query head g of (b, kh), accumulated in a: rotated back by the transpose
+  // a·ρ·R(−φ) (rotary encodings) and, from a buffer, stored into dq (when dq is wanted: rope2d
+  // mixed accumulates dQ̃ for dfreqs even without it).
   void finish_dq(const View& dq, bool in_place, const Acc& a, I b, I kh, I g, I i0, I i1) const {
     if (i1 <= i0) return;
     float* y = a.row(g, i0);
-    if (tq_) rotate(y, i1 - i0, a.ld, *tq_, d_.q_off + i0, true);
-    if (!in_place) attn_fast::store_rows(dq, d_.D, b, i0, i1 - i0, kh * d_.G + g, y);
+    const I h = kh * d_.G + g;
+    if (tq_) rotate(y, i1 - i0, a.ld, *tq_, b, h, i0, true);
+    if (!in_place && dq.present()) attn_fast::store_rows(dq, d_.D, b, i0, i1 - i0, h, y);
+  }
+
+  // rope2d mixed: fg [2, half] (head h's ∂/∂θˣ, ∂/∂θʸ) += Σ over the rows [i0, i0 + n) of the
+  // queries (query) or keys of (px − x₀, py − y₀)·(g_b·ỹ_a − g_a·ỹ_b) (pos0_: the same total), ỹ
+  // the row rotated for head h (tile rows at yt, row stride yld; null: the query rows, loaded and
+  // rotated here into tmp [D]) and g its gradient (rows at gt, row stride gld).
+  void freq_grad_rows(bool query, I b, I h, I i0, I n, const float* yt, I yld, const float* gt, I gld,
+                      float* tmp, double* fg) const {
+    const I half = d_.rot.half, L = query ? d_.M : d_.N;
+    const std::vector<I>& ids = query ? d_.q_ids : d_.k_ids;
+    const I bb = (query ? d_.q_batched : d_.k_batched) ? b : 0;
+    for (I r = 0; r < n; ++r) {
+      const I i = i0 + r;
+      const float* y = yt ? yt + r * yld : tmp;
+      if (!yt) {
+        attn_fast::load_rows(q_, d_.D, b, i, 1, h, tmp);
+        rotate(tmp, 1, d_.D, *tq_, b, h, i, false);
+      }
+      const float* g = gt + r * gld;
+      const double px = static_cast<double>(ids[ix((bb * 2 + 0) * L + i)]) - pos0_[0];
+      const double py = static_cast<double>(ids[ix((bb * 2 + 1) * L + i)]) - pos0_[1];
+      for (I k = 0; k < half; ++k) {
+        const I ia = interleaved_ ? 2 * k : k, ib = interleaved_ ? 2 * k + 1 : k + half;
+        const double dphi = rope2d::dphi(y[ia], y[ib], g[ia], g[ib]);
+        fg[k] += px * dphi;
+        fg[half + k] += py * dphi;
+      }
+    }
   }
 
   // Rows [r0, r0 + n) of head `head` of x [B, L, H, D]: in place when `dir` and no rotation, else
-  // converted into buf [n, D] and, with a rope table, rotated by R(pos) (pos = pos0 + row).
-  Tile rows(const View& x, bool dir, I b, I r0, I n, I head, float* buf, const RopeTab* tab,
-            I pos0) const {
+  // converted into buf [n, D] and, with a rotation table, rotated as query head th sees them.
+  Tile rows(const View& x, bool dir, I b, I r0, I n, I head, float* buf, const RotTab* tab,
+            I th) const {
     if (dir && !tab)
       return Tile{static_cast<const float*>(x.data) + b * x.strides[0] + r0 * x.strides[1] +
                       head * x.strides[2],
                   n == 1 ? d_.D : x.strides[1]};
     attn_fast::load_rows(x, d_.D, b, r0, n, head, buf);
-    if (tab) rotate(buf, n, d_.D, *tab, pos0 + r0, false);
+    if (tab) rotate(buf, n, d_.D, *tab, b, th, r0, false);
     return Tile{buf, d_.D};
   }
 
-  // n rows of x (row stride ld) at positions pos, pos + 1, … rotated by R(pos) or R(−pos).
-  void rotate(float* x, I n, I ld, const RopeTab& tab, I pos, bool inverse) const {
-    xs_.rot_rows(x, n, ld, tab.cos_at(pos), tab.sin_at(pos), tab.half, interleaved_, inverse);
+  // n rows of x (row stride ld), tokens i0, i0 + 1, … of batch row b as query head th sees them,
+  // rotated by a·ρ·R(φ) or its transpose a·ρ·R(−φ) (inverse).
+  void rotate(float* x, I n, I ld, const RotTab& tab, I b, I th, I i0, bool inverse) const {
+    xs_.rot_rows(x, n, ld, tab.cos_at(b, th, i0), tab.sin_at(b, th, i0), tab.half, interleaved_, inverse);
   }
 
   // The bias of head h for the tile whose key 0 − query 0 distance is `base` (kp − qp):
@@ -736,7 +817,7 @@ class Fused {
   // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq].
   void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse) const {
     const I D = d_.D, kh = h / d_.G;
-    const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, d_.q_off);
+    const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
     const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;
     I jlo = 0, jhi = d_.N;
     if (past_only(h)) jhi = std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N);
@@ -749,7 +830,7 @@ class Fused {
     float* S = w->s.data();
     for (I j0 = jlo; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, d_.k_off);
+      const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       logits(h, q0, nq, j0, nk, Q, K, w);
       online_softmax_step(simd_, S, nq, nk, m, l, o, D);
@@ -771,9 +852,13 @@ class Fused {
     const float sc = static_cast<float>(d_.scale);
     float* S = w->s.data();
     float* dP = w->dp.data();
+    // dK̃ is needed for dk and for mixed's dfreqs. Mixed rotates the key block per query head (its
+    // frequencies are per head): dK̃ of each head is rotated back on its own, then summed.
+    const bool want_dk = bw.dk.present() || bw.freq;
     for (I kb = kb0; kb < kb1; ++kb) {
       const I j0 = kb * kBk, nk = std::min(kBk, d_.N - j0), kp0 = d_.k_off + j0;
-      const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, d_.k_off);
+      Tile K{nullptr, D};
+      if (!per_head_) K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, kh * G);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       std::fill(w->dk.begin(), w->dk.begin() + nk * D, 0.f);
       std::fill(w->dv.begin(), w->dv.begin() + nk * D, 0.f);
@@ -782,9 +867,15 @@ class Fused {
         I ilo, ihi;
         query_range(h, kp0, nk, &ilo, &ihi);
         double* gwh = gwu ? gwu + g * bw.npar : nullptr;
+        float* dKt = w->dk.data();
+        if (per_head_) {
+          K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
+          dKt = w->dkg.data();
+          std::fill(dKt, dKt + nk * D, 0.f);
+        }
         for (I i0 = ilo; i0 < ihi; i0 += kBq) {
           const I nq = std::min(kBq, ihi - i0);
-          const Tile Q = rows(q_, dir_q_, b, i0, nq, h, w->q.data(), tq_, d_.q_off);
+          const Tile Q = rows(q_, dir_q_, b, i0, nq, h, w->q.data(), tq_, h);
           const Tile dO = rows(bw.dout, bw.dir_dout, b, i0, nq, h, w->dout.data(), nullptr, 0);
           logits(h, i0, nq, j0, nk, Q, K, w);
           xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)]);  // P
@@ -797,18 +888,23 @@ class Fused {
           for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
           if (gwh && bias_ == Bias::kFire)
             fire_tile(h, i0, kp0 - (d_.q_off + i0), nq, nk, nullptr, S, gwh);
-          else if (gwh)
+          else if (gwh && bias_ != Bias::kNone)
             param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
-          if (bw.dk.present())
+          if (want_dk)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), sc, S,
-                        int(kBk), Q.p, int(Q.ld), 1.f, w->dk.data(), int(D));
+                        int(kBk), Q.p, int(Q.ld), 1.f, dKt, int(D));
           if (acc.p)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), sc, S,
                         int(kBk), K.p, int(K.ld), 1.f, acc.row(g, i0), int(acc.ld));
         }
+        if (per_head_) {  // this head's dK̃ of the block is complete
+          if (bw.freq && gwh) freq_grad_rows(false, b, h, j0, nk, K.p, K.ld, dKt, D, nullptr, gwh);
+          rotate(dKt, nk, D, *tk_, b, h, j0, true);
+          simd_.add_to(w->dk.data(), dKt, ix(nk * D));
+        }
       }
       if (bw.dk.present()) {
-        if (tk_) rotate(w->dk.data(), nk, D, *tk_, kp0, true);
+        if (tk_ && !per_head_) rotate(w->dk.data(), nk, D, *tk_, b, kh * G, j0, true);
         attn_fast::store_rows(bw.dk, D, b, j0, nk, kh, w->dk.data());
       }
       if (bw.dv.present()) attn_fast::store_rows(bw.dv, D, b, j0, nk, kh, w->dv.data());
@@ -860,7 +956,7 @@ class Fused {
         }
       if (lo < hi) qlo[ix(p)] = lo, qhi[ix(p)] = hi;
     }
-    const bool want_dq = bw.dq.present();
+    const bool want_dq = bw.dq.present() || bw.freq;  // mixed's dfreqs read dQ̃
     std::vector<float> prim;
     std::vector<std::vector<float>> part(ix(T));
     std::vector<Acc> acc(ix(T));
@@ -878,6 +974,7 @@ class Fused {
       }
     }
     std::vector<double> gwp(ix(T * G * npar), 0.0);  // [T, G, npar]
+    std::vector<double> fgp(bw.freq ? ix(T * G * npar) : 0, 0.0);  // mixed: dQ̃'s part, [thread, G, npar]
 #pragma omp parallel num_threads(static_cast<int>(T))
     {
       Scratch w;
@@ -898,13 +995,29 @@ class Fused {
           float* y = acc[0].row(g, i);
           for (I p = 1; p < T; ++p)
             if (i >= qlo[ix(p)] && i < qhi[ix(p)]) simd_.add_to(y, acc[ix(p)].row(g, i), ix(D));
-          finish_dq(bw.dq, dq_dir, acc[0], b, kh, g, i, i + 1);
+          if (!bw.freq) finish_dq(bw.dq, dq_dir, acc[0], b, kh, g, i, i + 1);
+        }
+        if (bw.freq) {  // the rows of dQ̃ are complete: their frequency gradient, then the rotation back
+          double* mine = &fgp[ix(static_cast<I>(omp_get_thread_num()) * G * npar)];
+#pragma omp for schedule(static)
+          for (I gi = 0; gi < G * M; ++gi) {
+            const I g = gi / M, i = gi % M;
+            freq_grad_rows(true, b, kh * G + g, i, 1, nullptr, 0, acc[0].row(g, i), acc[0].ld, w.row.data(),
+                           mine + g * npar);
+          }
+#pragma omp for schedule(static)
+          for (I gi = 0; gi < G * M; ++gi)
+            finish_dq(bw.dq, dq_dir, acc[0], b, kh, gi / M, gi % M, gi % M + 1);
         }
       }
     }
+    // In part (then thread) order: the result depends on the thread count only.
     for (I p = 0; p < T; ++p)
       for (I j = 0; j < G * npar; ++j)
         (*gw)[ix((b * d_.Hq + kh * G) * npar + j)] += gwp[ix(p * G * npar + j)];
+    for (I p = 0; p < T && bw.freq; ++p)
+      for (I j = 0; j < G * npar; ++j)
+        (*gw)[ix((b * d_.Hq + kh * G) * npar + j)] += fgp[ix(p * G * npar + j)];
   }
 
   // Parameter gradients of one tile from dS [nq, Bk]: diagonal sums, then per distance.
@@ -1094,9 +1207,11 @@ class Fused {
   Extra xs_;
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
   bool interleaved_ = true, nonsym_ = false;
-  RopeTab tab_q_, tab_k_;
-  const RopeTab* tq_ = nullptr;  // rope tables for query and key positions (may be the same)
-  const RopeTab* tk_ = nullptr;
+  RotTab tab_q_, tab_k_;
+  const RotTab* tq_ = nullptr;  // rotation tables of the queries and keys (rotary encodings)
+  const RotTab* tk_ = nullptr;
+  bool per_head_ = false;  // rope2d mixed: the tables are per query head
+  double pos0_[2] = {0, 0};  // rope2d mixed: the positions dfreqs' sums are taken about (x, y)
   Bias bias_ = Bias::kNone;
   std::vector<double> slopes_, sig_;  // alibi [Hq]; learned σ(w) [2, Hq]
   std::vector<float> t5w_;            // t5 [Hq, nb]
@@ -1137,12 +1252,13 @@ Status fusable_backward(const AttentionParams& p, const View& q, const View& k, 
                         const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                         const View& dv, const EncodingGrads& g) {
   return fusable(p, q, {&q, &k, &v, &dout, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1,
-                  &t.r2, &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold},
+                  &t.r2, &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold,
+                  &t.freqs, &t.q_positions, &t.k_positions},
                  {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
                   {"dv_bias", &g.v}, {"drel_proj", &g.rel_proj}, {"dtable", &g.table},
                   {"dr1", &g.r1}, {"dr2", &g.r2}, {"dmlp_w1", &g.fire.w1}, {"dmlp_b1", &g.fire.b1},
                   {"dmlp_w2", &g.fire.w2}, {"dmlp_b2", &g.fire.b2}, {"dc", &g.fire.c},
-                  {"dthreshold", &g.fire.threshold}});
+                  {"dthreshold", &g.fire.threshold}, {"dfreqs", &g.freqs}});
 }
 
 Status run_forward(const AttentionParams& p, const Dims& d, const View& q, const View& k,
@@ -1174,6 +1290,7 @@ namespace fused {
 bool supports(const AttentionParams& p, DType qkv) {
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5: break;
+    case Encoding::kRope2d: case Encoding::kMrope: case Encoding::kXpos: break;
     case Encoding::kKerple: case Encoding::kSandwich: case Encoding::kFire: break;
     case Encoding::kXL: if (!xl_fused()) return false; break;
     case Encoding::kCope: if (!cope_fused()) return false; break;
@@ -1183,7 +1300,7 @@ bool supports(const AttentionParams& p, DType qkv) {
 }
 
 std::string covered() {
-  std::string s = "nope, rope, alibi, t5, kerple, sandwich, fire";
+  std::string s = "nope, rope, rope2d, mrope, xpos, alibi, t5, kerple, sandwich, fire";
   if (xl_fused()) s += ", xl";
   if (cope_fused()) s += ", cope";
   return s;
@@ -1194,7 +1311,8 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
   POSENC_RETURN_IF_ERROR(fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2,
-                  &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold},
+                  &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold, &t.freqs,
+                  &t.q_positions, &t.k_positions},
                  {{"out", &out}, {"lse", &lse}}));
   return run_forward(p, d, q, k, v, t, out, lse);
 }
@@ -1219,7 +1337,8 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
   if (d.B * d.Hq * d.M * d.N < kFusedMinPairs ||
       !fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2,
-                  &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold},
+                  &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold, &t.freqs,
+                  &t.q_positions, &t.k_positions},
                  {{"out", &out}, {"lse", &lse}}).ok())
     return reference::attention_forward(p, q, k, v, t, out, lse);
   return run_forward(p, d, q, k, v, t, out, lse);

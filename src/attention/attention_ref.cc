@@ -26,11 +26,15 @@
 //   and contribute nothing (no −inf is ever multiplied).
 //
 // ---- the encodings' terms and their derivatives ----------------------------------------------------
-// rope (Su et al. 2021, arXiv 2104.09864): q_i ↦ a·R(qp)q_i, k_j ↦ a·R(kp)k_j, R(m) rotating pair k
-//   of the first r dimensions by the angle of m·ω_k, ω_k and the attention factor a those of the
-//   call's RopeFrequencies (any scheme of rope.h; call length max(q_off + M, k_off + N) unless
-//   seq_len is set). The product uses the rotated vectors; the gradients computed for them are
-//   rotated back, dq = (a·R(qp))ᵀ dq̃ = a·R(−qp) dq̃ (R is orthogonal), the same for dk.
+// rope (Su et al. 2021, arXiv 2104.09864), rope2d, mrope, xpos (rotary.h): q_i ↦ a·ρ·R(φ(qp))q_i,
+//   k_j ↦ a·ρ'·R(φ(kp))k_j per pair, φ and ρ those of the call's rotary::Plan (rotary_plan.h:
+//   RoPE's scheme and angle mode, 2D axial / mixed angles, M-RoPE's sections, xPos's ζ^(±(p −
+//   c)/s)); the positions are 1D (q_off + i, k_off + j) or rope2d's / mrope's q_positions and
+//   k_positions. The key is rotated per query head (rope2d mixed's frequencies are per head; for
+//   the others every head of a group sees the same k̃). The product uses the rotated vectors; the
+//   gradients computed for them are rotated back, dq = (a·ρ·R(φ))ᵀ dq̃ = a·ρ·R(−φ) dq̃ (R is
+//   orthogonal), the key's per query head and summed over the group. Mixed: dθ = Σ (x, y)·∂L/∂φ
+//   over the rotated q and k of each head, ∂L/∂φ = g_b·ỹ_a − g_a·ỹ_b (ỹ rotated, g its gradient).
 // alibi (Press et al. 2022, arXiv 2108.12409): term = −m_h·|qp − kp| (symmetric, nonsymmetric);
 //   nonsymmetric masks kp > qp for heads h < Hq/2 and kp < qp for the others, its slopes being the
 //   rule's for Hq/2 heads, shared by h and h + Hq/2. Caller-given slopes [Hq] are used per head as
@@ -76,6 +80,7 @@
 #include "enc/kerple/kerple_math.h"
 #include "enc/sandwich/sandwich_math.h"
 #include "enc/rope/rope_math.h"
+#include "enc/rope/rotary_plan.h"
 #include "enc/t5/t5_math.h"
 #include "enc/xl/xl_math.h"
 #include "attention/attention_check.h"
@@ -119,9 +124,14 @@ class Problem {
   Problem(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
           const EncodingTensors& t)
       : p_(p), d_(d), q_(to_doubles(q)), k_(to_doubles(k)), v_(to_doubles(v)) {
-    if (p.encoding == Encoding::kRope) {
-      rotate(&q_, d.M, d.Hq, d.q_off, +1);
-      rotate(&k_, d.N, d.Hkv, d.k_off, +1);
+    if (d.rotary) {  // q̃ = a·ρ·R(φ)q; k̃ per query head (the key of kv head h/G as head h sees it)
+      rotary::rotate_ref(d.rot, &q_, d.B, d.M, d.Hq, d.D, d.q_ids, +1, +1);
+      kq_.resize(ix(d.B * d.N * d.Hq * d.D));
+      for (I b = 0; b < d.B; ++b)
+        for (I j = 0; j < d.N; ++j)
+          for (I h = 0; h < d.Hq; ++h)
+            std::copy_n(this->k(b, j, h / d.G), d.D, &kq_[ix(((b * d.N + j) * d.Hq + h) * d.D)]);
+      rotary::rotate_ref(d.rot, &kq_, d.B, d.N, d.Hq, d.D, d.k_ids, +1, -1);
     }
     if (p.encoding == Encoding::kAlibi) {
       if (p.alibi.variant == AlibiVariant::kLearned) {
@@ -161,6 +171,10 @@ class Problem {
   const double* q(I b, I i, I h) const { return &q_[ix(((b * d_.M + i) * d_.Hq + h) * d_.D)]; }
   const double* k(I b, I j, I kh) const { return &k_[ix(((b * d_.N + j) * d_.Hkv + kh) * d_.D)]; }
   const double* v(I b, I j, I kh) const { return &v_[ix(((b * d_.N + j) * d_.Hkv + kh) * d_.D)]; }
+  // Key j as query head h reads it: rotated for h (rotary encodings), else kv head h / G as given.
+  const double* key(I b, I j, I h) const {
+    return d_.rotary ? &kq_[ix(((b * d_.N + j) * d_.Hq + h) * d_.D)] : k(b, j, h / d_.G);
+  }
   const double* r(I h, I delta) const { return &r_[ix((h * nd_ + (delta - dmin_)) * d_.D)]; }
   const double* s(I delta) const { return &s_[ix((delta - dmin_) * d_.R)]; }
   const double* e(I row) const { return &table_[ix(row * d_.D)]; }
@@ -197,7 +211,7 @@ class Problem {
   }
 
   void compute_row(I b, I h, I i, Row* row) const {
-    const I N = d_.N, D = d_.D, kh = h / d_.G, qp = d_.q_off + i;
+    const I N = d_.N, D = d_.D, qp = d_.q_off + i;
     const double* qi = q(b, i, h);
     row->a.assign(ix(N), kNegInf);
     row->l.assign(ix(N), kNegInf);
@@ -205,7 +219,7 @@ class Problem {
     for (I j = 0; j < N; ++j) {
       const I kp = d_.k_off + j;
       if (masked(h, qp, kp)) continue;
-      const double* kj = k(b, j, kh);
+      const double* kj = key(b, j, h);
       const double a = d_.scale * dot(qi, kj, D);
       double l = a;
       switch (p_.encoding) {
@@ -289,6 +303,8 @@ class Problem {
     Vec dr1, dr2;        // kerple [Hq] each
     Vec dw1, db1, dw2, db2;  // fire [W], [W], [Hq, W], [Hq]
     double dc = 0, dL = 0;   // fire
+    Vec dkq;                 // rotary: the gradient of the rotated keys, per query head [B, N, Hq, D]
+    Vec dfreqs;              // rope2d mixed [2, Hq, r/2]
   };
 
   void backward(const Vec& dout, Grads* gr) const {
@@ -297,6 +313,7 @@ class Problem {
     gr->dq.assign(q_.size(), 0.0);
     gr->dk.assign(k_.size(), 0.0);
     gr->dv.assign(v_.size(), 0.0);
+    if (d_.rotary) gr->dkq.assign(kq_.size(), 0.0);
     if (p_.encoding == Encoding::kAlibi && p_.alibi.variant == AlibiVariant::kLearned)
       gr->dw.assign(w_.size(), 0.0);
     if (p_.encoding == Encoding::kT5) gr->dw.assign(w_.size(), 0.0);
@@ -434,8 +451,10 @@ class Problem {
           // the product a_j = scale·q_i·k_j
           for (I j = 0; j < N; ++j) {
             if (da[ix(j)] == 0) continue;
-            axpy(sc * da[ix(j)], k(b, j, kh), dqi, D);
-            axpy(sc * da[ix(j)], qi, &gr->dk[ix(((b * N + j) * d_.Hkv + kh) * D)], D);
+            axpy(sc * da[ix(j)], key(b, j, h), dqi, D);
+            double* dkj = d_.rotary ? &gr->dkq[ix(((b * N + j) * Hq + h) * D)]
+                                    : &gr->dk[ix(((b * N + j) * d_.Hkv + kh) * D)];
+            axpy(sc * da[ix(j)], qi, dkj, D);
           }
         }
 
@@ -447,35 +466,29 @@ class Problem {
           for (I dd = 0; dd < D; ++dd)
             for (I c = 0; c < d_.R; ++c) gr->dW[ix((h * D + dd) * d_.R + c)] += Gd[dd] * sd[c];
         }
-    if (p_.encoding == Encoding::kRope) {  // back from the rotated vectors: R(−m)
-      rotate(&gr->dq, M, Hq, d_.q_off, -1);
-      rotate(&gr->dk, N, d_.Hkv, d_.k_off, -1);
+    if (d_.rotary) {
+      // Mixed: ∂L/∂φ of every rotated q and k pair, times its position (x, y), summed per head.
+      if (d_.rot.per_head()) {
+        gr->dfreqs.assign(ix(2 * Hq * d_.rot.half), 0.0);
+        rotary::mixed_freq_grad_ref(d_.rot, q_, gr->dq, B, M, Hq, D, d_.q_ids, &gr->dfreqs);
+        rotary::mixed_freq_grad_ref(d_.rot, kq_, gr->dkq, B, N, Hq, D, d_.k_ids, &gr->dfreqs);
+      }
+      // Back from the rotated vectors: the transpose a·ρ·R(−φ); the key's per head, summed over its
+      // group.
+      rotary::rotate_ref(d_.rot, &gr->dq, B, M, Hq, D, d_.q_ids, -1, +1);
+      rotary::rotate_ref(d_.rot, &gr->dkq, B, N, Hq, D, d_.k_ids, -1, -1);
+      for (I b = 0; b < B; ++b)
+        for (I j = 0; j < N; ++j)
+          for (I h = 0; h < Hq; ++h)
+            axpy(1.0, &gr->dkq[ix(((b * N + j) * Hq + h) * D)], &gr->dk[ix(((b * N + j) * d_.Hkv + h / d_.G) * D)], D);
     }
   }
 
  private:
-  // Rotates x [B, L, H, D] (token l at offset + l) by a·R(+m) (dir = +1) or a·R(−m) (dir = −1).
-  void rotate(Vec* x, I L, I H, I offset, int dir) const {
-    const I D = d_.D, r = d_.rdim;
-    for (I b = 0; b < d_.B; ++b)
-      for (I l = 0; l < L; ++l)
-        for (I kk = 0; kk < r / 2; ++kk) {
-          const double ang = dir * d_.rope.angle(offset + l, kk);
-          const double c = d_.rope.attention_factor * std::cos(ang), sn = d_.rope.attention_factor * std::sin(ang);
-          I ia = 0, ib = 0;
-          rope::pair(p_.rope.layout, kk, r, &ia, &ib);
-          for (I h = 0; h < H; ++h) {
-            double* xv = &(*x)[ix(((b * L + l) * H + h) * D)];
-            const double xa = xv[ia], xb = xv[ib];
-            xv[ia] = xa * c - xb * sn;
-            xv[ib] = xa * sn + xb * c;
-          }
-        }
-  }
-
   const AttentionParams& p_;
   Dims d_;
-  Vec q_, k_, v_;          // gathered; q_, k_ rotated for rope
+  Vec q_, k_, v_;          // gathered; q_ rotated for the rotary encodings
+  Vec kq_;                 // rotary: k̃ per query head [B, N, Hq, D]
   Vec slopes_, w_;         // alibi slopes [Hq]; alibi learned [2, Hq] / t5 [num_buckets, Hq]
   Vec u_, vb_, W_;         // xl
   Vec s_, r_;              // xl: s(δ) [nd, R]; r_h(δ) [Hq, nd, D]
@@ -518,6 +531,7 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   if (g.table.present()) from_doubles(gr.de, g.table);
   if (g.r1.present()) from_doubles(gr.dr1, g.r1);
   if (g.r2.present()) from_doubles(gr.dr2, g.r2);
+  if (g.freqs.present()) from_doubles(gr.dfreqs, g.freqs);
   if (p.encoding == Encoding::kFire) fire::write_grads(g.fire, gr.dw1, gr.db1, gr.dw2, gr.db2, gr.dc, gr.dL);
   return Status::Ok();
 }

@@ -58,6 +58,7 @@ std::string flag_for(const std::string& arg, const FlagMap& extra) {
       {"dmlp_b2", "--grad-mlp-b2"},
       {"dc", "--grad-c"},
       {"dthreshold", "--grad-threshold"},
+      {"dfreqs", "--grad-freqs"},
       {"lse", "--lse"},
       {"encoding", "ENC"},
   };
@@ -152,6 +153,7 @@ namespace {
 std::string type_name_of(const ParamSpec& p) {
   if (p.type == "float") return "FLOAT";
   if (p.type == "int") return "INT";
+  if (p.type == "ints") return "INT,INT,...";
   if (p.type == "bool") return "true|false";
   if (p.type == "tensor") return "FILE.npy";
   if (p.type == "file") return "FILE";
@@ -205,8 +207,16 @@ void ParamFlags::declare(CLI::App* app, Accept accept, bool with_grads) {
                   help_of(p);
       group += (group.empty() ? "" : ", ") + owner;
     }
+    // A choice shared by several encodings lists every encoding's values.
+    ParamSpec shown = s->spec;
+    for (const std::string& owner : s->owners)
+      for (const ParamSpec& p : take(find_encoding(owner)).params)
+        if (p.name == s->name)
+          for (const std::string& c : p.choices)
+            if (std::find(shown.choices.begin(), shown.choices.end(), c) == shown.choices.end())
+              shown.choices.push_back(c);
     s->opt =
-        add_text(app, "--" + s->name, &s->value, help, type_name_of(s->spec))->group(group + " parameters");
+        add_text(app, "--" + s->name, &s->value, help, type_name_of(shown))->group(group + " parameters");
     if (with_grads && s->spec.learned) {
       s->grad_opt = add_path(app, "--grad-" + s->name, &s->grad_path,
                              "output: gradient of the loss with respect to --" + s->name)
@@ -416,6 +426,55 @@ RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim) {
   return p;
 }
 
+std::vector<std::int64_t> parse_ints(const std::string& flag, const std::string& text) {
+  std::vector<std::int64_t> out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    out.push_back(parse_int(flag, text.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+Tensor read_positions(const std::string& flag, const std::string& path) {
+  Tensor t = read_input(flag, path);
+  if (!is_int(t.dtype()))
+    fail(Status::Invalid(flag, std::string("expected int32 or int64 positions, got ") + dtype_name(t.dtype())));
+  return t;
+}
+
+Rope2dParams rope2d_params(const ParamFlags& f) {
+  Rope2dParams p;
+  p.variant = take(parse_rope2d_variant(f.choice("variant")));
+  p.rope.layout = take(parse_rope_layout(f.choice("layout")));
+  p.rope.rotary_dim = f.i64("rotary-dim");
+  // The authors' bases: 100 for RoPE-Axial, 10 for RoPE-Mixed's initialisation.
+  p.rope.theta = f.given("theta") ? f.f64("theta") : p.variant == Rope2dVariant::kMixed ? 10.0 : 100.0;
+  return p;
+}
+
+MropeParams mrope_params(const ParamFlags& f) {
+  MropeParams p;
+  p.variant = take(parse_mrope_variant(f.choice("variant")));
+  if (!f.given("mrope-section"))
+    fail(Status::Invalid("--mrope-section", "is required for mrope: three sizes s_t,s_h,s_w summing to r/2 "
+                                            "(Qwen2-VL: 16,24,24 for r = 128)"));
+  p.mrope_section = parse_ints("--mrope-section", f.text_of("mrope-section"));
+  p.rope = rope_params(f);
+  return p;
+}
+
+XposParams xpos_params(const ParamFlags& f) {
+  XposParams p;
+  p.scale_base = f.f64("scale-base");
+  p.gamma = f.f64("gamma");
+  if (f.given("center")) p.center = f.i64("center");
+  p.rope = rope_params(f);
+  return p;
+}
+
 AlibiParams alibi_params(const ParamFlags& f) {
   AlibiParams p;
   p.variant = take(parse_alibi_variant(f.choice("variant")));
@@ -482,6 +541,7 @@ EncodingTensors encoding_tensors(const ParamFlags& f) {
   t.r1 = f.view("r1");
   t.r2 = f.view("r2");
   t.fire = fire_tensors(f);
+  t.freqs = f.view("freqs");
   return t;
 }
 
@@ -495,6 +555,7 @@ EncodingGrads encoding_grads(const ParamFlags& f) {
   g.r1 = f.grad_view("r1");
   g.r2 = f.grad_view("r2");
   g.fire = fire_grads(f);
+  g.freqs = f.grad_view("freqs");
   return g;
 }
 

@@ -44,6 +44,12 @@ using FlagMap = std::vector<std::pair<std::string, std::string>>;
 std::string flag_for(const std::string& arg, const FlagMap& extra = {});
 // Throws a failing library Status with its argument renamed to the flag.
 void check_lib(const Status& s, const FlagMap& extra = {});
+// The value, or check_lib's failure.
+template <class T>
+T take_lib(Expected<T> e, const FlagMap& extra = {}) {
+  if (!e.ok()) check_lib(e.status(), extra);
+  return std::move(e).value();
+}
 
 // The study's corpus (posenc/study.h's load_corpus), or a failure naming --corpus.
 Corpus corpus_or_fail(const std::string& path);
@@ -136,6 +142,16 @@ std::string encoding_names(const ParamFlags::Accept& accept);
 RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim = nullptr);
 // Reads a Hugging Face config.json (failures name `flag`, then the config field).
 RopeModelConfig read_rope_config(const std::string& flag, const std::string& path);
+// rope2d: --variant, --layout, --rotary-dim, --theta (default 100 axial, 10 mixed).
+Rope2dParams rope2d_params(const ParamFlags& f);
+// mrope: --variant, --mrope-section (required) and RoPE's flags (rope_params, after load_tensors).
+MropeParams mrope_params(const ParamFlags& f);
+// xpos: --scale-base, --gamma, --center and RoPE's flags (rope_params, after load_tensors).
+XposParams xpos_params(const ParamFlags& f);
+// "16,24,24" → {16, 24, 24} (a Failure names the flag).
+std::vector<std::int64_t> parse_ints(const std::string& flag, const std::string& text);
+// Reads an int32/int64 positions tensor (a Failure names the flag; shapes are the library's to check).
+Tensor read_positions(const std::string& flag, const std::string& path);
 AlibiParams alibi_params(const ParamFlags& f);
 T5Params t5_params(const ParamFlags& f);
 SinusoidalParams sinusoidal_params(const ParamFlags& f);
@@ -164,6 +180,7 @@ Command add_train_command(CLI::App& root);
 Command add_plot_command(CLI::App& root);
 Command add_check_command(CLI::App& root);
 Command add_rope_config_command(CLI::App& root);
+Command add_mrope_positions_command(CLI::App& root);
 
 // Prints the catalogue as an aligned table (list and tour share it).
 void print_catalogue();

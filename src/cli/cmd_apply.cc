@@ -1,7 +1,9 @@
-// posenc apply ENC --in X.npy --out Y.npy [--positions P.npy | --offset K] [params]
-//              [--grad-out dY.npy --grad-in dX.npy [--grad-table dE.npy]]
+// posenc apply ENC --in X.npy --out Y.npy [--positions P.npy | --offset K] [--role query|key] [params]
+//              [--grad-out dY.npy --grad-in dX.npy [--grad-table dE.npy] [--grad-freqs dF.npy]]
 // Encodings that act on a tensor by themselves: rope rotates X [B, L, H, D] (any scheme of rope.h,
-// or the RoPE of a Hugging Face config.json with --config); sinusoidal and learned add to
+// or the RoPE of a Hugging Face config.json with --config); rope2d, mrope and xpos (rotary.h) rotate
+// X [B, L, H, D] by positions [2, L] / [B, 2, L] (x, y), [3, L] / [B, 3, L] (t, h, w), [L] / [B, L]
+// (xpos, whose --role says whether X holds queries or keys); sinusoidal and learned add to
 // embeddings X [B, L, D]; nope passes X through. Y keeps X's dtype.
 #include "cli/cli_common.h"
 
@@ -15,6 +17,9 @@ bool applies(Encoding e) {
     case Encoding::kLearned:
     case Encoding::kSinusoidal:
     case Encoding::kRope:
+    case Encoding::kRope2d:
+    case Encoding::kMrope:
+    case Encoding::kXpos:
       return true;
     default:
       return false;
@@ -22,9 +27,9 @@ bool applies(Encoding e) {
 }
 
 struct ApplyState {
-  std::string enc, in, out, positions, offset = "0", grad_out, grad_in;
+  std::string enc, in, out, positions, offset = "0", grad_out, grad_in, role;
   CLI::Option *positions_opt = nullptr, *offset_opt = nullptr, *grad_out_opt = nullptr,
-              *grad_in_opt = nullptr;
+              *grad_in_opt = nullptr, *role_opt = nullptr;
   ParamFlags params;
 };
 
@@ -52,13 +57,33 @@ void run_apply(ApplyState& st) {
   } else if (st.grad_in_opt->count() == 0 && param_grads.empty()) {
     fail(Status::Invalid("--grad-out",
                          "given without a gradient to compute: add --grad-in dX.npy" +
-                             std::string(st.params.has("table") ? " or --grad-table dE.npy" : "")));
+                             std::string(st.params.has("table")   ? " or --grad-table dE.npy"
+                                         : st.params.has("freqs") ? " or --grad-freqs dF.npy (rope2d mixed)"
+                                                                  : "")));
   }
   const std::int64_t offset = parse_int("--offset", st.offset);
   if (offset < 0)
     fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
   if (e.id == Encoding::kLearned && !st.params.given("table"))
     fail(Status::Invalid("--table", "is required for learned: the table E [max_len, D]"));
+  XposRole role = XposRole::kQuery;
+  if (e.id == Encoding::kXpos) {
+    if (st.role_opt->count() == 0)
+      fail(Status::Invalid("--role", "is required for xpos: query (scaled by zeta^((m-c)/s)) or key "
+                                     "(zeta^(-(m-c)/s))"));
+    role = take_lib(parse_xpos_role(st.role));
+  } else if (st.role_opt->count() > 0) {
+    fail(Status::Invalid("--role", "only xpos scales queries and keys differently (got " + e.name + ")"));
+  }
+  if (e.id == Encoding::kRope2d) {
+    const bool mixed = st.params.choice("variant") == "mixed";
+    if (mixed && !st.params.given("freqs"))
+      fail(Status::Invalid("--freqs", "is required for rope2d mixed: the learned frequencies [2, H, r/2] "
+                                      "(posenc table rope2d --variant mixed --part init writes the paper's "
+                                      "initialisation)"));
+    if (!mixed && !st.params.grad_flags_given().empty())
+      fail(Status::Invalid("--grad-freqs", "only rope2d mixed has learned frequencies (got --variant axial)"));
+  }
 
   OutputSet outs;
   check(outs.reserve("--out", st.out));
@@ -69,12 +94,7 @@ void run_apply(ApplyState& st) {
   const Tensor x = read_input("--in", st.in);
   require_float_tensor("--in", x);
   Tensor ids;
-  if (have_positions) {
-    ids = read_input("--positions", st.positions);
-    if (!is_int(ids.dtype()))
-      fail(Status::Invalid("--positions",
-                           std::string("expected int32 or int64 positions, got ") + dtype_name(ids.dtype())));
-  }
+  if (have_positions) ids = read_positions("--positions", st.positions);
   const Positions pos{have_positions ? ids.view() : View{}, have_positions ? 0 : offset};
   st.params.load_tensors();
   Tensor dy;
@@ -124,6 +144,28 @@ void run_apply(ApplyState& st) {
       if (want_dx) check_lib(rope_backward(p, dy.view(), pos, dx_view), names);
       break;
     }
+    case Encoding::kRope2d: {
+      const Rope2dParams p = rope2d_params(st.params);
+      const View freqs = st.params.view("freqs");
+      check_lib(rope2d_forward(p, x.view(), pos, freqs, y.view()), names);
+      const View dfreqs = st.params.grad_view("freqs");
+      if (want_grads)
+        check_lib(rope2d_backward(p, dy.view(), pos, freqs, dx_view, dfreqs.present() ? x.view() : View{}, dfreqs),
+                  names);
+      break;
+    }
+    case Encoding::kMrope: {
+      const MropeParams p = mrope_params(st.params);
+      check_lib(mrope_forward(p, x.view(), pos, y.view()), names);
+      if (want_dx) check_lib(mrope_backward(p, dy.view(), pos, dx_view), names);
+      break;
+    }
+    case Encoding::kXpos: {
+      const XposParams p = xpos_params(st.params);
+      check_lib(xpos_forward(p, role, x.view(), pos, y.view()), names);
+      if (want_dx) check_lib(xpos_backward(p, role, dy.view(), pos, dx_view), names);
+      break;
+    }
     default:
       fail(Status::Internal("posenc apply has no glue for " + e.name));
   }
@@ -142,11 +184,14 @@ Command add_apply_command(CLI::App& root) {
                                                    "): rotary X [B, L, H, D], absolute X [B, L, D] + PE");
   app->allow_extras();
   app->add_option("ENC", st->enc, "the encoding: " + encoding_names(applies))->required();
-  add_path(app, "--in", &st->in, "input X: [B, L, H, D] for rope, [B, L, D] for absolute encodings")
+  add_path(app, "--in", &st->in, "input X: [B, L, H, D] for the rotary encodings, [B, L, D] for absolute ones")
       ->required();
   add_path(app, "--out", &st->out, "output Y, X's shape and dtype")->required();
   st->positions_opt = add_path(app, "--positions", &st->positions,
-                               "token positions, int32/int64 [L] or [B, L] (default offset + l)");
+                               "token positions, int32/int64 [L] or [B, L]; rope2d [2, L] or [B, 2, L] (x, y); "
+                               "mrope [3, L] or [B, 3, L] (t, h, w) (default offset + l in every component)");
+  st->role_opt = add_text(app, "--role", &st->role, "xpos: X holds queries (scaled up) or keys (scaled down)",
+                          "query|key");
   st->offset_opt = add_text(app, "--offset", &st->offset, "position of the first token (default 0)", "INT");
   st->grad_out_opt = add_path(app, "--grad-out", &st->grad_out, "upstream gradient dY (X's shape)");
   st->grad_in_opt = add_path(app, "--grad-in", &st->grad_in, "output: gradient dX");

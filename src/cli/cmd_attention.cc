@@ -3,10 +3,14 @@
 //                  [--grad-out dO.npy --grad-q dQ.npy --grad-k dK.npy --grad-v dV.npy
 //                   [--grad-weights dW.npy] [--grad-table dE.npy]
 //                   [--grad-u dU.npy --grad-v-bias dVb.npy --grad-rel-proj dW.npy]
-//                   [--grad-r1 dR1.npy --grad-r2 dR2.npy] [--grad-mlp-w1 … --grad-c … --grad-threshold …]]
+//                   [--grad-r1 dR1.npy --grad-r2 dR2.npy] [--grad-mlp-w1 … --grad-c … --grad-threshold …]
+//                   [--grad-freqs dF.npy]]
+//                  [--q-positions QP.npy --k-positions KP.npy]
 // softmax(scale·q·kᵀ + encoding terms + mask)·v with q [B, M, Hq, D], k, v [B, N, Hkv, D] (see
 // posenc/attention.h); O keeps q's dtype, LSE is float64 [B, Hq, M]. rope takes any scheme of
-// posenc/rope.h, or a Hugging Face config.json's RoPE (--config).
+// posenc/rope.h, or a Hugging Face config.json's RoPE (--config). rope2d and mrope read the queries'
+// and keys' multi-dimensional positions from --q-positions / --k-positions ([A, M] / [B, A, M],
+// [A, N] / [B, A, N]; absent: the 1D positions in every component); xpos scales q and k itself.
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -18,9 +22,11 @@ bool in_attention(Encoding e) { return encoding_info(e).kind != Kind::kAbsolute;
 
 struct AttentionState {
   std::string enc, q, k, v, out, lse, scale, q_offset, k_offset = "0", grad_out, grad_q, grad_k, grad_v;
+  std::string q_positions, k_positions;
   bool causal = false;
   CLI::Option *scale_opt = nullptr, *q_offset_opt = nullptr, *lse_opt = nullptr, *grad_out_opt = nullptr,
-              *grad_q_opt = nullptr, *grad_k_opt = nullptr, *grad_v_opt = nullptr;
+              *grad_q_opt = nullptr, *grad_k_opt = nullptr, *grad_v_opt = nullptr, *q_positions_opt = nullptr,
+              *k_positions_opt = nullptr;
   ParamFlags params;
 };
 
@@ -48,9 +54,21 @@ void run_attention(AttentionState& st) {
                          "given without a gradient to compute: add --grad-q, --grad-k, --grad-v"));
 
   // ---- the encoding's parameters and the tensors it needs
+  const bool takes_positions = e.id == Encoding::kRope2d || e.id == Encoding::kMrope;
+  for (auto [flag, opt] : {std::pair{"--q-positions", st.q_positions_opt}, std::pair{"--k-positions", st.k_positions_opt}})
+    if (opt->count() > 0 && !takes_positions)
+      fail(Status::Invalid(flag, "only rope2d and mrope read multi-dimensional positions (got " + e.name +
+                                     ", whose positions are --q-offset + i, --k-offset + j)"));
   switch (e.id) {
-    case Encoding::kRope:
-      break;  // after the tensors are read (its lists are .npy files), below
+    case Encoding::kRope: case Encoding::kMrope: case Encoding::kXpos:
+      break;  // after the tensors are read (RoPE's lists are .npy files), below
+    case Encoding::kRope2d:
+      p.rope2d = rope2d_params(st.params);
+      if (p.rope2d.variant == Rope2dVariant::kMixed && !st.params.given("freqs"))
+        fail(Status::Invalid("--freqs", "is required for rope2d mixed: the learned frequencies [2, Hq, r/2]"));
+      if (p.rope2d.variant != Rope2dVariant::kMixed && !st.params.grad_flags_given().empty())
+        fail(Status::Invalid("--grad-freqs", "only rope2d mixed has learned frequencies (got --variant axial)"));
+      break;
     case Encoding::kAlibi:
       p.alibi = alibi_params(st.params);
       if (p.alibi.variant != AlibiVariant::kLearned && !st.params.grad_flags_given().empty())
@@ -96,7 +114,18 @@ void run_attention(AttentionState& st) {
     dout = read_input("--grad-out", st.grad_out);
     require_float_tensor("--grad-out", dout);
   }
-  const EncodingTensors t = encoding_tensors(st.params);
+  EncodingTensors t = encoding_tensors(st.params);
+  Tensor qpos, kpos;
+  if (st.q_positions_opt->count() > 0) {
+    qpos = read_positions("--q-positions", st.q_positions);
+    t.q_positions = qpos.view();
+  }
+  if (st.k_positions_opt->count() > 0) {
+    kpos = read_positions("--k-positions", st.k_positions);
+    t.k_positions = kpos.view();
+  }
+  if (e.id == Encoding::kMrope) p.mrope = mrope_params(st.params);
+  if (e.id == Encoding::kXpos) p.xpos = xpos_params(st.params);
   if (e.id == Encoding::kRope) {
     std::int64_t config_D = 0;
     p.rope = rope_params(st.params, &config_D);
@@ -106,7 +135,8 @@ void run_attention(AttentionState& st) {
   }
 
   // ---- compute everything, then write
-  const FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}};
+  const FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}, {"q_positions", "--q-positions"},
+                         {"k_positions", "--k-positions"}};
   Tensor out(q.dtype(), q.shape());
   Tensor lse;
   if (st.lse_opt->count() > 0) lse = Tensor(DType::kF64, {q.shape()[0], q.shape()[2], q.shape()[1]});
@@ -159,6 +189,11 @@ Command add_attention_command(CLI::App& root) {
   st->grad_q_opt = add_path(app, "--grad-q", &st->grad_q, "output: gradient dQ");
   st->grad_k_opt = add_path(app, "--grad-k", &st->grad_k, "output: gradient dK");
   st->grad_v_opt = add_path(app, "--grad-v", &st->grad_v, "output: gradient dV");
+  st->q_positions_opt = add_path(app, "--q-positions", &st->q_positions,
+                                 "rope2d, mrope: query positions int32/int64 [A, M] or [B, A, M] (A = 2: x, y; "
+                                 "3: t, h, w; default: q-offset + i in every component)");
+  st->k_positions_opt = add_path(app, "--k-positions", &st->k_positions,
+                                 "rope2d, mrope: key positions [A, N] or [B, A, N] (default: k-offset + j)");
   st->params.declare(app, in_attention, /*with_grads=*/true);
   return {app, [st] { run_attention(*st); }};
 }

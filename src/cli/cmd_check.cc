@@ -1,15 +1,16 @@
 // posenc check — the articles' four properties of a positional encoding, measured per encoding of the
 // catalogue and printed as a table (seed 001 lists them):
 //   unique     a distinct code per position: the smallest distance between the codes of two positions
-//              in [0, --len) (absolute: table rows; rope: R(p)·x for a fixed x). Bias encodings have no
-//              per-position code: they only see offsets.
+//              in [0, --len) (absolute: table rows; rope: R(p)·x for a fixed x; rope2d, mrope, xpos: their
+//              rotation of x at positions p in every component, xpos as queries). Bias encodings have
+//              no per-position code: they only see offsets.
 //   relative   offsets as a fixed relation. Absolute encodings: is PE(p + k) a fixed linear map of PE(p)?
 //              the worst relative residual of the least-squares map over k ∈ {1, 7, 31}. Encodings
 //              inside attention: does the output depend on offsets only? max |Δout| when every position
 //              shifts by 1000 (random q, k, v; 0 up to rounding means yes).
 //   extrapolate  from the last study (--study DIR, default study-out): perplexity at the longest
 //              evaluated length over perplexity at the training length.
-//   dims       the position dimensions the encoding takes here.
+//   dims       the position dimensions the encoding takes here (rope2d: 2D (x, y); mrope: 3D (t, h, w)).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -115,6 +116,7 @@ double shift_error(Encoding e) {
   AttentionParams p;
   p.encoding = e;
   p.causal = true;
+  p.mrope.mrope_section = {D / 2 - 2 * (D / 6), D / 6, D / 6};  // Qwen2-VL's proportions, about
   EncodingTensors t;
   if (e == Encoding::kT5) t.weights = View::contiguous(w.data(), DType::kF64, {32, H});
   if (e == Encoding::kXL) {
@@ -188,6 +190,24 @@ void run_check(const CheckState& st) {
       }
       uniq = "yes: min distance " + num(min_distance(codes, N, D));
       if (e == Encoding::kLearned) uniq += " (only rows < max_len)";
+    } else if (e == Encoding::kRope2d || e == Encoding::kMrope || e == Encoding::kXpos) {
+      // The rotation of x = (1, …, 1) at positions p (in every component), default parameters.
+      std::vector<double> x(codes.size(), 1.0);
+      const View xv = View::contiguous(x.data(), DType::kF64, {1, N, 1, D});
+      const View cv = View::contiguous(codes.data(), DType::kF64, {1, N, 1, D});
+      Status s;
+      if (e == Encoding::kRope2d) {
+        Rope2dParams p2;
+        p2.rope.rotary_dim = D - D % 4;
+        s = D >= 4 ? rope2d_forward(p2, xv, Positions{}, View{}, cv) : Status::Invalid("--dim", "rope2d needs D >= 4");
+      } else if (e == Encoding::kMrope) {
+        MropeParams pm;
+        pm.mrope_section = {D / 2 - 2 * (D / 6), D / 6, D / 6};
+        s = mrope_forward(pm, xv, Positions{}, cv);
+      } else {
+        s = xpos_forward(XposParams{}, XposRole::kQuery, xv, Positions{}, cv);
+      }
+      uniq = s.ok() ? "yes: min distance " + num(min_distance(codes, N, D)) : "n/a: " + s.message();
     } else if (e == Encoding::kNope) {
       uniq = "no: no position at all";
     } else if (e == Encoding::kCope) {
@@ -222,7 +242,8 @@ void run_check(const CheckState& st) {
           }
         }
     }
-    std::printf("%-11s %-46s %-44s %-28s %s\n", info.name.c_str(), uniq.c_str(), rel.c_str(), ext.c_str(), "1D");
+    const char* dims = e == Encoding::kRope2d ? "2D (x, y)" : e == Encoding::kMrope ? "3D (t, h, w)" : "1D";
+    std::printf("%-11s %-46s %-44s %-28s %s\n", info.name.c_str(), uniq.c_str(), rel.c_str(), ext.c_str(), dims);
   }
 }
 

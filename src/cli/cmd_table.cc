@@ -5,7 +5,14 @@
 //         double, or transformers' float32 product with --angles hf), or a·cos, a·sin of it (--part
 //         cos | sin, a the attention factor), as the rotation uses them. --dim is the head dimension
 //         (taken from --config when that is given).
+//   rope2d, mrope, xpos (rotary.h): [L, r/2] (rope2d mixed: [H, L, r/2], H from --freqs) for the
+//         tokens at --positions ([2, L] (x, y), [3, L] (t, h, w), xpos [L]) or at K .. K+L−1 in every
+//         component: --part angle (φ), cos, sin (a·ρ·cos φ, a·ρ·sin φ: what the rotation multiplies),
+//         scale (a·ρ; xpos: --role query (default) or key). rope2d --variant mixed --part init
+//         --heads H [--seed S]: the authors' initialisation of the frequencies [2, H, r/2], its
+//         per-head angles uniform in [0, 2π) from std::mt19937_64(S) (53-bit uniforms).
 #include <cmath>
+#include <random>
 
 #include "cli/cli_common.h"
 
@@ -18,6 +25,9 @@ bool has_table(Encoding e) {
   switch (e) {
     case Encoding::kSinusoidal:
     case Encoding::kRope:
+    case Encoding::kRope2d:
+    case Encoding::kMrope:
+    case Encoding::kXpos:
       return true;
     default:
       return false;
@@ -26,12 +36,114 @@ bool has_table(Encoding e) {
 
 struct TableState {
   std::string enc, length, dim, offset = "0", dtype = "float64", out, part = "angle";
-  CLI::Option *dim_opt = nullptr, *part_opt = nullptr;
+  std::string positions, role = "query", heads, seed = "0";
+  CLI::Option *dim_opt = nullptr, *part_opt = nullptr, *length_opt = nullptr, *positions_opt = nullptr,
+              *offset_opt = nullptr, *role_opt = nullptr, *heads_opt = nullptr, *seed_opt = nullptr;
   ParamFlags params;
 };
 
+// rope2d, mrope, xpos: the table of the plan (rotary.h), or rope2d mixed's initialisation.
+void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet* outs, Tensor* table) {
+  const bool have_pos = st.positions_opt->count() > 0, have_len = st.length_opt->count() > 0;
+  const std::string part = st.part;
+  const bool is_init = part == "init";
+  if (part != "angle" && part != "cos" && part != "sin" && part != "scale" && !is_init)
+    fail(Status::Invalid("--part", "expected angle, cos, sin or scale (rope2d mixed: init), got '" + part + "'"));
+  if (is_init && !(e.id == Encoding::kRope2d && st.params.choice("variant") == "mixed"))
+    fail(Status::Invalid("--part", "init is rope2d mixed's initialisation of its frequencies (--variant mixed)"));
+  if (!is_init && (st.heads_opt->count() > 0 || st.seed_opt->count() > 0))
+    fail(Status::Invalid(st.heads_opt->count() > 0 ? "--heads" : "--seed", "only --part init reads it"));
+  if (st.role_opt->count() > 0 && e.id != Encoding::kXpos)
+    fail(Status::Invalid("--role", "only xpos scales queries and keys differently (got " + e.name + ")"));
+  if (st.dim_opt->count() == 0) fail(Status::Invalid("--dim", "is required for " + e.name + ": the head dimension D"));
+  const std::int64_t D = parse_int("--dim", st.dim);
+  if (D < 1) fail(Status::Invalid("--dim", "expected a head dimension >= 1, got " + std::to_string(D)));
+  const FlagMap names = {{"head_dim", "--dim"}, {"length", "--length"}, {"heads", "--heads"}};
+  if (is_init) {
+    if (have_pos || have_len || st.offset_opt->count() > 0)
+      fail(Status::Invalid(have_pos ? "--positions" : have_len ? "--length" : "--offset",
+                           "--part init takes no positions (only --heads, --dim, --rotary-dim, --theta, --seed)"));
+    if (st.heads_opt->count() == 0) fail(Status::Invalid("--heads", "is required for --part init: the heads H"));
+    if (st.params.given("freqs"))
+      fail(Status::Invalid("--freqs", "--part init writes the initial frequencies; it reads none"));
+    const std::int64_t H = parse_int("--heads", st.heads), seed = parse_int("--seed", st.seed);
+    if (H < 1 || H > (std::int64_t{1} << 20))
+      fail(Status::Invalid("--heads", "expected 1 .. 2^20 heads, got " + std::to_string(H)));
+    const Rope2dParams p = rope2d_params(st.params);
+    const std::int64_t r = p.rope.rotary_dim == 0 ? D : p.rope.rotary_dim;
+    if (r > D)
+      fail(Status::Invalid("--rotary-dim", "expected at most D = " + std::to_string(D) + ", got " + std::to_string(r)));
+    std::mt19937_64 gen(static_cast<std::uint64_t>(seed));
+    std::vector<double> angles(static_cast<std::size_t>(H));
+    for (double& a : angles) a = 2 * M_PI * (static_cast<double>(gen() >> 11) * 0x1.0p-53);
+    const std::vector<double> f = take_lib(rope2d_mixed_init(H, r, p.rope.theta, angles), names);
+    check(outs->reserve("--out", st.out));
+    *table = Tensor(dtype, {2, H, r / 2});
+    from_doubles(f, table->view());
+    return;
+  }
+  if (have_pos && have_len) fail(Status::Invalid("--length", "cannot be combined with --positions (L is theirs)"));
+  if (have_pos && st.offset_opt->count() > 0)
+    fail(Status::Invalid("--offset", "cannot be combined with --positions (give one or the other)"));
+  if (!have_pos && !have_len)
+    fail(Status::Invalid("--length", "is required (or --positions): the number of positions L"));
+  Tensor ids;
+  std::int64_t L = 0;
+  const std::int64_t offset = parse_int("--offset", st.offset);
+  if (have_pos) {
+    ids = read_positions("--positions", st.positions);
+    if (ids.shape().empty()) fail(Status::Invalid("--positions", "expected an array of positions, got a scalar"));
+    L = ids.shape().back();
+  } else {
+    L = parse_int("--length", st.length);
+    if (L < 1) fail(Status::Invalid("--length", "expected a positive integer, got " + std::to_string(L)));
+    if (offset < 0) fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
+    constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;
+    if (offset > kMaxPosition - L)
+      fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
+  }
+  check(outs->reserve("--out", st.out));
+  st.params.load_tensors();
+  const Positions pos{have_pos ? ids.view() : View{}, have_pos ? 0 : offset};
+  FlagMap pnames = names;
+  pnames.push_back({"positions", have_pos ? "--positions" : "--offset"});
+  RotaryTable t;
+  if (e.id == Encoding::kRope2d) {
+    const Rope2dParams p = rope2d_params(st.params);
+    if (p.variant == Rope2dVariant::kMixed && !st.params.given("freqs"))
+      fail(Status::Invalid("--freqs", "is required for rope2d mixed's table: its frequencies [2, H, r/2]"));
+    t = take_lib(rope2d_table(p, D, L, pos, st.params.view("freqs")), pnames);
+  } else if (e.id == Encoding::kMrope) {
+    t = take_lib(mrope_table(mrope_params(st.params), D, L, pos), pnames);
+  } else {
+    t = take_lib(xpos_table(xpos_params(st.params), take_lib(parse_xpos_role(st.role)), D, L, pos), pnames);
+  }
+  check_size("--length", {t.heads, t.length, t.pairs});
+  std::vector<double> v(t.angle.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const double a = t.angle[i], sc = t.scale[i];
+    v[i] = part == "angle" ? a : part == "cos" ? sc * std::cos(a) : part == "sin" ? sc * std::sin(a) : sc;
+  }
+  const bool per_head = e.id == Encoding::kRope2d && st.params.choice("variant") == "mixed";
+  *table = per_head ? Tensor(dtype, {t.heads, t.length, t.pairs}) : Tensor(dtype, {t.length, t.pairs});
+  from_doubles(v, table->view());
+}
+
 void run_table(TableState& st) {
   const EncodingInfo& e = st.params.bind(st.enc, "posenc table");
+  if (e.id == Encoding::kRope2d || e.id == Encoding::kMrope || e.id == Encoding::kXpos) {
+    const DType dtype = parse_float_dtype("--dtype", st.dtype);
+    OutputSet outs;
+    Tensor table;
+    rotary_table(st, e, dtype, &outs, &table);
+    outs.attach("--out", &table);
+    check(outs.commit());
+    return;
+  }
+  for (auto [flag, opt] : {std::pair{"--positions", st.positions_opt}, std::pair{"--role", st.role_opt},
+                           std::pair{"--heads", st.heads_opt}, std::pair{"--seed", st.seed_opt}})
+    if (opt->count() > 0) fail(Status::Invalid(flag, "only the rotary encodings of rotary.h read it (got " + e.name + ")"));
+  if (st.length_opt->count() == 0) fail(Status::Invalid("--length", "is required: the number of positions L"));
   const std::int64_t L = parse_int("--length", st.length);
   const std::int64_t offset = parse_int("--offset", st.offset);
   const DType dtype = parse_float_dtype("--dtype", st.dtype);
@@ -105,13 +217,21 @@ Command add_table_command(CLI::App& root) {
                    encoding_names(has_table) + ")");
   app->allow_extras();
   app->add_option("ENC", st->enc, "the encoding: " + encoding_names(has_table))->required();
-  add_text(app, "--length", &st->length, "number of positions L", "INT")->required();
+  st->length_opt = add_text(app, "--length", &st->length, "number of positions L (or --positions)", "INT");
   st->dim_opt = add_text(app, "--dim", &st->dim,
                          "model dimension D (even; sinusoidal) or head dimension D (rope; default: from --config)", "INT");
-  add_text(app, "--offset", &st->offset, "first position K (default 0)", "INT");
+  st->offset_opt = add_text(app, "--offset", &st->offset, "first position K (default 0)", "INT");
+  st->positions_opt = add_path(app, "--positions", &st->positions,
+                               "rope2d, mrope, xpos: positions [2, L] (x, y), [3, L] (t, h, w) or [L] (instead "
+                               "of --length, --offset)");
+  st->role_opt = add_text(app, "--role", &st->role, "xpos: the scale of queries (default) or keys", "query|key");
+  st->heads_opt = add_text(app, "--heads", &st->heads, "rope2d mixed, --part init: the heads H", "INT");
+  st->seed_opt = add_text(app, "--seed", &st->seed, "rope2d mixed, --part init: the angles' seed (default 0)", "INT");
   add_text(app, "--dtype", &st->dtype, "float32 or float64 (default float64)", "float32|float64");
-  st->part_opt = add_text(app, "--part", &st->part, "rope: angle (default), cos or sin (times the attention factor)",
-                          "angle|cos|sin");
+  st->part_opt = add_text(app, "--part", &st->part,
+                          "rope: angle (default), cos or sin (times the attention factor); rope2d, mrope, xpos also "
+                          "scale (a*rho), rope2d mixed init",
+                          "angle|cos|sin|scale|init");
   add_path(app, "--out", &st->out, "output table")->required();
   st->params.declare(app, has_table, /*with_grads=*/false);
   return {app, [st] { run_table(*st); }};

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
                 add_bias_command(app), add_attention_command(app), add_tour_command(app),
                 add_bench_command(app), add_study_command(app),
                 add_train_command(app), add_plot_command(app),
-                add_check_command(app), add_rope_config_command(app)};
+                add_check_command(app), add_rope_config_command(app),
+                add_mrope_positions_command(app)};
   } catch (const std::exception& e) {
     return print_error(std::string("internal error while declaring flags: ") + e.what(), 1);
   }

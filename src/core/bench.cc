@@ -27,6 +27,7 @@
 #include "posenc/bias.h"
 #include "posenc/registry.h"
 #include "posenc/rope.h"
+#include "posenc/rotary.h"
 #include "posenc/threads.h"
 #include "posenc/view.h"
 
@@ -290,13 +291,15 @@ struct AttnProblem {
   AttentionParams p;
   Keep mem;
   std::vector<std::vector<float>> small;  // encoding tensors and their gradients
+  std::vector<std::int64_t> qpos;         // rope2d [2, L], mrope [3, L] positions (queries = keys)
   View q, k, v, out, dout, dq, dk, dv;
   EncodingTensors t;
   EncodingGrads g;
   double io_bytes = 0;  // inputs + outputs of the call
 };
 
-std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool backward, int threads) {
+std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool backward, int threads,
+                                            bool mixed = false) {
   auto a = std::make_shared<AttnProblem>();
   a->p.encoding = enc;
   a->p.causal = true;
@@ -386,8 +389,42 @@ std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool ba
       }
       break;
     }
+    case Encoding::kRope2d: {
+      // An image: token l at (x, y) = (l mod W, l / W), W = ⌈√L⌉.
+      I W = 1;
+      while (W * W < L) ++W;
+      a->qpos.resize(ix(2 * L));
+      for (I l = 0; l < L; ++l) a->qpos[ix(l)] = l % W, a->qpos[ix(L + l)] = l / W;
+      a->t.q_positions = a->t.k_positions = View::contiguous(a->qpos.data(), DType::kI64, {2, L});
+      if (mixed) {  // the authors' initialisation, per-head angles h·0.7
+        a->p.rope2d.variant = Rope2dVariant::kMixed;
+        std::vector<double> angles;
+        for (I h = 0; h < kHeads; ++h) angles.push_back(0.7 * static_cast<double>(h));
+        const std::vector<double> f = rope2d_mixed_init(kHeads, kHeadDim, 10.0, angles).value();
+        a->t.freqs = small({2, kHeads, kHeadDim / 2}, false, 0);
+        for (I i = 0; i < a->t.freqs.numel(); ++i) a->t.freqs.set(i, f[ix(i)]);
+        if (backward) a->g.freqs = small({2, kHeads, kHeadDim / 2}, false, 0);
+      }
+      break;
+    }
+    case Encoding::kMrope: {
+      // Qwen2-VL's proportions (16, 24, 24 of 64 pairs) for d = 64, on the ids of text, an image of
+      // 3s × 5s merged tokens (15s² ≤ 0.95·L) and text (mrope_positions).
+      a->p.mrope.mrope_section = {8, 12, 12};
+      I s = 1;
+      while (15 * (s + 1) * (s + 1) <= L * 95 / 100) ++s;
+      const I before = std::max<I>(1, L / 64), grid = 15 * s * s;
+      using K = MropeSegment::Kind;
+      std::vector<MropeSegment> segs = {{K::kText, before}};
+      if (before + grid <= L) segs.push_back({K::kImage, 0, 1, 3 * s, 5 * s});
+      const I after = L - before - (before + grid <= L ? grid : 0);
+      if (after > 0) segs.push_back({K::kText, after});
+      a->qpos = mrope_positions(segs).value().ids;
+      a->t.q_positions = a->t.k_positions = View::contiguous(a->qpos.data(), DType::kI64, {3, L});
+      break;
+    }
     default:
-      break;  // nope, rope, alibi (symmetric, slopes by the paper's rule), sandwich: no tensors
+      break;  // nope, rope, xpos, alibi (symmetric, slopes by the paper's rule), sandwich: no tensors
   }
   return a;
 }
@@ -455,14 +492,14 @@ std::string attention_path(Encoding enc, DType dt) {
   return fused::supports(p, dt) ? "fused" : "reference";
 }
 
-Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward) {
-  Case c{backward ? "attention.backward" : "attention.forward", e.name, shape_str({1, L, kHeads, kHeadDim}),
-         dt};
+Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward, bool mixed = false) {
+  Case c{std::string(backward ? "attention.backward" : "attention.forward") + (mixed ? ".mixed" : ""), e.name,
+         shape_str({1, L, kHeads, kHeadDim}), dt};
   c.unit = "GFLOP/s";
   c.path = attention_path(e.id, dt);
   const Encoding enc = e.id;
   c.setup = [=](int threads) {
-    auto a = make_attention(enc, L, dt, backward, threads);
+    auto a = make_attention(enc, L, dt, backward, threads, mixed);
     auto s = std::make_shared<SgemmAttention>(L, threads);
     Bound b;
     b.kernel = [=] {
@@ -508,10 +545,12 @@ std::vector<Case> default_cases() {
     for (bool backward : {false, true}) {
       for (const EncodingInfo* e : attention_encodings())
         cs.push_back(attention_case(*e, L, DType::kF32, backward));
-      if (L == 4096)
+      if (L == 4096) {
+        cs.push_back(attention_case(encoding_info(Encoding::kRope2d), L, DType::kF32, backward, true));
         for (const EncodingInfo* e : attention_encodings())
           if (e->id == Encoding::kNope || e->id == Encoding::kRope)
             cs.push_back(attention_case(*e, L, DType::kBF16, backward));
+      }
     }
   return cs;
 }
@@ -716,7 +755,9 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
       r.ratio = r.throughput / r.baseline_throughput;
       r.path = c.path;
       if (c.kernel.rfind("attention.", 0) == 0) {
-        const auto key = std::make_tuple(c.kernel, c.shape, r.dtype, t);
+        // attention.forward.mixed is compared with attention.forward's nope
+        const std::string base = c.kernel.substr(0, c.kernel.find('.', std::string("attention.").size()));
+        const auto key = std::make_tuple(base, c.shape, r.dtype, t);
         if (c.encoding == "nope") nope[key] = r.seconds;
         const auto it = nope.find(key);
         if (it != nope.end()) r.vs_nope = r.seconds / it->second;

@@ -15,6 +15,50 @@ const char* kind_name(Kind k) {
 
 namespace {
 
+// RoPE's parameters (rope.h), shared by the rotary encodings that read RoPE's frequencies (rope,
+// mrope, xpos): one declaration, each encoding's own defaults for layout and theta, and the
+// config.json only for rope itself.
+std::vector<ParamSpec> rope_specs(const std::string& layout_default, bool with_config) {
+  std::vector<ParamSpec> v = {
+      {"layout", "choice", layout_default, {"interleaved", "half"},
+       "pairs (2k,2k+1) as RoFormer/Llama-complex, or (k,k+r/2) as GPT-NeoX/HF Llama", false},
+      {"rotary-dim", "int", "0", {}, "dimensions that rotate (even, <= d; 0 = all)", false},
+      {"theta", "float", "10000", {}, "frequency base", false},
+      {"rope-type", "choice", "default", {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"},
+       "frequency scheme (Hugging Face rope_type; ntk: static NTK-aware base)", false},
+      {"factor", "float", "1", {}, "scale s of linear, ntk, dynamic, yarn, llama3, longrope", false},
+      {"original-max-position", "int", "0", {},
+       "trained context L: dynamic's window, yarn's band, llama3, longrope's short/long switch", false},
+      {"beta-fast", "float", "32", {}, "yarn: rotations where extrapolation ends", false},
+      {"beta-slow", "float", "1", {}, "yarn: rotations where interpolation starts", false},
+      {"truncate", "bool", "true", {}, "yarn: floor/ceil the correction range", false},
+      {"mscale", "float", "0", {}, "yarn: attention factor m(s, mscale)/m(s, mscale-all-dim) (0 = absent)", false},
+      {"mscale-all-dim", "float", "0", {}, "yarn: see --mscale (0 = absent)", false},
+      {"low-freq-factor", "float", "1", {}, "llama3: wavelengths above L/low are divided by s", false},
+      {"high-freq-factor", "float", "4", {}, "llama3: wavelengths below L/high are kept", false},
+      {"short-factor", "tensor", "", {}, "longrope: per-pair divisors [r/2] within L", false},
+      {"long-factor", "tensor", "", {}, "longrope: per-pair divisors [r/2] beyond L", false},
+      {"longrope-factors", "choice", "by-length", {"by-length", "short", "long"},
+       "longrope: the list by the call's length, or forced", false},
+      {"attention-factor", "float", "", {}, "multiplies cos and sin (default: the scheme's, 1 for most)", false},
+      {"freq-factors", "tensor", "", {}, "per-pair divisors [r/2] applied after the scheme", false},
+      {"inv-freq", "tensor", "", {}, "the frequencies [r/2] outright (rope-type default)", false},
+      {"angles", "choice", "accurate", {"accurate", "hf"},
+       "angles in double, or transformers' float32 inv_freq * position (bit parity)", false},
+      {"seq-len", "int", "0", {}, "the call's length for dynamic and longrope (0: largest position + 1)", false}};
+  if (with_config)
+    v.push_back({"config", "file", "", {},
+                 "a Hugging Face config.json: sets the RoPE parameters (not --layout, --angles, --seq-len, "
+                 "--longrope-factors, which may be given with it)",
+                 false});
+  return v;
+}
+
+std::vector<ParamSpec> join(std::vector<ParamSpec> a, const std::vector<ParamSpec>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 std::vector<EncodingInfo> build() {
   return {
       {Encoding::kNope, "nope", Kind::kNone, "no position information: the baseline",
@@ -34,35 +78,7 @@ std::vector<EncodingInfo> build() {
        "model's scaling: linear, ntk, dynamic, yarn, llama3, longrope)",
        "Su et al. 2021, RoFormer (arXiv 2104.09864); Chen et al. 2023 (arXiv 2306.15595); Peng et al. "
        "2023, YaRN (arXiv 2309.00071); Ding et al. 2024, LongRoPE (arXiv 2402.13753); Llama 3.1",
-       {{"layout", "choice", "interleaved", {"interleaved", "half"},
-         "pairs (2k,2k+1) as RoFormer/Llama-complex, or (k,k+r/2) as GPT-NeoX/HF Llama", false},
-        {"rotary-dim", "int", "0", {}, "dimensions that rotate (even, <= d; 0 = all)", false},
-        {"theta", "float", "10000", {}, "frequency base", false},
-        {"rope-type", "choice", "default", {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"},
-         "frequency scheme (Hugging Face rope_type; ntk: static NTK-aware base)", false},
-        {"factor", "float", "1", {}, "scale s of linear, ntk, dynamic, yarn, llama3, longrope", false},
-        {"original-max-position", "int", "0", {},
-         "trained context L: dynamic's window, yarn's band, llama3, longrope's short/long switch", false},
-        {"beta-fast", "float", "32", {}, "yarn: rotations where extrapolation ends", false},
-        {"beta-slow", "float", "1", {}, "yarn: rotations where interpolation starts", false},
-        {"truncate", "bool", "true", {}, "yarn: floor/ceil the correction range", false},
-        {"mscale", "float", "0", {}, "yarn: attention factor m(s, mscale)/m(s, mscale-all-dim) (0 = absent)", false},
-        {"mscale-all-dim", "float", "0", {}, "yarn: see --mscale (0 = absent)", false},
-        {"low-freq-factor", "float", "1", {}, "llama3: wavelengths above L/low are divided by s", false},
-        {"high-freq-factor", "float", "4", {}, "llama3: wavelengths below L/high are kept", false},
-        {"short-factor", "tensor", "", {}, "longrope: per-pair divisors [r/2] within L", false},
-        {"long-factor", "tensor", "", {}, "longrope: per-pair divisors [r/2] beyond L", false},
-        {"longrope-factors", "choice", "by-length", {"by-length", "short", "long"},
-         "longrope: the list by the call's length, or forced", false},
-        {"attention-factor", "float", "", {}, "multiplies cos and sin (default: the scheme's, 1 for most)", false},
-        {"freq-factors", "tensor", "", {}, "per-pair divisors [r/2] applied after the scheme", false},
-        {"inv-freq", "tensor", "", {}, "the frequencies [r/2] outright (rope-type default)", false},
-        {"angles", "choice", "accurate", {"accurate", "hf"},
-         "angles in double, or transformers' float32 inv_freq * position (bit parity)", false},
-        {"seq-len", "int", "0", {}, "the call's length for dynamic and longrope (0: largest position + 1)", false},
-        {"config", "file", "", {},
-         "a Hugging Face config.json: sets the RoPE parameters (not --layout, --angles, --seq-len, "
-         "--longrope-factors, which may be given with it)", false}}},
+       rope_specs("interleaved", true)},
       {Encoding::kAlibi, "alibi", Kind::kLogitBias,
        "linear biases: -m_h*|i-j| added to the logits, slopes by the paper's geometric rule",
        "Press et al. 2022, Train Short, Test Long (arXiv 2108.12409)",
@@ -118,6 +134,39 @@ std::vector<EncodingInfo> build() {
         {"mlp-b2", "tensor", "", {}, "second layer bias b2 [H]", true},
         {"c", "tensor", "", {}, "log-transform scale c [1], > 0", true},
         {"threshold", "tensor", "", {}, "normaliser threshold L [1], > 0", true}}},
+      // ---- the rotary encodings beyond 1D RoPE (rotary.h) ----
+      {Encoding::kRope2d, "rope2d", Kind::kRotary,
+       "2D rotary for images, positions (x, y): axial (first r/4 pairs by x, next r/4 by y, "
+       "theta^(-4j/r)) or mixed (x*theta_x + y*theta_y, learned per head)",
+       "Heo et al. 2024, Rotary Position Embedding for Vision Transformer (RoPE-ViT, arXiv 2403.13298)",
+       {{"variant", "choice", "axial", {"axial", "mixed"},
+         "axial: fixed frequencies per axis; mixed: learned frequencies --freqs [2, H, r/2]", false},
+        {"layout", "choice", "interleaved", {"interleaved", "half"},
+         "pairs (2k,2k+1) as the authors' complex form, or (k,k+r/2)", false},
+        {"rotary-dim", "int", "0", {}, "dimensions that rotate (a multiple of 4, <= d; 0 = all)", false},
+        {"theta", "float", "", {},
+         "frequency base (default 100 for axial, 10 for mixed's initialisation, as the authors' code)", false},
+        {"freqs", "tensor", "", {}, "mixed: learned frequencies [2, H, r/2] (theta_x, theta_y per head and pair)",
+         true}}},
+      {Encoding::kMrope, "mrope", Kind::kRotary,
+       "multimodal rotary, positions (t, h, w): pairs split into sections s_t, s_h, s_w, chunked "
+       "(Qwen2-VL) or interleaved (Qwen3-VL); text (t = h = w) is RoPE",
+       "Wang et al. 2024, Qwen2-VL (arXiv 2409.12191), M-RoPE; transformers' Qwen2-VL and Qwen3-VL",
+       join({{"variant", "choice", "chunked", {"chunked", "interleaved"},
+              "chunked: pairs [0, s_t) by t, then h, then w; interleaved: t h w t h w ... by pair index", false},
+             {"mrope-section", "ints", "", {},
+              "pairs per position row s_t,s_h,s_w summing to r/2 (required; Qwen2-VL: 16,24,24 for r = 128)",
+              false}},
+            rope_specs("half", false))},
+      {Encoding::kXpos, "xpos", Kind::kRotary,
+       "rotary with a per-pair decay: q scaled by zeta_k^((m-c)/scale_base), k by zeta_k^(-(n-c)/scale_base), "
+       "zeta_k = (2k/r + gamma)/(1 + gamma)",
+       "Sun et al. 2022, A Length-Extrapolatable Transformer (xPos, arXiv 2212.10554); torchscale's XPOS",
+       join({{"scale-base", "float", "512", {}, "the exponent's divisor (the paper's 512)", false},
+             {"gamma", "float", "0.4", {}, "zeta_k = (2k/r + gamma)/(1 + gamma)", false},
+             {"center", "int", "", {},
+              "position c where both scales are 1 (default ceil(n/2), n the call's length, as torchscale)", false}},
+            rope_specs("interleaved", false))},
   };
 }
 

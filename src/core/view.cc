@@ -184,4 +184,35 @@ Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Posi
   return out;
 }
 
+Expected<std::vector<std::int64_t>> expand_positions_axes(const char* arg, const Positions& p, int axes,
+                                                          std::int64_t B, std::int64_t L) {
+  const std::int64_t A = axes;
+  std::vector<std::int64_t> out(static_cast<std::size_t>(B * A * L));
+  if (!p.ids.present()) {
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t a = 0; a < A; ++a)
+        for (std::int64_t l = 0; l < L; ++l) out[static_cast<std::size_t>((b * A + a) * L + l)] = p.offset + l;
+    return out;
+  }
+  const View& ids = p.ids;
+  if (!is_int(ids.dtype))
+    return Status::Invalid(arg, std::string("expected int32 or int64 positions, got ") +
+                                    dtype_name(ids.dtype));
+  const bool shared = ids.ndim == 2 && ids.shape[0] == A && ids.shape[1] == L;
+  const bool batched = ids.ndim == 3 && ids.shape[0] == B && ids.shape[1] == A && ids.shape[2] == L;
+  if (!shared && !batched)
+    return Status::Invalid(arg, "expected shape [" + std::to_string(A) + ", " + std::to_string(L) + "] or [" +
+                                    std::to_string(B) + ", " + std::to_string(A) + ", " + std::to_string(L) +
+                                    "] (" + std::to_string(A) + " components per token), got " +
+                                    ids.shape_str());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t a = 0; a < A; ++a)
+      for (std::int64_t l = 0; l < L; ++l) {
+        const std::int64_t v = ids.get_int(shared ? a * L + l : (b * A + a) * L + l) + p.offset;
+        if (v < 0) return Status::OutOfRange(arg, "positions must be >= 0, got " + std::to_string(v));
+        out[static_cast<std::size_t>((b * A + a) * L + l)] = v;
+      }
+  return out;
+}
+
 }  // namespace posenc

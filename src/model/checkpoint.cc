@@ -27,6 +27,10 @@ nlohmann::json config_json(const ModelConfig& c) {
                     {"theta", c.rope.theta}}},
           {"alibi", {{"variant", alibi_variant_name(c.alibi.variant)}}},
           {"t5", {{"num_buckets", c.t5.num_buckets}, {"max_distance", c.t5.max_distance}}},
+          {"rope2d", {{"variant", rope2d_variant_name(c.rope2d.variant)},
+                      {"layout", rope_layout_name(c.rope2d.rope.layout)}, {"theta", c.rope2d.rope.theta}}},
+          {"mrope", {{"variant", mrope_variant_name(c.mrope.variant)}, {"mrope_section", c.mrope.mrope_section}}},
+          {"xpos", {{"scale_base", c.xpos.scale_base}, {"gamma", c.xpos.gamma}}},
           {"kerple", {{"kernel", kerple_kernel_name(c.kerple.kernel)}}},
           {"sandwich", {{"sinusoid_dim", c.sandwich.sinusoid_dim}, {"base", c.sandwich.base}}},
           {"fire_width", c.fire_width},
@@ -58,7 +62,27 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
     c.t5.num_buckets = j.at("t5").at("num_buckets").get<std::int64_t>();
     c.t5.max_distance = j.at("t5").at("max_distance").get<std::int64_t>();
     c.sinusoid_base = j.at("sinusoid_base").get<double>();
-    // Keys written since KERPLE, Sandwich and FIRE joined the model (absent: the defaults).
+    // Keys written since rope2d, mrope, xpos, KERPLE, Sandwich and FIRE joined the model (absent: the
+    // defaults).
+    if (j.contains("rope2d")) {
+      Expected<Rope2dVariant> v = parse_rope2d_variant(j.at("rope2d").at("variant").get<std::string>());
+      if (!v.ok()) return v.status();
+      c.rope2d.variant = v.value();
+      Expected<RopeLayout> l = parse_rope_layout(j.at("rope2d").at("layout").get<std::string>());
+      if (!l.ok()) return l.status();
+      c.rope2d.rope.layout = l.value();
+      c.rope2d.rope.theta = j.at("rope2d").at("theta").get<double>();
+    }
+    if (j.contains("mrope")) {
+      Expected<MropeVariant> v = parse_mrope_variant(j.at("mrope").at("variant").get<std::string>());
+      if (!v.ok()) return v.status();
+      c.mrope.variant = v.value();
+      c.mrope.mrope_section = j.at("mrope").at("mrope_section").get<std::vector<std::int64_t>>();
+    }
+    if (j.contains("xpos")) {
+      c.xpos.scale_base = j.at("xpos").at("scale_base").get<double>();
+      c.xpos.gamma = j.at("xpos").at("gamma").get<double>();
+    }
     if (j.contains("kerple")) {
       Expected<KerpleKernel> k = parse_kerple_kernel(j.at("kerple").at("kernel").get<std::string>());
       if (!k.ok()) return k.status();

@@ -248,6 +248,12 @@ std::string layer_name(I l, const std::string& rest) { return "layers." + std::t
 
 }  // namespace
 
+std::vector<std::int64_t> ModelConfig::mrope_section() const {
+  if (!mrope.mrope_section.empty()) return mrope.mrope_section;
+  const I pairs = head_dim() / 2, t = pairs / 4, h = (pairs - t) / 2;
+  return {t, h, pairs - t - h};
+}
+
 Status validate_config(const ModelConfig& c) {
   if (c.vocab < 2) return Status::Invalid("vocab", "must be at least 2");
   if (c.d_model < 2) return Status::Invalid("d_model", "must be at least 2");
@@ -283,6 +289,41 @@ Status validate_config(const ModelConfig& c) {
     case Encoding::kCope:
       if (c.cope_npos < 0) return Status::Invalid("cope_npos", "must be positive (0: max_len)");
       break;
+    case Encoding::kRope2d: {  // checkpoints store variant, layout and theta
+      Rope2dParams plain;
+      plain.variant = c.rope2d.variant;
+      plain.rope.layout = c.rope2d.rope.layout;
+      plain.rope.theta = c.rope2d.rope.theta;
+      if (!(c.rope2d == plain))
+        return Status::Invalid("rope2d", "the study's model takes rope2d's variant, layout and theta, the "
+                                         "fields its checkpoints store");
+      if (D % 4) return Status::Invalid("n_heads", "rope2d needs a head dim that is a multiple of 4");
+      break;
+    }
+    case Encoding::kMrope: {  // checkpoints store variant and sections
+      MropeParams plain;
+      plain.variant = c.mrope.variant;
+      plain.mrope_section = c.mrope.mrope_section;
+      if (!(c.mrope == plain))
+        return Status::Invalid("mrope", "the study's model takes M-RoPE's variant and mrope_section, the "
+                                        "fields its checkpoints store");
+      const std::vector<I> sec = c.mrope_section();
+      if (sec.size() != 3 || sec[0] + sec[1] + sec[2] != D / 2 || D % 2)
+        return Status::Invalid("mrope_section", "expected three sections summing to head dim / 2 = " +
+                                                    std::to_string(D / 2));
+      break;
+    }
+    case Encoding::kXpos: {  // checkpoints store scale_base and gamma
+      XposParams plain;
+      plain.scale_base = c.xpos.scale_base;
+      plain.gamma = c.xpos.gamma;
+      if (!(c.xpos == plain))
+        return Status::Invalid("xpos", "the study's model takes xPos's scale_base and gamma, the fields its "
+                                       "checkpoints store");
+      if (!(c.xpos.scale_base > 0) || !(c.xpos.gamma > 0))
+        return Status::Invalid("xpos", "scale_base and gamma must be > 0");
+      break;
+    }
     case Encoding::kKerple:
       if (c.kerple.kernel != KerpleKernel::kLog && c.kerple.kernel != KerpleKernel::kPower)
         return Status::Invalid("kerple", "unknown kernel");
@@ -329,6 +370,9 @@ std::vector<ParamInfo> param_layout(const ModelConfig& c) {
       }
       case Encoding::kCope:
         add(layer_name(l, "attn.cope_table"), {c.cope_npos ? c.cope_npos : c.max_len, D}, false);
+        break;
+      case Encoding::kRope2d:
+        if (c.rope2d.variant == Rope2dVariant::kMixed) add(layer_name(l, "attn.rope2d_freqs"), {2, H, D / 2}, false);
         break;
       case Encoding::kKerple:  // r1, r2 > 0 (clamped to 10⁻², as the authors do); power: r2 ≤ 2
         add(layer_name(l, "attn.kerple_r1"), {H}, false);
@@ -407,7 +451,7 @@ Slots slots_of(const ModelConfig& c, const std::vector<ParamInfo>& layout) {
       else if (r == "attn.fire_b2") L.enc[3] = p.offset;
       else if (r == "attn.fire_c") L.enc[4] = p.offset;
       else if (r == "attn.fire_L") L.enc[5] = p.offset;
-      else L.enc[0] = p.offset;  // t5_bias, alibi_w, cope_table, xl_u, kerple_r1, fire_w1
+      else L.enc[0] = p.offset;  // t5_bias, alibi_w, cope_table, xl_u, kerple_r1, fire_w1, rope2d_freqs
     }
   }
   return s;
@@ -423,6 +467,10 @@ AttentionParams attention_params(const ModelConfig& c) {
   p.t5.bidirectional = false;  // a decoder: T5's unidirectional buckets
   p.kerple = c.kerple;
   p.sandwich = c.sandwich;
+  p.rope2d = c.rope2d;
+  p.mrope = c.mrope;
+  p.mrope.mrope_section = c.mrope_section();
+  p.xpos = c.xpos;
   if (c.encoding == Encoding::kLearned || c.encoding == Encoding::kSinusoidal) p.encoding = Encoding::kNope;
   return p;
 }
@@ -464,6 +512,16 @@ Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param
     else if (ends("fire_b2")) random = false;
     else if (ends("fire_c")) random = false, fill = 0.1;              // the paper's c
     else if (ends("fire_L")) random = false, fill = double(c.max_len);  // the training length
+    if (ends("rope2d_freqs")) {
+      // RoPE-Mixed's initialisation (rotary.h) with the heads' directions α_h = 2π(h + ½)/H spread
+      // evenly (the authors draw them uniformly in [0, 2π)); magnitudes from theta = 10.
+      const I H = c.n_heads;
+      std::vector<double> angles(ix(H));
+      for (I h = 0; h < H; ++h) angles[ix(h)] = 2 * M_PI * (double(h) + 0.5) / double(H);
+      const Expected<std::vector<double>> f = rope2d_mixed_init(H, c.head_dim(), 10.0, angles);
+      for (std::size_t i = 0; i < p.size && f.ok(); ++i) w_[p.offset + i] = T(f.value()[i]);
+      continue;
+    }
     if (ends("kerple_r1") || ends("kerple_r2")) {
       // Spread over the heads like ALiBi's slopes: r1 = (h+1)/H, r2 = 2(h+1)/H (≤ 2 for the power
       // kernel); the authors draw them uniformly in (0, 1) and (0, 2).
@@ -516,6 +574,10 @@ struct ModelPass {
       case Encoding::kCope:
         t.table = View::contiguous(w + P.enc[0], kDType<T>, {c.cope_npos ? c.cope_npos : c.max_len, D});
         break;
+      case Encoding::kRope2d:
+        if (c.rope2d.variant == Rope2dVariant::kMixed)
+          t.freqs = View::contiguous(w + P.enc[0], kDType<T>, {2, H, D / 2});
+        break;
       case Encoding::kKerple:
         t.r1 = View::contiguous(w + P.enc[0], kDType<T>, {H});
         t.r2 = View::contiguous(w + P.enc[1], kDType<T>, {H});
@@ -550,6 +612,7 @@ struct ModelPass {
     out.v = moved(t.v);
     out.rel_proj = moved(t.rel_proj);
     out.table = moved(t.table);
+    out.freqs = moved(t.freqs);
     out.r1 = moved(t.r1);
     out.r2 = moved(t.r2);
     out.fire = {moved(t.fire.w1), moved(t.fire.b1), moved(t.fire.w2), moved(t.fire.b2), moved(t.fire.c),

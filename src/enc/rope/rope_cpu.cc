@@ -1,4 +1,6 @@
-// RoPE's fast path: the public posenc::rope_forward / rope_backward / rope_apply_qk dispatch here.
+// RoPE's fast path: the public posenc::rope_forward / rope_backward / rope_apply_qk dispatch here,
+// and the fast paths of rotary.h's encodings (rope2d, mrope, xpos: rope_fast.h's run_plan and
+// mixed_freq_grad) run this kernel with a rotary::Plan giving each token's angles and scales.
 //
 // Validation is the reference's own (rope_check.h), so errors are identical. float32, bfloat16 and
 // float16 views whose innermost dimension is contiguous run the Highway kernel below (every target
@@ -17,7 +19,10 @@
 //   interleaved: y = x·C + swap_pairs(x)·S, C = (c0 c0 c1 c1 …), S = (−s0 s0 −s1 s1 …)
 //   half:        y_a = x_a·c − x_b·s, y_b = x_b·c + x_a·s over the two contiguous halves
 // (bfloat16: the even and odd elements of a vector, simd-inl.h's pairs, take c and s directly), and
-// the pass-through tail r .. D−1 is copied when out of place. The sin/cos of a token cost ~1% of
+// the pass-through tail r .. D−1 is copied when out of place. With a plan the r/2 angles of a token
+// are the plan's (its positions' components times their frequencies, or mixed x·θˣ + y·θʸ, formed
+// in double) and the table is scaled per pair by a·ρ (xPos; ρ = ζ^(±(m−c)/s) in double, rounded
+// once); mixed's per-head angles make its table per (token, head). The sin/cos of a token cost ~1% of
 // its rows (64 angles for 64 rows of 128 at the benchmark's shape), so no recurrence over positions
 // here. Large float32 outputs (fast::kStreamMinBytes) are written with non-temporal stores (whole
 // vectors, 2N elements a step) and their inputs prefetched (measured choices: run_fast). OpenMP
@@ -29,32 +34,7 @@
 
 #include "posenc/rope.h"
 
-#ifndef POSENC_ROPE_JOB_DEFINED
-#define POSENC_ROPE_JOB_DEFINED
-namespace posenc::rope_fast {
-struct Tensor {
-  const void* in = nullptr;  // [B, L, H, D]
-  void* out = nullptr;       // [B, L, H, D]
-  std::int64_t H = 0, D = 0;
-  std::int64_t is[3] = {0, 0, 0}, os[3] = {0, 0, 0};  // element strides of b, l, h
-};
-struct Job {
-  DType dtype = DType::kF32;
-  bool interleaved = true;
-  std::int64_t B = 0, L = 0, r = 0;
-  const std::int64_t* pos = nullptr;  // [B, L]
-  const double* inv = nullptr;        // [r/2] ω_k (hf: the float32 values)
-  double sign = 1.0;                  // +1 forward, −1 backward
-  bool hf = false;                    // angles fl32(ω_k·fl32(m)) instead of m·ω_k
-  float scale = 1.0f;                 // the attention factor a_f
-  Tensor t[2];
-  int nt = 0;
-  int threads = 1;
-  bool stream = false;    // out of place, large, float32: non-temporal stores where aligned
-  bool prefetch = false;  // large float32: software prefetch of the input rows
-};
-}  // namespace posenc::rope_fast
-#endif
+#include "enc/rope/rope_fast.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "enc/rope/rope_cpu.cc"
@@ -175,69 +155,114 @@ void RotateRow(const T* x, T* y, bool interleaved, std::int64_t r, const Trig& g
   }
 }
 
+// Per-token trig tables: s, c [r/2] and their expansions (C, S [r] for the interleaved float
+// rotation; ce, co, se, so [r/4 + 1] for bfloat16's half layout), with scratch for the reduction.
+struct TrigBuf {
+  std::int64_t half = 0, r = 0;
+  float stack_buf[2048];
+  double stack_ang[512];
+  std::vector<float> heap_buf;
+  std::vector<double> heap_ang;
+  float *red, *quad, *s, *c, *C, *S, *ce, *co, *se, *so;
+  double* ang;
+  TrigBuf(std::int64_t half_, std::int64_t r_) : half(half_), r(r_) {
+    const std::int64_t need = 4 * half + 2 * r + 4 * (half / 2 + 1);
+    if (need > 2048) heap_buf.resize(static_cast<std::size_t>(need));
+    if (2 * half > 512) heap_ang.resize(static_cast<std::size_t>(2 * half));
+    red = need > 2048 ? heap_buf.data() : stack_buf;
+    quad = red + half;
+    s = quad + half;
+    c = s + half;
+    C = c + half;
+    S = C + r;
+    ce = S + r;
+    co = ce + half / 2 + 1;
+    se = co + half / 2 + 1;
+    so = se + half / 2 + 1;
+    ang = 2 * half > 512 ? heap_ang.data() : stack_ang;
+  }
+  Trig trig() const { return Trig{C, S, c, s, ce, co, se, so}; }
+  // The expansions RotateRow reads for storage T and the layout.
+  void expand(bool interleaved, bool pairs) {
+    if (interleaved && !pairs) {
+      for (std::int64_t k = 0; k < half; ++k) {
+        C[2 * k] = C[2 * k + 1] = c[k];
+        S[2 * k] = -s[k];
+        S[2 * k + 1] = s[k];
+      }
+    }
+    if (!interleaved && pairs) {
+      for (std::int64_t k = 0; k + 1 < half; k += 2) {
+        ce[k / 2] = c[k];
+        co[k / 2] = c[k + 1];
+        se[k / 2] = s[k];
+        so[k / 2] = s[k + 1];
+      }
+    }
+  }
+  // s, c of a plan's token (position components p, head h): angles sign·φ_k in double, the exact-angle
+  // sincos, times a·ρ_k.
+  void plan_trig(const rotary::Plan& pl, const std::int64_t* p, std::int64_t h, double sign, int role) {
+    for (std::int64_t k = 0; k < half; ++k) ang[k] = sign * pl.angle(p, k, h);
+    SinCosRow(1.0, ang, static_cast<std::size_t>(half), red, quad, s, c);
+    if (pl.scaled() || pl.factor != 1.0)
+      for (std::int64_t k = 0; k < half; ++k) {
+        const float f = static_cast<float>(pl.scale(p[0], k, role));
+        s[k] *= f;
+        c[k] *= f;
+      }
+  }
+};
+
 template <typename T>
 void RopeImpl(const rope_fast::Job& j) {
   const std::int64_t half = j.r / 2, r = j.r;
   const hn::ScalableTag<float> df;
   constexpr bool kPairs = POSENC_BF16_PAIRS && std::is_same_v<T, hwy::bfloat16_t>;
+  const rotary::Plan* pl = j.plan;
+  const bool per_head = pl && pl->per_head();
+  const std::int64_t A = pl ? pl->axes : 1;
   fast::parallel_ranges(j.B * j.L, j.threads, [&](std::int64_t t0, std::int64_t t1) {
-    // red, quad, s, c [r/2], C, S [r] and ce, co, se, so [r/4 + 1]; hf angles [r/2] (double); on the
-    // stack for common sizes.
-    constexpr std::int64_t kStackFloats = 2048, kStackAngles = 512;
-    const std::int64_t need = 4 * half + 2 * r + 4 * (half / 2 + 1);
-    float stack_buf[kStackFloats];
-    double stack_ang[kStackAngles];
-    std::vector<float> heap_buf(need > kStackFloats ? static_cast<std::size_t>(need) : 0);
-    std::vector<double> heap_ang(j.hf && half > kStackAngles ? static_cast<std::size_t>(half) : 0);
-    double* ang = half > kStackAngles ? heap_ang.data() : stack_ang;
-    float* red = need > kStackFloats ? heap_buf.data() : stack_buf;
-    float* quad = red + half;
-    float* s = quad + half;
-    float* c = s + half;
-    float* C = c + half;
-    float* S = C + r;
-    float* ce = S + r;
-    float* co = ce + half / 2 + 1;
-    float* se = co + half / 2 + 1;
-    float* so = se + half / 2 + 1;
-    const Trig g{C, S, c, s, ce, co, se, so};
+    // On the stack for common sizes (TrigBuf).
+    TrigBuf tb(half, r);
+    const Trig g = tb.trig();
+    std::int64_t p[3] = {0, 0, 0};
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t b = t / j.L, l = t % j.L;
-      if (j.hf) {
-        // transformers' angle: the float32 product of ω_k (a float32 value) and the float32
-        // position, formed exactly in double and rounded once to float32.
-        const double fm = static_cast<double>(static_cast<float>(j.pos[t]));
-        for (std::int64_t k = 0; k < half; ++k)
-          ang[k] = j.sign * static_cast<double>(static_cast<float>(fm * j.inv[k]));
-        SinCosRow(1.0, ang, static_cast<std::size_t>(half), red, quad, s, c);
+      if (pl) {
+        for (std::int64_t a = 0; a < A; ++a) p[a] = j.pos[(b * A + a) * j.L + l];
+        if (!per_head) {
+          tb.plan_trig(*pl, p, 0, j.sign, j.role);
+          tb.expand(j.interleaved, kPairs);
+        }
       } else {
-        SinCosRow(j.sign * static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), red, quad, s, c);
-      }
-      if (j.scale != 1.0f)
-        for (std::int64_t k = 0; k < half; ++k) {
-          s[k] *= j.scale;
-          c[k] *= j.scale;
+        if (j.hf) {
+          // transformers' angle: the float32 product of ω_k (a float32 value) and the float32
+          // position, formed exactly in double and rounded once to float32.
+          const double fm = static_cast<double>(static_cast<float>(j.pos[t]));
+          for (std::int64_t k = 0; k < half; ++k)
+            tb.ang[k] = j.sign * static_cast<double>(static_cast<float>(fm * j.inv[k]));
+          SinCosRow(1.0, tb.ang, static_cast<std::size_t>(half), tb.red, tb.quad, tb.s, tb.c);
+        } else {
+          SinCosRow(j.sign * static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), tb.red, tb.quad,
+                    tb.s, tb.c);
         }
-      if (j.interleaved && !kPairs) {
-        for (std::int64_t k = 0; k < half; ++k) {
-          C[2 * k] = C[2 * k + 1] = c[k];
-          S[2 * k] = -s[k];
-          S[2 * k + 1] = s[k];
-        }
-      }
-      if (!j.interleaved && kPairs) {
-        for (std::int64_t k = 0; k + 1 < half; k += 2) {
-          ce[k / 2] = c[k];
-          co[k / 2] = c[k + 1];
-          se[k / 2] = s[k];
-          so[k / 2] = s[k + 1];
-        }
+        if (j.scale != 1.0f)
+          for (std::int64_t k = 0; k < half; ++k) {
+            tb.s[k] *= j.scale;
+            tb.c[k] *= j.scale;
+          }
+        tb.expand(j.interleaved, kPairs);
       }
       for (int ti = 0; ti < j.nt; ++ti) {
         const rope_fast::Tensor& tn = j.t[ti];
         const T* xb = static_cast<const T*>(tn.in) + b * tn.is[0] + l * tn.is[1];
         T* yb = static_cast<T*>(tn.out) + b * tn.os[0] + l * tn.os[1];
         for (std::int64_t hh = 0; hh < tn.H; ++hh) {
+          if (per_head) {  // mixed: the angles of this head
+            tb.plan_trig(*pl, p, hh, j.sign, j.role);
+            tb.expand(j.interleaved, kPairs);
+          }
           const T* x = xb + hh * tn.is[2];
           T* y = yb + hh * tn.os[2];
           if (j.prefetch) PrefetchAhead(x, static_cast<std::size_t>(tn.D) * sizeof(T));
@@ -256,6 +281,52 @@ void RopeImpl(const rope_fast::Job& j) {
   });
 }
 
+// Mixed 2D RoPE's frequency gradient over the tokens of job j (one tensor: t[0].in = x, t[0].out
+// unused; dy with x's strides in dyv): per (token, head), y = R(φ)x in float (the forward), then
+// ∂L/∂φ_k = g_b·y_a − g_a·y_b (rope2d_math.h) added, times x and times y, into part[thread]
+// [2, H, r/2] (double).
+template <typename T>
+void MixedGradImpl(const rope_fast::Job& j, const T* dy_base, const std::int64_t* ds,
+                   std::vector<std::vector<double>>* part) {
+  const std::int64_t half = j.r / 2, r = j.r;
+  const rotary::Plan& pl = *j.plan;
+  const rope_fast::Tensor& tn = j.t[0];
+  const std::int64_t H = tn.H;
+  fast::parallel_ranges(j.B * j.L, j.threads, [&](std::int64_t t0, std::int64_t t1) {
+    std::vector<double>& acc = (*part)[static_cast<std::size_t>(j.threads > 1 ? omp_get_thread_num() : 0)];
+    TrigBuf tb(half, r);
+    const Trig g = tb.trig();
+    std::vector<float> xf(static_cast<std::size_t>(r)), yf(static_cast<std::size_t>(r)), gf(static_cast<std::size_t>(r));
+    std::int64_t p[3] = {0, 0, 0};
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t b = t / j.L, l = t % j.L;
+      p[0] = j.pos[(b * 2 + 0) * j.L + l];
+      p[1] = j.pos[(b * 2 + 1) * j.L + l];
+      const double px = static_cast<double>(p[0]), py = static_cast<double>(p[1]);
+      for (std::int64_t hh = 0; hh < H; ++hh) {
+        tb.plan_trig(pl, p, hh, 1.0, 1);
+        tb.expand(j.interleaved, false);
+        const T* x = static_cast<const T*>(tn.in) + b * tn.is[0] + l * tn.is[1] + hh * tn.is[2];
+        const T* dy = dy_base + b * ds[0] + l * ds[1] + hh * ds[2];
+        for (std::int64_t e = 0; e < r; ++e) {
+          xf[static_cast<std::size_t>(e)] = ToF(x[e]);
+          gf[static_cast<std::size_t>(e)] = ToF(dy[e]);
+        }
+        RotateRow<false>(xf.data(), yf.data(), j.interleaved, r, g);
+        double* ax = acc.data() + hh * half;
+        double* ay = acc.data() + (H + hh) * half;
+        for (std::int64_t k = 0; k < half; ++k) {
+          const std::int64_t ia = j.interleaved ? 2 * k : k, ib = j.interleaved ? 2 * k + 1 : k + half;
+          const double d = rope2d::dphi(yf[static_cast<std::size_t>(ia)], yf[static_cast<std::size_t>(ib)],
+                                        gf[static_cast<std::size_t>(ia)], gf[static_cast<std::size_t>(ib)]);
+          ax[k] += px * d;
+          ay[k] += py * d;
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void RopeRun(const rope_fast::Job& j) {
@@ -263,6 +334,16 @@ void RopeRun(const rope_fast::Job& j) {
     case DType::kF32: RopeImpl<float>(j); break;
     case DType::kBF16: RopeImpl<hwy::bfloat16_t>(j); break;
     case DType::kF16: RopeImpl<hwy::float16_t>(j); break;
+    default: break;
+  }
+}
+
+void MixedGradRun(const rope_fast::Job& j, const void* dy, const std::int64_t* ds,
+                  std::vector<std::vector<double>>* part) {
+  switch (j.dtype) {
+    case DType::kF32: MixedGradImpl<float>(j, static_cast<const float*>(dy), ds, part); break;
+    case DType::kBF16: MixedGradImpl<hwy::bfloat16_t>(j, static_cast<const hwy::bfloat16_t*>(dy), ds, part); break;
+    case DType::kF16: MixedGradImpl<hwy::float16_t>(j, static_cast<const hwy::float16_t*>(dy), ds, part); break;
     default: break;
   }
 }
@@ -279,13 +360,16 @@ HWY_AFTER_NAMESPACE();
 
 namespace posenc {
 HWY_EXPORT(RopeRun);
+HWY_EXPORT(MixedGradRun);
 
-namespace {
-
-bool kernel_ok(const View& in, const View& out) {
+bool rope_fast::kernel_ok(const View& in, const View& out) {
   return fast::fast_dtype(in.dtype) && fast::inner_contiguous(in) && fast::inner_contiguous(out) &&
          !fast::partial_alias(in, out);
 }
+
+namespace {
+
+using rope_fast::kernel_ok;
 
 void fill_tensor(rope_fast::Tensor* t, const View& in, const View& out) {
   t->in = in.data;
@@ -373,6 +457,51 @@ Status rotate(const RopeParams& p, const char* in_arg, const View& in, const Pos
 }
 
 }  // namespace
+
+void rope_fast::run_plan(const rotary::Call& c, const View& in, const View& out, double sign, int role) {
+  Job j;
+  j.dtype = in.dtype;
+  j.interleaved = c.plan.layout == RopeLayout::kInterleaved;
+  j.B = c.B;
+  j.L = c.L;
+  j.r = c.plan.r;
+  j.pos = c.ids.data();
+  j.sign = sign;
+  j.plan = &c.plan;
+  j.role = role;
+  j.nt = 1;
+  fill_tensor(&j.t[0], in, out);
+  const std::int64_t elems = in.numel();
+  if (elems == 0) return;
+  // Mixed computes the sin/cos of every (token, head): threads from a smaller size up.
+  j.threads = fast::threads_for(c.plan.per_head() ? elems * 4 : elems);
+  const bool large = elems * static_cast<std::int64_t>(dtype_size(j.dtype)) >= fast::kStreamMinBytes;
+  j.stream = large && in.data != out.data && j.dtype == DType::kF32;
+  j.prefetch = large && j.dtype == DType::kF32;
+  HWY_DYNAMIC_DISPATCH(RopeRun)(j);
+}
+
+void rope_fast::mixed_freq_grad(const rotary::Call& c, const View& x, const View& dy, std::vector<double>* dfreqs) {
+  Job j;
+  j.dtype = x.dtype;
+  j.interleaved = c.plan.layout == RopeLayout::kInterleaved;
+  j.B = c.B;
+  j.L = c.L;
+  j.r = c.plan.r;
+  j.pos = c.ids.data();
+  j.plan = &c.plan;
+  j.nt = 1;
+  fill_tensor(&j.t[0], x, x);
+  const std::size_t n = static_cast<std::size_t>(2 * c.H * c.plan.half);
+  dfreqs->assign(n, 0.0);
+  if (x.numel() == 0) return;
+  j.threads = fast::threads_for(x.numel() * 4);
+  std::vector<std::vector<double>> part(static_cast<std::size_t>(j.threads), std::vector<double>(n, 0.0));
+  const std::int64_t ds[3] = {dy.strides[0], dy.strides[1], dy.strides[2]};
+  HWY_DYNAMIC_DISPATCH(MixedGradRun)(j, dy.data, ds, &part);
+  for (const std::vector<double>& pt : part)  // in thread order: the result depends on the count only
+    for (std::size_t i = 0; i < n; ++i) (*dfreqs)[i] += pt[i];
+}
 
 Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, const View& y) {
   return rotate(p, "x", x, pos, "y", y, +1.0);
