@@ -111,6 +111,9 @@ struct RopeParams {
   bool operator==(const RopeParams&) const = default;
 };
 
+// Whether p sets nothing but layout, rotary_dim and theta: RoFormer's RoPE, no scheme, no overrides.
+bool rope_is_plain(const RopeParams& p);
+
 // The frequencies of one call: the one place every RoPE path reads them from (rope_forward,
 // rope_backward, rope_apply_qk, both attentions, posenc rope-config and posenc table), and the
 // rotary encodings of rotary.h that use RoPE's frequencies (rope2d axial's per-axis ladder, mrope,

@@ -272,11 +272,7 @@ Status validate_config(const ModelConfig& c) {
       if (r < 2 || r % 2 || r > D)
         return Status::Invalid("rotary_dim", "must be even and in [2, head dim " + std::to_string(D) + "]");
       // Checkpoints store layout, rotary_dim and theta: the model takes plain RoPE.
-      RopeParams plain;
-      plain.layout = c.rope.layout;
-      plain.rotary_dim = c.rope.rotary_dim;
-      plain.theta = c.rope.theta;
-      if (!(c.rope == plain))
+      if (!rope_is_plain(c.rope))
         return Status::Invalid("rope", "the study's model takes plain RoPE (layout, rotary_dim, theta), "
                                        "the fields its checkpoints store");
       break;
@@ -290,11 +286,7 @@ Status validate_config(const ModelConfig& c) {
       if (c.cope_npos < 0) return Status::Invalid("cope_npos", "must be positive (0: max_len)");
       break;
     case Encoding::kRope2d: {  // checkpoints store variant, layout and theta
-      Rope2dParams plain;
-      plain.variant = c.rope2d.variant;
-      plain.rope.layout = c.rope2d.rope.layout;
-      plain.rope.theta = c.rope2d.rope.theta;
-      if (!(c.rope2d == plain))
+      if (!rope_is_plain(c.rope2d.rope) || c.rope2d.rope.rotary_dim != 0)
         return Status::Invalid("rope2d", "the study's model takes rope2d's variant, layout and theta, the "
                                          "fields its checkpoints store");
       if (D % 4) return Status::Invalid("n_heads", "rope2d needs a head dim that is a multiple of 4");

@@ -246,6 +246,14 @@ namespace {
 constexpr const char* kTypeNames[] = {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"};
 }
 
+bool rope_is_plain(const RopeParams& p) {
+  RopeParams plain;
+  plain.layout = p.layout;
+  plain.rotary_dim = p.rotary_dim;
+  plain.theta = p.theta;
+  return p == plain;
+}
+
 const char* rope_type_name(RopeType t) {
   const int i = static_cast<int>(t);
   return i >= 0 && i < 7 ? kTypeNames[i] : "?";

@@ -141,11 +141,7 @@ Expected<Plan> rope2d_plan(const Rope2dParams& p, I D, I call_len, const View& f
     return pl;
   }
   // Mixed: the frequencies are the tensor; RoPE's scheme does not apply.
-  RopeParams plain;
-  plain.layout = p.rope.layout;
-  plain.rotary_dim = p.rope.rotary_dim;
-  plain.theta = p.rope.theta;
-  if (!(p.rope == plain))
+  if (!rope_is_plain(p.rope))
     return Status::Invalid("rope", "rope2d mixed takes its frequencies from freqs: expected only layout, "
                                    "rotary_dim and theta among the RoPE parameters");
   POSENC_RETURN_IF_ERROR(rope::check_call(p.rope, call_len));
