@@ -1,10 +1,13 @@
 """What the end-to-end tests share (imported by tests/e2e/test_*.py; not a test itself).
 
-Every e2e test takes one command line, `--posenc PATH [--seeds DIR] [-k NAME]`, registers its cases
-with @case, and ends with `sys.exit(main())`: each case prints one line (PASS/FAIL with the failing
-line), the last line is exactly "N passed, M failed", and the exit status is 1 if any case failed
-(77, ctest's skip, where an oracle is missing: skip()). A case takes no argument, or a fresh
-temporary folder: `Dir` (save/out/write helpers) or its plain path, as main()'s `folder` says.
+Every e2e test takes one command line, `--posenc PATH [--seeds DIR] [-k NAME]` (a test that cannot
+run without the seeds says so with seeds_required()), registers its cases with @case (named after
+the function) or @case("a sentence"), and ends with `sys.exit(main())`: each case prints one line
+(PASS with what the case returned, if anything; FAIL with the failing line), the last line is exactly
+"N passed, M failed", and the exit status is 1 if any case failed (77, ctest's skip, where an oracle
+is missing: skip()). Each case gets a fresh temporary folder: handed to it as a `Dir` (save/out/write
+helpers) or its plain path, or not at all, as main()'s `folder` says; case_dir() is that Dir too,
+for helpers the case does not pass it to.
 
 The CLI's error contract is checked in one place, expect_error(): exit 2, exactly one stderr line
 "posenc: ..." naming the flag, nothing on stdout, no named output left behind and no temporary.
@@ -35,9 +38,22 @@ POSENC = os.path.abspath(ARGS.posenc)
 CASES = []
 
 
-def case(fn):
-    CASES.append(fn)
-    return fn
+def case(fn_or_name):
+    """@case registers the function under its own name; @case("a sentence") under that sentence."""
+    if isinstance(fn_or_name, str):
+        def register(fn):
+            CASES.append((fn_or_name, fn))
+            return fn
+        return register
+    CASES.append((fn_or_name.__name__, fn_or_name))
+    return fn_or_name
+
+
+def seeds_required():
+    """--seeds, or argparse's usage error (exit 2) where the command line lacks it."""
+    if not ARGS.seeds:
+        _ap.error("the following arguments are required: --seeds")
+    return ARGS.seeds
 
 
 def skip(reason):
@@ -68,6 +84,15 @@ class Dir:
 
 
 _timeout = [300]  # seconds a posenc run may take; main(timeout=...) sets it
+
+
+_current = [None]  # the Dir of the case now running
+
+
+def case_dir():
+    """The Dir of the case now running (its fresh temporary folder)."""
+    assert _current[0] is not None, "case_dir() outside a case"
+    return _current[0]
 
 
 def run(*args, ok=True, timeout=None):
@@ -170,28 +195,28 @@ def main(folder=None, prefix="posenc-e2e-", timeout=300):
     """Runs the registered cases; folder: None (no argument), "dir" (a Dir) or "path" (a str);
     timeout: the seconds each posenc run may take."""
     _timeout[0] = timeout
-    if not os.access(POSENC, os.X_OK):
-        print(f"FAIL: the posenc binary {POSENC} is not executable")
+    if not os.path.isfile(POSENC) or not os.access(POSENC, os.X_OK):
+        print(f"FAIL: the posenc binary {POSENC} is not an executable file")
         print("0 passed, 1 failed")
         return 1
     passed = failed = 0
     t0 = time.time()
-    for fn in CASES:
-        if ARGS.k and ARGS.k not in fn.__name__:
+    for name, fn in CASES:
+        if ARGS.k and ARGS.k not in name:
             continue
         with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            _current[0] = d = Dir(tmp)
             t = time.time()
             try:
-                if folder is None:
-                    fn()
-                else:
-                    fn(Dir(tmp) if folder == "dir" else tmp)
+                detail = fn() if folder is None else fn(d if folder == "dir" else tmp)
                 passed += 1
-                print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
+                print(f"PASS {name}{'' if detail is None else f': {detail}'} ({time.time() - t:.1f} s)")
             except Exception as e:  # noqa: BLE001 - report every failure, keep going
                 failed += 1
                 where = traceback.extract_tb(e.__traceback__)[-1]
-                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
+                print(f"FAIL {name}: {type(e).__name__}: {e} (line {where.lineno})")
+            finally:
+                _current[0] = None
             sys.stdout.flush()
     print(f"# {time.time() - t0:.1f} s")
     print(f"{passed} passed, {failed} failed")
