@@ -10,11 +10,11 @@ numpy and math. Where an article's code has a bug, the smallest textual fix is a
 and named in the case's line (see PATCHES). Code that is not runnable as is (seed 002's ALiBi
 fragments use `self.` and `.cuda()`) is run after two mechanical rewrites, explained in alibi_lines().
 
-Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
-case failed, 77 (skip) with a one-line reason when the seeds, numpy or torch are missing.
+Each case prints one line (PASS with what it measured, or FAIL); the last line is exactly "N passed,
+M failed"; exit 1 if any case failed, 2 without --seeds, 77 (skip) with a one-line reason when the
+seeds, numpy or torch are missing (tests/e2e/harness.py). Each posenc run may take 60 s.
 docs/articles.md lists every discrepancy between the articles and the papers that these cases pin.
 """
-import argparse
 import ast
 import contextlib
 import functools
@@ -22,26 +22,13 @@ import glob
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 import types
 import typing
 
+from harness import ARGS, case, case_dir, close, expect_error, main, run, seeds_required, skip
 
-def skip(reason):
-    print(f"SKIP: {reason}")
-    sys.exit(77)
-
-
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--posenc", required=True, help="the posenc binary")
-ap.add_argument("--seeds", required=True, help="the folder holding the seed articles 000_*.txt .. 004_*.txt")
-ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
-ARGS = ap.parse_args()
-
+seeds_required()  # the folder holding the seed articles 000_*.txt .. 004_*.txt
 if not os.path.isdir(ARGS.seeds) or not glob.glob(os.path.join(ARGS.seeds, "00[0-4]_*.txt")):
     skip(f"seed articles not found in {ARGS.seeds}")
 try:
@@ -181,83 +168,34 @@ def default_dtype(dt):
 # Running posenc
 # ------------------------------------------------------------------------------------------------
 
-TMP = tempfile.mkdtemp(prefix="posenc_articles_")
-_counter = [0]
+_counter = [0]  # numbers the files of a case
 
 
 def npy(array):
-    """Save an array (numpy or torch) to a fresh .npy file; return its path."""
+    """Save an array (numpy or torch) to a fresh .npy file in the case's folder; return its path."""
     if isinstance(array, torch.Tensor):
         array = array.detach().cpu().numpy()
     _counter[0] += 1
-    path = os.path.join(TMP, f"in{_counter[0]}.npy")
-    np.save(path, np.ascontiguousarray(array))
-    return path
+    return case_dir().save(f"in{_counter[0]}.npy", np.ascontiguousarray(array))
 
 
 def out_path(stem):
     _counter[0] += 1
-    return os.path.join(TMP, f"{stem}{_counter[0]}.npy")
+    return case_dir().out(f"{stem}{_counter[0]}.npy")
 
 
 def posenc(*args, outs=("--out",)):
     """Run posenc with args (numbers are str()'d); outputs are the flags in `outs` (paths filled in).
     Returns the arrays written to those outputs, in order (one array when there is one output)."""
-    argv = [ARGS.posenc] + [str(a) for a in args]
-    paths = []
-    for flag in outs:
-        p = out_path(flag.strip("-").replace("-", "_"))
-        argv += [flag, p]
-        paths.append(p)
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        raise AssertionError(f"posenc exited {r.returncode}: {r.stderr.strip() or r.stdout.strip()}\n"
-                             f"    command: {' '.join(argv[1:])}")
+    paths = [out_path(flag.strip("-").replace("-", "_")) for flag in outs]
+    run(*args, *(a for flag, p in zip(outs, paths) for a in (flag, p)))
     arrays = [np.load(p) for p in paths]
     return arrays[0] if len(arrays) == 1 else arrays
 
 
-def posenc_error(*args):
-    """Run posenc expecting it to refuse (exit status 2, one line on stderr); return that line."""
-    argv = [ARGS.posenc] + [str(a) for a in args] + ["--out", out_path("refused")]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if r.returncode != 2 or len(r.stderr.strip().splitlines()) != 1:
-        raise AssertionError(f"expected posenc to refuse with status 2 and one line, got {r.returncode}: "
-                             f"{r.stderr.strip()!r} ({' '.join(argv[1:])})")
-    return r.stderr.strip()
-
-
-def as_np(x):
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        if x.is_complex():
-            raise TypeError("complex tensor")
-        return x.numpy()
-    return np.asarray(x)
-
-
-def close(got, want, rtol, atol, what="values"):
-    """|got − want| ≤ atol + rtol·|want| elementwise, with ±inf required at the same places.
-    Returns the largest |got − want| over the finite entries."""
-    got, want = as_np(got).astype(np.float64), as_np(want).astype(np.float64)
-    if got.shape != want.shape:
-        raise AssertionError(f"{what}: shape {got.shape}, expected {want.shape}")
-    if np.isnan(got).any():
-        raise AssertionError(f"{what}: NaN in posenc's output")
-    inf_g, inf_w = np.isinf(got), np.isinf(want)
-    if (inf_g != inf_w).any() or (got[inf_w] != want[inf_w]).any():
-        idx = tuple(int(i) for i in np.argwhere((inf_g != inf_w) | (inf_w & (got != want)))[0])
-        raise AssertionError(f"{what}: infinities differ first at {idx}: got {got[idx]}, expected {want[idx]}")
-    fin = ~inf_w
-    err = np.abs(np.where(fin, got, 0.0) - np.where(fin, want, 0.0))
-    bad = err > atol + rtol * np.abs(np.where(fin, want, 0.0))
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} entries out of tolerance "
-                             f"(rtol {rtol:g}, atol {atol:g}); first at {idx}: got {got[idx]!r}, "
-                             f"expected {want[idx]!r}; max |err| {err.max():.3g}")
-    return float(err.max()) if err.size else 0.0
-
+# close(got, want, what=, rtol=, atol=) (tests/e2e/harness.py) takes torch tensors as well as arrays:
+# |got − want| ≤ atol + rtol·|want| elementwise, no NaN, ±inf required at the same places; it returns
+# the largest |got − want| over the finite entries.
 
 # Tolerances. F32: posenc's float32 output or an article that computes in float32 (the articles'
 # angles are float32 products, so keep positions modest: the angle's rounding grows with it).
@@ -273,16 +211,6 @@ def tol(*dtypes):
 # ------------------------------------------------------------------------------------------------
 # Cases
 # ------------------------------------------------------------------------------------------------
-
-CASES = []
-
-
-def case(name):
-    def register(fn):
-        CASES.append((name, fn))
-        return fn
-    return register
-
 
 GEN = torch.Generator().manual_seed(20240601)
 
@@ -628,7 +556,9 @@ def _():
     # Odd H: the article's lines silently build 2·(H//2) heads (H − 1); posenc refuses odd H.
     ns = alibi_lines("nonsymmetric", 5, 4)
     assert (ns["alibi"] + ns["nonsym_mask"]).shape[1] == 4
-    err = posenc_error("bias", "alibi", "--variant", "nonsymmetric", "--heads", 5, "--q-len", 4, "--k-len", 4)
+    o = out_path("refused")
+    err = expect_error(["bias", "alibi", "--variant", "nonsymmetric", "--heads", 5, "--q-len", 4, "--k-len", 4,
+                        "--out", o], "--heads", [o])
     return f"max err {worst:.1e} (−inf at the same places); odd H: article builds H−1 heads, posenc: {err!r}"
 
 
@@ -750,32 +680,5 @@ def _():
     return f"nonsymmetric err {e1:.1e}; learned err {e2:.1e}, dW err {e3:.1e}"
 
 
-# ------------------------------------------------------------------------------------------------
-
-def main():
-    if not os.path.isfile(ARGS.posenc) or not os.access(ARGS.posenc, os.X_OK):
-        print(f"FAIL  posenc binary not found or not executable: {ARGS.posenc}")
-        print("0 passed, 1 failed")
-        return 1
-    passed = failed = 0
-    t0 = time.time()
-    for name, fn in CASES:
-        if ARGS.k and ARGS.k not in name:
-            continue
-        t = time.time()
-        try:
-            detail = fn()
-            passed += 1
-            print(f"PASS  {name}: {detail} [{time.time() - t:.1f}s]", flush=True)
-        except Exception as e:  # noqa: BLE001 — every failure is a case failure with its reason
-            failed += 1
-            reason = f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e)
-            print(f"FAIL  {name}: {reason}", flush=True)
-    print(f"# {time.time() - t0:.1f}s")
-    shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prefix="posenc-articles-", timeout=60))

@@ -9,114 +9,26 @@ gradient, ALiBi's slope rule and its three variants, T5's buckets (float32 log, 
 Hugging Face), KERPLE's two kernels, Sandwich's sum of cosines, FIRE's MLP on the normalised log
 distance, attention with every one of them, and gradients by central differences of a
 random-projection loss. Then every class of bad input: non-zero exit (2), exactly one stderr line
-"posenc: ..." naming the flag, and no output file left behind (nor a temporary).
+"posenc: ..." naming the flag, nothing on stdout, and no output file left behind (nor a temporary).
+Each posenc run may take 60 s.
 
 Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
-case failed, 77 (skip) when numpy is missing.
+case failed, 77 (skip) when numpy is missing (tests/e2e/harness.py).
 """
-import argparse
 import glob
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
-import time
-import traceback
 
-
-def skip(reason):
-    print(f"SKIP: {reason}")
-    sys.exit(77)
-
-
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--posenc", required=True, help="the posenc binary")
-ap.add_argument("--seeds", default="", help="the seed articles (used for seed 003's worked example)")
-ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
-ARGS = ap.parse_args()
+from harness import ARGS, case, close, expect_error, load, main, numeric_grad, run, skip
 
 try:
     import numpy as np
 except ImportError:
     skip("numpy is not importable by this python")
 
-POSENC = os.path.abspath(ARGS.posenc)
 RNG = np.random.default_rng(20240607)
-
-# ------------------------------------------------------------------------------------------------
-# Harness
-# ------------------------------------------------------------------------------------------------
-
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
-
-
-class Dir:
-    """A fresh folder per case; save() writes inputs, out() names outputs."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def save(self, name, arr):
-        p = os.path.join(self.path, name)
-        np.save(p, arr)
-        return p
-
-    def out(self, name):
-        return os.path.join(self.path, name)
-
-
-def run(*args, ok=True):
-    r = subprocess.run([POSENC, *map(str, args)], capture_output=True, text=True, timeout=60)
-    if ok and r.returncode != 0:
-        raise AssertionError(f"posenc {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
-    return r
-
-
-def load(path, dtype=None):
-    a = np.load(path)
-    if dtype is not None:
-        assert a.dtype == np.dtype(dtype), f"{os.path.basename(path)}: dtype {a.dtype}, expected {dtype}"
-    return a
-
-
-def tol(dtype):
-    return (1e-5, 1e-4) if np.dtype(dtype) == np.float32 else (1e-10, 1e-9)
-
-
-def close(got, want, what, atol=None, rtol=None, dtype=None):
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    if atol is None:
-        atol, rtol = tol(dtype or np.float64)
-    both_inf = np.isinf(got) & np.isinf(want) & (np.sign(got) == np.sign(want))
-    with np.errstate(invalid="ignore"):  # inf − inf where both are −inf
-        bad = ~both_inf & ~(np.abs(got - want) <= atol + rtol * np.abs(want))
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first at {idx}: "
-                             f"got {got[idx]!r}, want {want[idx]!r} (atol {atol}, rtol {rtol})")
-
-
-def expect_error(args, flag, outputs=(), code=2):
-    """Bad input: exit `code`, one stderr line 'posenc: ...' naming `flag`, no outputs, no temporaries."""
-    r = run(*args, ok=False)
-    lines = r.stderr.splitlines()
-    assert r.returncode == code, f"exit {r.returncode}, expected {code}; stderr: {r.stderr!r}"
-    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {r.stderr!r}"
-    assert lines[0].startswith("posenc: "), f"stderr does not start with 'posenc: ': {lines[0]!r}"
-    assert flag in lines[0], f"stderr does not name {flag}: {lines[0]!r}"
-    for o in outputs:
-        assert not os.path.exists(o), f"{o} exists after a failed run"
-        assert not glob.glob(os.path.join(os.path.dirname(o) or ".", ".*posenc-tmp*")), "temporary left behind"
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,22 +231,6 @@ def attention(enc, q, k, v, causal=False, scale=None, q_offset=None, k_offset=0,
             safe = np.where(np.isfinite(mx), mx, 0.0)
             return out, np.log(np.exp(logits - safe[..., None]).sum(-1)) + safe
     return out
-
-
-def numeric_grad(f, x, eps=1e-6):
-    """Central differences of the scalar f() with respect to every element of x (modified in place)."""
-    g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + eps
-        fp = f()
-        x[i] = old - eps
-        fm = f()
-        x[i] = old
-        g[i] = (fp - fm) / (2 * eps)
-    return g
 
 
 def randn(*shape, dtype=np.float64):
@@ -1086,33 +982,5 @@ def errors_files(d):
     assert not glob.glob(os.path.join(d.path, ".*posenc-tmp*")), "temporaries left behind"
 
 
-# ------------------------------------------------------------------------------------------------
-
-def main():
-    if not os.access(POSENC, os.X_OK):
-        print(f"FAIL: the posenc binary {POSENC} is not executable")
-        print("0 passed, 1 failed")
-        return 1
-    passed = failed = 0
-    t0 = time.time()
-    for fn in CASES:
-        if ARGS.k and ARGS.k not in fn.__name__:
-            continue
-        with tempfile.TemporaryDirectory(prefix="posenc-cli-") as tmp:
-            t = time.time()
-            try:
-                fn(Dir(tmp))
-                passed += 1
-                print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
-            sys.stdout.flush()
-    print(f"# {time.time() - t0:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(folder="dir", prefix="posenc-cli-", timeout=60))

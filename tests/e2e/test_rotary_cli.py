@@ -9,121 +9,29 @@ transformers' M-RoPE (the cos/sin of cat(freqs, freqs) split by mrope_section * 
 interleaved slices, rotate_half), torchscale's XPOS (its scale table over arange(−⌈n/2⌉, ⌊n/2⌋),
 duplicate_interleave, rotate_every_two), Qwen2-VL's get_rope_index worked by hand, and attention with
 each as softmax over materialised logits. Gradients (dX, dQ, dK, dV, the mixed frequencies') by
-central differences of a random-projection loss. Then bad inputs: exit 2, one stderr line naming the
-flag, no output written.
+central differences of a random-projection loss. Then bad inputs: exit 2, one stderr line
+"posenc: ..." naming the flag, nothing on stdout, no output written (nor a temporary). Each posenc
+run may take 120 s.
 
 Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
-case failed, 77 (skip) when numpy is missing.
+case failed, 77 (skip) when numpy is missing (tests/e2e/harness.py).
 """
-import argparse
-import glob
 import json
 import math
-import os
-import subprocess
 import sys
-import tempfile
-import time
-import traceback
 
-
-def skip(reason):
-    print(f"SKIP: {reason}")
-    sys.exit(77)
-
-
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--posenc", required=True, help="the posenc binary")
-ap.add_argument("--seeds", default="", help="unused (the e2e tests share one command line)")
-ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
-ARGS = ap.parse_args()
+from harness import case, close, expect_error, load, main, numeric_grad, run, skip
 
 try:
     import numpy as np
 except ImportError:
     skip("numpy is not importable by this python")
 
-POSENC = os.path.abspath(ARGS.posenc)
 RNG = np.random.default_rng(20240901)
-
-# ------------------------------------------------------------------------------------------------
-# Harness
-# ------------------------------------------------------------------------------------------------
-
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
-
-
-class Dir:
-    def __init__(self, path):
-        self.path = path
-
-    def save(self, name, arr):
-        p = os.path.join(self.path, name)
-        np.save(p, arr)
-        return p
-
-    def out(self, name):
-        return os.path.join(self.path, name)
-
-
-def run(*args, ok=True):
-    r = subprocess.run([POSENC, *map(str, args)], capture_output=True, text=True, timeout=120)
-    if ok and r.returncode != 0:
-        raise AssertionError(f"posenc {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
-    return r
-
-
-def load(path, dtype=None):
-    a = np.load(path)
-    if dtype is not None:
-        assert a.dtype == np.dtype(dtype), f"{os.path.basename(path)}: dtype {a.dtype}, expected {dtype}"
-    return a
-
-
-def close(got, want, what, atol=1e-10, rtol=1e-9):
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    bad = ~(np.abs(got - want) <= atol + rtol * np.abs(want))
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first at {idx}: "
-                             f"got {got[idx]!r}, want {want[idx]!r}")
-
-
-def expect_error(args, flag, outputs=()):
-    r = run(*args, ok=False)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2, f"exit {r.returncode}, expected 2; stderr: {r.stderr!r}"
-    assert len(lines) == 1 and lines[0].startswith("posenc: "), f"expected one 'posenc: ' line: {r.stderr!r}"
-    assert flag in lines[0], f"stderr does not name {flag}: {lines[0]!r}"
-    for o in outputs:
-        assert not os.path.exists(o), f"{o} exists after a failed run"
-    return lines[0]
 
 
 def randn(*shape, dtype=np.float64):
     return RNG.standard_normal(shape).astype(dtype)
-
-
-def numeric_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + eps
-        fp = f()
-        x[i] = old - eps
-        fm = f()
-        x[i] = old
-        g[i] = (fp - fm) / (2 * eps)
-    return g
 
 
 # ------------------------------------------------------------------------------------------------
@@ -558,33 +466,5 @@ def errors(d):
     expect_error(["mrope-positions", "--segments", "text:3", "--dtype", "float32", "--out", o], "--dtype", [o])
 
 
-# ------------------------------------------------------------------------------------------------
-
-def main():
-    if not os.access(POSENC, os.X_OK):
-        print(f"FAIL: the posenc binary {POSENC} is not executable")
-        print("0 passed, 1 failed")
-        return 1
-    passed = failed = 0
-    t0 = time.time()
-    for fn in CASES:
-        if ARGS.k and ARGS.k not in fn.__name__:
-            continue
-        with tempfile.TemporaryDirectory(prefix="posenc-rotary-") as tmp:
-            t = time.time()
-            try:
-                fn(Dir(tmp))
-                passed += 1
-                print(f"PASS {fn.__name__} ({time.time() - t:.1f} s)")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e} (line {where.lineno})")
-            sys.stdout.flush()
-    print(f"# {time.time() - t0:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(folder="dir", prefix="posenc-rotary-", timeout=120))
