@@ -121,6 +121,7 @@ class Model {
   // What forward keeps of one layer ([B·L, ·] row-major; x_in is the previous layer's output).
   struct LayerActs {
     std::vector<T> x_in, a, mean1, rstd1, qkv, att, x_mid, m, mean2, rstd2, h, gel;
+    std::vector<double> lse;  // the attention's [B, H, L], read back by its backward
   };
 
   ModelConfig c_;
