@@ -73,11 +73,15 @@ template <> struct Ops<double> {
   static T gelu_grad1(T x) {                                                // Φ(x) + x·φ(x)
     return 0.5 * (1 + std::erf(x * M_SQRT1_2)) + x * (0.5 * M_2_SQRTPI * M_SQRT1_2) * std::exp(-0.5 * x * x);
   }
-  void gelu(const T* x, T* y, I n) const {
-    for (I i = 0; i < n; ++i) y[i] = gelu1(x[i]);
+  void gelu_with_grad(const T* x, T* y, T* dydx, I n) const {
+    for (I i = 0; i < n; ++i) {
+      const T xi = x[i];
+      y[i] = gelu1(xi);
+      dydx[i] = gelu_grad1(xi);
+    }
   }
-  void gelu_backward(const T* x, const T* dy, T* dx, I n) const {
-    for (I i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad1(x[i]);
+  void mul(const T* a, const T* b, T* y, I n) const {
+    for (I i = 0; i < n; ++i) y[i] = a[i] * b[i];
   }
   void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) const {
     for (I r = 0; r < R; ++r) {
@@ -158,8 +162,8 @@ template <> struct Ops<double> {
 template <> struct Ops<float> {
   using T = float;
   model_fast::Kernels k = model_fast::kernels();
-  void gelu(const T* x, T* y, I n) const { k.gelu(x, y, n); }
-  void gelu_backward(const T* x, const T* dy, T* dx, I n) const { k.gelu_backward(x, dy, dx, n); }
+  void gelu_with_grad(const T* x, T* y, T* dydx, I n) const { k.gelu_with_grad(x, y, dydx, n); }
+  void mul(const T* a, const T* b, T* y, I n) const { k.mul(a, b, y, n); }
   void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) const {
     k.layer_norm(x, g, b, R, C, kLnEps, y, mean, rstd);
   }
@@ -653,7 +657,7 @@ struct ModelPass {
       gemm(false, false, R, C, C, T(1), att, C, w + P.wo, C, T(1), x_mid, C);
       ops.layer_norm(x_mid, w + P.ln2_g, w + P.ln2_b, R, C, mm, at(A.mean2, 1), at(A.rstd2, 1));
       linear(mm, w + P.w1, w + P.b1, R, C, F, h);
-      ops.gelu(h, gel, R * F);
+      ops.gelu_with_grad(h, gel, h, R * F);  // h becomes GELU'(h), all the backward needs of it
       ops.add_bias_rows(x_mid, w + P.b2, R, C, x_out);  // x_out = x_mid + b2 + GELU(h)·W2
       gemm(false, false, R, C, F, T(1), gel, F, w + P.w2, C, T(1), x_out, C);
     }
@@ -686,9 +690,9 @@ struct ModelPass {
       const Slots::Layer& P = s.layers[ix(l)];
       typename Model<T>::LayerActs& A = m.acts_[ix(l)];
       T* qkv = at(A.qkv, 3 * C);
-      // MLP: dx is the gradient of x_out; dh holds dGELU, then dh
+      // MLP: dx is the gradient of x_out; dh holds dGELU, then dh = dGELU⊙GELU'(h) (A.h holds GELU'(h))
       linear_backward(ops, at(A.gel, F), w + P.w2, dx, R, F, C, g + P.w2, g + P.b2, dh);
-      ops.gelu_backward(at(A.h, F), dh, dh, R * F);
+      ops.mul(dh, at(A.h, F), dh, R * F);
       linear_backward(ops, at(A.m, C), w + P.w1, dh, R, C, F, g + P.w1, g + P.b1, dy);
       ops.layer_norm_backward(at(A.x_mid, C), w + P.ln2_g, at(A.mean2, 1), at(A.rstd2, 1), dy, R, C, dx,
                               g + P.ln2_g, g + P.ln2_b);
