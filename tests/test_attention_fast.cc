@@ -9,7 +9,8 @@
 // 130}) × 1 and 2 threads; every SIMD target on one case per encoding; backward units split over key
 // blocks (B·Hkv not a multiple of the threads: one head, MQA, three units) against one thread and the
 // reference; a large case (L = 989); a long one (L = 16384) whose peak memory shows no L×L buffer; the
-// dispatcher's choice; and the kernels' refusals.
+// dispatcher's choice; attention_backward_saved (given the forward's out and lse) against
+// attention_backward, bit for bit; and the kernels' refusals.
 //
 // The reference sees exactly what the kernels read: inputs are rounded to the dtype first.
 // Tolerances: |got − want| ≤ atol + rtol·|want| with atol scaled by the largest |want| of the tensor.
