@@ -9,7 +9,8 @@
 // 130}) × 1 and 2 threads; every SIMD target on one case per encoding; backward units split over key
 // blocks (B·Hkv not a multiple of the threads: one head, MQA, three units) against one thread and the
 // reference; a large case (L = 989); a long one (L = 16384) whose peak memory shows no L×L buffer; the
-// dispatcher's choice; and the kernels' refusals.
+// dispatcher's choice; attention_backward_saved (given the forward's out and lse) against
+// attention_backward, bit for bit; and the kernels' refusals.
 //
 // The reference sees exactly what the kernels read: inputs are rounded to the dtype first.
 // Tolerances: |got − want| ≤ atol + rtol·|want| with atol scaled by the largest |want| of the tensor.
@@ -455,6 +456,45 @@ TEST_P(FastAttention, TwoThreadsEqualOne) {
   }
   set_num_threads(0);
   for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+}
+
+// attention_backward_saved (the study model's entry point) with the out and lse of the public
+// forward equals the public backward bit for bit: at a size the dispatcher sends to the kernels, where
+// pass 1 reads the saved out and lse instead of recomputing them (1 and 2 threads), and at one it sends
+// to the reference, which ignores them.
+TEST_P(FastAttention, SavedForwardGivesTheSameBackward) {
+  const Variant& var = GetParam();
+  for (const I L : {I{130}, I{5}}) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("L = " + std::to_string(L) + ", threads " + std::to_string(threads));
+      set_num_threads(threads);
+      Problem pr(var, {2, L, L, 4, 2, 64}, true, 600);
+      Tensor q(DType::kF32, randn(ix(2 * L * 4 * 64), 1), pr.qshape());
+      Tensor k(DType::kF32, randn(ix(2 * L * 2 * 64), 2), pr.kshape());
+      Tensor v(DType::kF32, randn(ix(2 * L * 2 * 64), 3), pr.kshape());
+      Tensor dout(DType::kF32, randn(q.d.size(), 4), pr.qshape());
+      Tensor out(DType::kF32, pr.qshape());
+      std::vector<double> lse(ix(2 * 4 * L));
+      const View lv = View::contiguous(lse.data(), DType::kF64, {2, 4, L});
+      const EncodingTensors t = pr.tensors();
+      ASSERT_TRUE(attention_forward(pr.p, q.view(), k.view(), v.view(), t, out.view(), lv).ok());
+      std::vector<Vec> res[2];
+      for (int saved : {0, 1}) {
+        Tensor dq(DType::kF32, pr.qshape()), dk(DType::kF32, pr.kshape()), dv(DType::kF32, pr.kshape());
+        Problem::Grads g = pr.grads(0.0);
+        const Status st =
+            saved ? attention_backward_saved(pr.p, q.view(), k.view(), v.view(), t, out.view(), lv, dout.view(),
+                                             dq.view(), dk.view(), dv.view(), g.g)
+                  : attention_backward(pr.p, q.view(), k.view(), v.view(), t, dout.view(), dq.view(), dk.view(),
+                                       dv.view(), g.g);
+        ASSERT_TRUE(st.ok()) << st.message();
+        res[saved] = {dq.values(), dk.values(), dv.values()};
+        for (const Vec& b : g.bufs) res[saved].push_back(b);
+      }
+      for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+    }
+  }
+  set_num_threads(0);
 }
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }

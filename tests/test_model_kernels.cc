@@ -177,6 +177,40 @@ TEST(ModelKernels, GeluTailsMatchTheBulk) {
   });
 }
 
+// gelu_with_grad gives gelu's bits and gelu_backward's (dy = 1) bits, at every length (tails
+// included) and with dydx in place of x; mul is the scalar product loop.
+TEST(ModelKernels, GeluWithGradIsGeluAndItsGradient) {
+  const std::vector<double> r = randn(200, 21, 3.0);
+  ForEachTarget([&](const Kernels& k, const std::string& target) {
+    for (I n : {1, 7, 16, 33, 200}) {
+      Floats in(sz(n)), ones(sz(n)), y(sz(n)), g(sz(n)), want_y(sz(n)), want_g(sz(n)), alias(sz(n)), y2(sz(n));
+      in.set(r);
+      alias.set(r);
+      for (I i = 0; i < n; ++i) ones[sz(i)] = 1.0f;
+      k.gelu(in.data(), want_y.data(), n);
+      k.gelu_backward(in.data(), ones.data(), want_g.data(), n);
+      k.gelu_with_grad(in.data(), y.data(), g.data(), n);
+      k.gelu_with_grad(alias.data(), y2.data(), alias.data(), n);  // dydx in place of x
+      for (I i = 0; i < n; ++i) {
+        ASSERT_EQ(y[sz(i)], want_y[sz(i)]) << target << " n " << n << " i " << i;
+        ASSERT_EQ(g[sz(i)], want_g[sz(i)]) << target << " n " << n << " i " << i;
+        ASSERT_EQ(y2[sz(i)], want_y[sz(i)]) << target << " n " << n << " i " << i;
+        ASSERT_EQ(alias[sz(i)], want_g[sz(i)]) << target << " n " << n << " i " << i;
+      }
+      EXPECT_TRUE(y.guards_intact() && g.guards_intact() && y2.guards_intact() && alias.guards_intact())
+          << target;
+      Floats a(sz(n)), b(sz(n)), out(sz(n));
+      a.set(randn(sz(n), 22));
+      b.set(randn(sz(n), 23));
+      k.mul(a.data(), b.data(), out.data(), n);
+      for (I i = 0; i < n; ++i) ASSERT_EQ(out[sz(i)], a[sz(i)] * b[sz(i)]) << target;
+      k.mul(a.data(), b.data(), a.data(), n);  // in place
+      for (I i = 0; i < n; ++i) ASSERT_EQ(a[sz(i)], out[sz(i)]) << target;
+      EXPECT_TRUE(out.guards_intact() && a.guards_intact()) << target;
+    }
+  });
+}
+
 // ---- LayerNorm -----------------------------------------------------------------------------------
 constexpr double kEps = 1e-5;
 

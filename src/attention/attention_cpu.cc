@@ -50,8 +50,9 @@
 //   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
-//   pass 1, per (b, h, query block), ordered as the forward: the forward gives out and lse;
-//     Dᵢ = dOᵢ·outᵢ. Kept: lse, D [B, Hq, M] (float32), nothing else.
+//   pass 1, per (b, h, query block), ordered as the forward: the forward gives out and lse (or,
+//     from attention_backward_saved, the out and lse a caller kept from its forward: read, not
+//     recomputed); Dᵢ = dOᵢ·outᵢ. Kept: lse, D [B, Hq, M] (float32), nothing else.
 //   pass 2, per unit (b, kv head), key-major: for each key block, for each of the unit's G query
 //     heads and its query blocks not wholly masked:
 //       S = scale·Q·Kᵀ + bias, P = exp(S − lse);  dP = dO·Vᵀ;  dV += Pᵀ·dO;  dS = P ⊙ (dP − D);
@@ -446,6 +447,11 @@ struct Scratch {
   }
 };
 
+// What a forward wrote, handed to the backward: out [B, M, Hq, D] and lse (float64 [B, Hq, M]).
+struct Saved {
+  View out, lse;
+};
+
 class Fused {
  public:
   Fused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
@@ -539,9 +545,11 @@ class Fused {
     }
   }
 
-  // Backward. dq, dk, dv optional (absent: not computed); parameter gradients g optional.
+  // Backward. dq, dk, dv optional (absent: not computed); parameter gradients g optional. With
+  // `saved` (the out and lse this object's forward wrote for the same arguments), pass 1 reads them
+  // instead of running the forward again: the same lse and D, bit for bit, when out is float32.
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
-                const EncodingGrads& g) const {
+                const EncodingGrads& g, const Saved* saved = nullptr) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D, G = d_.G;
     Bwd bw{dout, direct(dout), dq, dk, dv, {}, {}, 0};
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
@@ -558,7 +566,14 @@ class Fused {
       for (I task = 0; task < B * Hq * nqb; ++task) {
         I b, h, q0, nq;
         query_task(task, nqb, &b, &h, &q0, &nq);
-        forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
+        if (saved) {
+          attn_fast::load_rows(saved->out, D, b, q0, nq, h, w.o.data());
+          const View& ls = saved->lse;
+          const double* base = static_cast<const double*>(ls.data);
+          for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
+        } else {
+          forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
+        }
         const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -1273,14 +1288,22 @@ Status run_forward(const AttentionParams& p, const Dims& d, const View& q, const
 
 Status run_backward(const AttentionParams& p, const Dims& d, const View& q, const View& k,
                     const View& v, const EncodingTensors& t, const View& dout, const View& dq,
-                    const View& dk, const View& dv, const EncodingGrads& g) {
+                    const View& dk, const View& dv, const EncodingGrads& g, const Saved* saved = nullptr) {
   const BlasOneThread one;
   if (p.encoding == Encoding::kXL) return fused::xl_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   if (p.encoding == Encoding::kCope)
     return fused::cope_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   const Fused f(p, d, q, k, v, t, threads_for(d));
-  f.backward(dout, dq, dk, dv, g);
+  f.backward(dout, dq, dk, dv, g, saved);
   return Status::Ok();
+}
+
+// Whether out and lse have the shapes and dtypes a forward of these dims writes: float32 out
+// [B, M, Hq, D] (read as it was stored) and float64 lse [B, Hq, M].
+bool saved_fits(const Dims& d, const View& out, const View& lse) {
+  return out.present() && lse.present() && out.dtype == DType::kF32 && lse.dtype == DType::kF64 &&
+         out.shape_vec() == std::vector<I>{d.B, d.M, d.Hq, d.D} &&
+         lse.shape_vec() == std::vector<I>{d.B, d.Hq, d.M};
 }
 
 }  // namespace
@@ -1353,6 +1376,20 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
       !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g).ok())
     return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
+}
+
+Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                const EncodingTensors& t, const View& out, const View& lse,
+                                const View& dout, const View& dq, const View& dk, const View& dv,
+                                const EncodingGrads& g) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(attn::validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, &d));
+  if (d.B * d.Hq * d.M * d.N < kFusedMinPairs || !fast::fast_dtype(dout.dtype) ||
+      !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g).ok())
+    return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
+  if (!saved_fits(d, out, lse)) return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
+  const Saved saved{out, lse};
+  return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g, &saved);
 }
 
 }  // namespace posenc

@@ -10,6 +10,21 @@
 #include "attention/attention_check.h"
 #include "posenc/attention.h"
 
+namespace posenc {
+
+// For a caller that keeps what the forward wrote (the study's model): posenc::attention_backward,
+// given the out and lse that posenc::attention_forward wrote for the same p, q, k, v and t (out
+// float32 [B, M, Hq, D], lse float64 [B, Hq, M]; the caller vouches that they are that forward's).
+// Where the dispatcher runs the fused kernel of attention_cpu.cc, its pass 1 reads them instead of
+// running the forward again: the same gradients, bit for bit. Elsewhere (the reference, xl, cope), or
+// when out or lse do not have those shapes and dtypes, they are not read.
+Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                const EncodingTensors& t, const View& out, const View& lse,
+                                const View& dout, const View& dq, const View& dk, const View& dv,
+                                const EncodingGrads& g);
+
+}  // namespace posenc
+
 namespace posenc::fused {
 
 // Whether the fused kernels cover this encoding and q/k/v dtype.

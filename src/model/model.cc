@@ -9,7 +9,8 @@
 //     dW₂ += GELU(h)ᵀδ, db₂ += Σδ, dh = (δW₂ᵀ)⊙GELU'(h), dW₁ += LN₂ᵀdh, db₁ += Σdh,
 //     δ_mid = δ + LN₂'(dh·W₁ᵀ)
 //   x_mid = x_in + att·Wo + bo, att = attention(LN₁(x_in)·Wqkv + bqkv):
-//     dWo += attᵀδ_mid, dbo += Σδ_mid, datt = δ_mid·Woᵀ → attention_backward → dqkv,
+//     dWo += attᵀδ_mid, dbo += Σδ_mid, datt = δ_mid·Woᵀ → attention_backward → dqkv (given the
+//     forward's att and lse, kept per layer, so that the fused kernel need not recompute them),
 //     dWqkv += LN₁ᵀdqkv, dbqkv += Σdqkv, δ_in = δ_mid + LN₁'(dqkv·Wqkvᵀ)
 //   LN'(dy) = rstd·(dy⊙g − mean(dy⊙g) − x̂·mean(dy⊙g⊙x̂)), dg += Σ dy⊙x̂, db += Σ dy.
 //
@@ -29,6 +30,7 @@
 #include <string>
 
 #include "model/model_kernels.h"
+#include "attention/attention_fused.h"
 #include "model/shard_pool.h"
 #include "posenc/absolute.h"
 #include "posenc/attention.h"
@@ -71,11 +73,15 @@ template <> struct Ops<double> {
   static T gelu_grad1(T x) {                                                // Φ(x) + x·φ(x)
     return 0.5 * (1 + std::erf(x * M_SQRT1_2)) + x * (0.5 * M_2_SQRTPI * M_SQRT1_2) * std::exp(-0.5 * x * x);
   }
-  void gelu(const T* x, T* y, I n) const {
-    for (I i = 0; i < n; ++i) y[i] = gelu1(x[i]);
+  void gelu_with_grad(const T* x, T* y, T* dydx, I n) const {
+    for (I i = 0; i < n; ++i) {
+      const T xi = x[i];
+      y[i] = gelu1(xi);
+      dydx[i] = gelu_grad1(xi);
+    }
   }
-  void gelu_backward(const T* x, const T* dy, T* dx, I n) const {
-    for (I i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad1(x[i]);
+  void mul(const T* a, const T* b, T* y, I n) const {
+    for (I i = 0; i < n; ++i) y[i] = a[i] * b[i];
   }
   void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) const {
     for (I r = 0; r < R; ++r) {
@@ -156,8 +162,8 @@ template <> struct Ops<double> {
 template <> struct Ops<float> {
   using T = float;
   model_fast::Kernels k = model_fast::kernels();
-  void gelu(const T* x, T* y, I n) const { k.gelu(x, y, n); }
-  void gelu_backward(const T* x, const T* dy, T* dx, I n) const { k.gelu_backward(x, dy, dx, n); }
+  void gelu_with_grad(const T* x, T* y, T* dydx, I n) const { k.gelu_with_grad(x, y, dydx, n); }
+  void mul(const T* a, const T* b, T* y, I n) const { k.mul(a, b, y, n); }
   void layer_norm(const T* x, const T* g, const T* b, I R, I C, T* y, T* mean, T* rstd) const {
     k.layer_norm(x, g, b, R, C, kLnEps, y, mean, rstd);
   }
@@ -545,6 +551,12 @@ struct ModelPass {
     return v;
   }
 
+  // The attention's lse of sequences [b0, b0 + Bs) of a layer, [Bs, H, L]: written by the forward,
+  // read back by the backward (attention_backward_saved), which then skips recomputing the forward.
+  View lse_view(typename Model<T>::LayerActs& A, I b0, I Bs) const {
+    return View::contiguous(A.lse.data() + b0 * H * L, DType::kF64, {Bs, H, L});
+  }
+
   EncodingTensors enc_tensors(I l) const {
     EncodingTensors t;
     const Slots::Layer& P = s.layers[ix(l)];
@@ -639,12 +651,13 @@ struct ModelPass {
       linear(a, w + P.wqkv, w + P.bqkv, R, C, 3 * C, qkv);
       POSENC_RETURN_IF_ERROR(attention_forward(ap, qkv_view(qkv, Bs, 0), qkv_view(qkv, Bs, 1),
                                                qkv_view(qkv, Bs, 2), enc_tensors(l),
-                                               View::contiguous(att, kDType<T>, {Bs, L, H, D})));
+                                               View::contiguous(att, kDType<T>, {Bs, L, H, D}),
+                                               lse_view(A, b0, Bs)));
       ops.add_bias_rows(x_in, w + P.bo, R, C, x_mid);  // x_mid = x_in + bo + att·Wo
       gemm(false, false, R, C, C, T(1), att, C, w + P.wo, C, T(1), x_mid, C);
       ops.layer_norm(x_mid, w + P.ln2_g, w + P.ln2_b, R, C, mm, at(A.mean2, 1), at(A.rstd2, 1));
       linear(mm, w + P.w1, w + P.b1, R, C, F, h);
-      ops.gelu(h, gel, R * F);
+      ops.gelu_with_grad(h, gel, h, R * F);  // h becomes GELU'(h), all the backward needs of it
       ops.add_bias_rows(x_mid, w + P.b2, R, C, x_out);  // x_out = x_mid + b2 + GELU(h)·W2
       gemm(false, false, R, C, F, T(1), gel, F, w + P.w2, C, T(1), x_out, C);
     }
@@ -677,16 +690,17 @@ struct ModelPass {
       const Slots::Layer& P = s.layers[ix(l)];
       typename Model<T>::LayerActs& A = m.acts_[ix(l)];
       T* qkv = at(A.qkv, 3 * C);
-      // MLP: dx is the gradient of x_out; dh holds dGELU, then dh
+      // MLP: dx is the gradient of x_out; dh holds dGELU, then dh = dGELU⊙GELU'(h) (A.h holds GELU'(h))
       linear_backward(ops, at(A.gel, F), w + P.w2, dx, R, F, C, g + P.w2, g + P.b2, dh);
-      ops.gelu_backward(at(A.h, F), dh, dh, R * F);
+      ops.mul(dh, at(A.h, F), dh, R * F);
       linear_backward(ops, at(A.m, C), w + P.w1, dh, R, C, F, g + P.w1, g + P.b1, dy);
       ops.layer_norm_backward(at(A.x_mid, C), w + P.ln2_g, at(A.mean2, 1), at(A.rstd2, 1), dy, R, C, dx,
                               g + P.ln2_g, g + P.ln2_b);
       // attention: dx is now the gradient of x_mid
       linear_backward(ops, at(A.att, C), w + P.wo, dx, R, C, C, g + P.wo, g + P.bo, datt);
-      POSENC_RETURN_IF_ERROR(attention_backward(
+      POSENC_RETURN_IF_ERROR(attention_backward_saved(
           ap, qkv_view(qkv, Bs, 0), qkv_view(qkv, Bs, 1), qkv_view(qkv, Bs, 2), enc_tensors(l),
+          View::contiguous(at(A.att, C), kDType<T>, {Bs, L, H, D}), lse_view(A, b0, Bs),
           View::contiguous(datt, kDType<T>, {Bs, L, H, D}), qkv_view(dqkv, Bs, 0), qkv_view(dqkv, Bs, 1),
           qkv_view(dqkv, Bs, 2), enc_grads(l, g)));
       linear_backward(ops, at(A.a, C), w + P.wqkv, dqkv, R, C, 3 * C, g + P.wqkv, g + P.bqkv, dy);
@@ -728,6 +742,7 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
     for (std::vector<T>* v : {&A.x_in, &A.a, &A.att, &A.x_mid, &A.m}) v->resize(ix(BL * C));
     for (std::vector<T>* v : {&A.mean1, &A.rstd1, &A.mean2, &A.rstd2}) v->resize(ix(BL));
     A.qkv.resize(ix(BL * 3 * C));
+    A.lse.resize(ix(BL * c_.n_heads));
     A.h.resize(ix(BL * F));
     A.gel.resize(ix(BL * F));
   }

@@ -145,6 +145,38 @@ void GeluBackward(const float* HWY_RESTRICT x, const float* dy, float* dx, I n) 
   }
 }
 
+// y = GELU(x) and dydx = GELU'(x) in one pass: the parts they share (the exponential, z) formed once;
+// the same bits as Gelu and GeluBackward with dy = 1 (the same expressions on the same parts).
+void GeluWithGrad(const float* x, float* y, float* dydx, I n) {
+  const hn::ScalableTag<float> d;
+  const I N = static_cast<I>(hn::Lanes(d));
+  I i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(d, x + i);
+    hn::StoreU(GeluVec(d, v), d, y + i);
+    hn::StoreU(GeluGradVec(d, v), d, dydx + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    HWY_ALIGN float gbuf[HWY_MAX_BYTES / sizeof(float)];
+    std::memcpy(buf, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
+    const auto v = hn::Load(d, buf);
+    hn::Store(GeluGradVec(d, v), d, gbuf);
+    hn::Store(GeluVec(d, v), d, buf);
+    std::memcpy(y + i, buf, static_cast<std::size_t>(n - i) * sizeof(float));
+    std::memcpy(dydx + i, gbuf, static_cast<std::size_t>(n - i) * sizeof(float));
+  }
+}
+
+// y = a·b elementwise (y may be a or b).
+void MulTo(const float* a, const float* b, float* y, I n) {
+  const hn::ScalableTag<float> d;
+  const I N = static_cast<I>(hn::Lanes(d));
+  I i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+  for (; i < n; ++i) y[i] = a[i] * b[i];
+}
+
 // ---- LayerNorm -------------------------------------------------------------------------------------
 void LayerNorm(const float* HWY_RESTRICT x, const float* HWY_RESTRICT g, const float* HWY_RESTRICT b,
                I R, I C, double eps, float* HWY_RESTRICT y, float* HWY_RESTRICT mean,
@@ -427,9 +459,9 @@ void AdamWRun(float* HWY_RESTRICT w, const float* HWY_RESTRICT g, float* HWY_RES
 }
 
 model_fast::Kernels GetKernels() {
-  return model_fast::Kernels{&Gelu,       &GeluBackward, &LayerNorm, &LayerNormBackward, &SoftmaxXent,
-                             &XentBackward, &AddBiasRows, &SumRows,  &Embed,             &EmbedBackward,
-                             &AddTo,      &SumSquares,   &AdamWRun};
+  return model_fast::Kernels{&Gelu,        &GeluBackward, &GeluWithGrad, &MulTo,         &LayerNorm,
+                             &LayerNormBackward, &SoftmaxXent, &XentBackward, &AddBiasRows, &SumRows,
+                             &Embed,       &EmbedBackward, &AddTo,        &SumSquares,    &AdamWRun};
 }
 
 }  // namespace HWY_NAMESPACE

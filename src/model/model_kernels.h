@@ -43,6 +43,11 @@ struct Kernels {
   void (*gelu)(const float* x, float* y, I n);
   // dx = dy·GELU'(x) for n elements (dx may be dy).
   void (*gelu_backward)(const float* x, const float* dy, float* dx, I n);
+  // y = GELU(x) and dydx = GELU'(x) in one pass (dydx may be x; y may not): the bits of gelu and of
+  // gelu_backward with dy = 1, so that mul(dy, dydx) later is gelu_backward's dx exactly.
+  void (*gelu_with_grad)(const float* x, float* y, float* dydx, I n);
+  // y = a·b for n elements (y may be a or b).
+  void (*mul)(const float* a, const float* b, float* y, I n);
   // LayerNorm of each row: μ, σ² over the row (float sums), rstd = 1/√(σ² + eps) (in double, then
   // rounded), y = (x − μ)·rstd·g + b; mean, rstd: [R].
   void (*layer_norm)(const float* x, const float* g, const float* b, I R, I C, double eps, float* y,
