@@ -8,9 +8,9 @@
 //   kTN: a = Aᵀ (sai = 1, sak = lda: the R rows of a block are adjacent floats of A's row k), b = B;
 //   kNT: a = A, b = Bᵀ packed per chunk of ≤ kNc columns into an aligned stack buffer (zero-padded
 //        to whole vectors; 4 × 4 blocks transposed in 128-bit vectors).
-// A block is R = 4 rows × W vectors of accumulators (R·W independent multiply-add chains over k):
-// W = 2 across N, then W = 1 when one vector or less is left (N = D = 16 on AVX-512); the last
-// rows run blocks of 2 and 1. A column tail shorter than a vector is loaded through a zeroed buffer
+// A block is R rows × W vectors of accumulators (R·W independent multiply-add chains over k):
+// R = 4 with AVX-512, 6 on the 16-register targets (kR); W = 2 across N, then W = 1 when one vector
+// or less is left (N = D = 16 on AVX-512); the last rows run blocks of 4, 2 and 1. A column tail shorter than a vector is loaded through a zeroed buffer
 // and stored through one (no masked loads or stores: several targets emulate those by reading or
 // writing whole vectors, which could race with a neighbouring thread's rows). Every element's sum
 // is the same chain whatever R, W or tail: the result of a row does not depend on where it lies.
@@ -36,10 +36,11 @@ using I = std::int64_t;
 constexpr I kNc = 64;      // NT: Bᵀ columns packed at a time (a multiple of 2 vectors on every target)
 constexpr I kMaxKc = 128;  // NT: K up to this packs into the stack buffer (the tiles' largest), else heap
 static_assert(attn_fast::kTileGemmMaxD <= kMaxKc, "the attention's NT products pack on the stack");
-// Rows of a block. Measured (one thread, AVX-512 and the attention's tiles): more rows, 6 or 8 with
-// AVX-512's 32 registers, were slower — the rows of a score tile are 512 bytes apart, so 8 of them
-// share the L1 sets of one another's lines.
-constexpr int kR = 4;
+// Rows of a block. Measured (one thread, Zen 4, the attention's tile shapes, against OpenBLAS): with
+// AVX-512, 4 (6 or 8 were slower: the rows of a score tile are 512 bytes apart, and 8 of them share
+// the L1 sets of one another's lines); with 16-register targets (AVX2), 6 (12 accumulators; 4 left
+// NN and TN up to ~30% behind OpenBLAS at D ≥ 64).
+constexpr int kR = HWY_MAX_BYTES >= 64 ? 4 : 6;
 
 // Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.
 // kTailB: the last vector of B's rows has only `tail` valid floats (read through a buffer);
@@ -101,7 +102,7 @@ HWY_INLINE void Block(const float* HWY_RESTRICT A, I sai, I sak, const float* HW
   }
 }
 
-// Every row of one column block: blocks of kR = 4 rows, then 2, 1.
+// Every row of one column block: blocks of kR rows, then 4 (when kR = 6), 2, 1.
 template <int W, bool kTailB, bool kTailC>
 HWY_INLINE void Rows(I M, const float* A, I sai, I sak, const float* B, I ldb, I K, float alpha,
                      bool accumulate, float* C, I ldc, std::size_t tail) {
@@ -109,6 +110,11 @@ HWY_INLINE void Rows(I M, const float* A, I sai, I sak, const float* B, I ldb, I
   for (; i + kR <= M; i += kR)
     Block<kR, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
                                  tail);
+  if (kR > 4 && i + 4 <= M) {
+    Block<4, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
+                                tail);
+    i += 4;
+  }
   if (i + 2 <= M) {
     Block<2, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
                                 tail);

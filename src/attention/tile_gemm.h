@@ -35,10 +35,12 @@ TileGemmFn tile_gemm_fn();
 
 // The largest head dim for which the fused kernels use tile_gemm_fn() instead of OpenBLAS (and the
 // largest K that NT packs on the stack, so the attention never allocates here). Measured at one
-// thread on an AVX-512 machine (Zen 4, OpenBLAS 0.3 with its small-matrix kernels), tiles of
-// 64 × 64 and 128 × 128: as fast as OpenBLAS or faster for every form at D = 16 … 256 (NT 1.1–1.4×,
-// NN and TN 0.95–1.2×, the larger D the more), `posenc bench` attention at d = 64 ~10% faster
-// forward and backward. Beyond 128 OpenBLAS stays: untested ground, and NT would allocate.
+// thread on one machine (Zen 4, OpenBLAS 0.3 with its AVX-512 small-matrix kernels), tiles of
+// 64 × 64 and 128 × 128: the AVX-512 target as fast as OpenBLAS or faster for every form at
+// D = 16 … 256 (NT 1.1–1.4×, NN and TN 0.95–1.2×), `posenc bench` attention at d = 64 ~10% faster
+// forward and backward; the AVX2 target (forced there) about level up to D = 128 (NT faster, TN
+// down to 0.94×) and behind beyond. Beyond 128 OpenBLAS stays: NT would allocate. Not measured on
+// an AVX2-only CPU, where OpenBLAS's own kernels differ.
 constexpr std::int64_t kTileGemmMaxD = 128;
 
 // The GEMM a fused kernel uses for head dim D: tile_gemm_fn() up to kTileGemmMaxD, else none (null:
