@@ -6,7 +6,8 @@
 // query head under grouped heads), mrope chunked and interleaved with 2D/3D positions shared or per
 // batch row, xpos) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
 // global offsets × float32 and bfloat16 × sizes off the tile (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64,
-// 130}) × 1 and 2 threads; every SIMD target on one case per encoding; backward units split over key
+// 130}) × 1 and 2 threads; every SIMD target on one case per encoding, and at the study model's
+// head dim (D = 16, 20); backward units split over key
 // blocks (B·Hkv not a multiple of the threads: one head, MQA, three units) against one thread and the
 // reference; a large case (L = 989); a long one (L = 16384) whose peak memory shows no L×L buffer; the
 // dispatcher's choice; attention_backward_saved (given the forward's out and lse) against
@@ -521,6 +522,31 @@ TEST(FastAttentionTargets, EveryTargetMatchesReference) {
       Problem pr(var, {1, 140, 140, 2, 1, 66}, causal, 1200 + ix(n));
       check_forward(pr, DType::kF32, 1300);
       check_backward(pr, DType::kF32, 1400);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  set_num_threads(0);
+}
+
+// The study model's shape (L = 64, D = 16: the tile GEMM's one-vector rows on AVX-512, two on AVX2)
+// and D = 20 (a tail after whole vectors on every width) on every SIMD target, forward and backward,
+// with the encodings the model trains.
+TEST(FastAttentionTargets, EveryTargetMatchesReferenceAtSmallHeadDims) {
+  set_num_threads(1);
+  int n = 0;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const Variant& var : variants()) {
+      if (var.name != "nope" && var.name != "rope_interleaved" && var.name != "alibi_learned" &&
+          var.name != "t5_bidirectional")
+        continue;
+      for (I D : {16, 20}) {
+        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + var.name + " D " + std::to_string(D));
+        ++n;
+        Problem pr(var, {2, 64, 64, 4, 2, D}, true, 1700 + ix(n));
+        check_forward(pr, DType::kF32, 1800);
+        check_backward(pr, DType::kF32, 1900);
+      }
     }
   }
   hwy::SetSupportedTargetsForTest(0);

@@ -16,8 +16,13 @@
 // dim; Bq × Bk the tile (attention_tiles.h). Query i sits at qp = q_off + i, key j at
 // kp = k_off + j. T: the call's thread count (one below 2^15 pairs).
 //
+// Tile products. Each is one call of tile_gemm() (tile_gemm.h): for head dims D ≤ kTileGemmMaxD
+// (128) the Highway small GEMM of tile_gemm.cc (no packing but a transpose of the NT form's Bᵀ;
+// deterministic, the same sum for an element wherever it lies), else cblas_sgemm; a single query row
+// (a decode step) calls cblas_sgemv whatever D.
+//
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
-// place: sgemm gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
+// place: the GEMM gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
 // encoding, rows are converted into per-thread scratch and rotated there by a·ρ·R(φ) (SIMD), from
 // per-token tables built once per call for the queries and for the keys (RotTab: a·ρ·cos φ,
 // a·ρ·sin φ of every token and pair, from the call's rotary::Plan — RoPE's frequencies in either
@@ -31,7 +36,7 @@
 //   the blocks with the most keys go first (the last ones when causal), so that the cheap ones
 //   even out the threads' ends.
 //   Q [Bq, D]; for each key block not wholly masked (causal / nonsymmetric ALiBi give the range):
-//     S [Bq, Bk] = scale·Q·Kᵀ (cblas_sgemm; cblas_sgemv for a single query row: a decode step);
+//     S [Bq, Bk] = scale·Q·Kᵀ (tile_gemm; cblas_sgemv for a single query row: a decode step);
 //     + bias: it depends on kp − qp only, so the tile's Bq + Bk − 1 distinct values are computed
 //       once (ALiBi −m·|Δ|, learned −σ(w)·|Δ| per side, T5 W[bucket(Δ), h] with the bucket of
 //       every Δ the call meets tabulated up front) and row i adds a slice of that diagonal array;
@@ -80,8 +85,8 @@
 //     ran what; dK and dV do not depend on T at all.
 //   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread, the dQ buffers above.
 //
-// OpenBLAS is called from inside the OpenMP threads with its own threading set to 1 for the call
-// (restored after). SIMD row helpers (max, exp, scale, add, the rotation, diagonal adds and sums)
+// OpenBLAS (D > kTileGemmMaxD, sgemv) is called from inside the OpenMP threads with its own
+// threading set to 1 for the call (restored after). SIMD row helpers (max, exp, scale, add, the rotation, diagonal adds and sums)
 // are Highway, every target compiled, the best chosen at run time (per call: tests switch).
 #include <algorithm>
 #include <cstdint>
@@ -89,6 +94,7 @@
 #include <vector>
 
 #include "attention/attention_tiles.h"
+#include "attention/tile_gemm.h"
 
 #ifndef POSENC_ATTENTION_EXTRA_DEFINED
 #define POSENC_ATTENTION_EXTRA_DEFINED
@@ -456,7 +462,7 @@ class Fused {
  public:
   Fused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
         const EncodingTensors& t, int threads)
-      : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()), xs_(extra()) {
+      : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()), xs_(extra()), gemm_(tile_gemm_for(d.D)) {
     const I Hq = d.Hq;
     dir_q_ = direct(q);
     dir_k_ = direct(k);
@@ -802,8 +808,8 @@ class Fused {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(nk), int(d_.D), static_cast<float>(d_.scale),
                   K.p, int(K.ld), Q.p, 1, 0.f, S, 1);
     else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(d_.D),
-                  static_cast<float>(d_.scale), Q.p, int(Q.ld), K.p, int(K.ld), 0.f, S, int(kBk));
+      tile_gemm(gemm_, GemmForm::kNT, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, K.p,
+                K.ld, S, kBk);
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     if (bias_ == Bias::kLut) {  // the table's slice for this tile, read in place
       xs_.add_diag(S, nq, nk, kBk, &lut_[ix(h * lut_w_ + base - (nq - 1) - rel_lo_)]);
@@ -853,8 +859,7 @@ class Fused {
         cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, V.p, int(V.ld), S, 1, 1.f,
                     o, 1);
       else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f, S,
-                    int(kBk), V.p, int(V.ld), 1.f, o, int(D));
+        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V.p, V.ld, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
   }
@@ -895,22 +900,18 @@ class Fused {
           logits(h, i0, nq, j0, nk, Q, K, w);
           xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)]);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(D), 1.f, dO.p,
-                      int(dO.ld), V.p, int(V.ld), 0.f, dP, int(kBk));
+          tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk);
           if (bw.dv.present())
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f, S,
-                        int(kBk), dO.p, int(dO.ld), 1.f, w->dv.data(), int(D));
+            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO.p, dO.ld, w->dv.data(), D);
           for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
           if (gwh && bias_ == Bias::kFire)
             fire_tile(h, i0, kp0 - (d_.q_off + i0), nq, nk, nullptr, S, gwh);
           else if (gwh && bias_ != Bias::kNone)
             param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
           if (want_dk)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), sc, S,
-                        int(kBk), Q.p, int(Q.ld), 1.f, dKt, int(D));
+            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, Q.p, Q.ld, dKt, D);
           if (acc.p)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), sc, S,
-                        int(kBk), K.p, int(K.ld), 1.f, acc.row(g, i0), int(acc.ld));
+            tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K.p, K.ld, acc.row(g, i0), acc.ld);
         }
         if (per_head_) {  // this head's dK̃ of the block is complete
           if (bw.freq && gwh) freq_grad_rows(false, b, h, j0, nk, K.p, K.ld, dKt, D, nullptr, gwh);
@@ -1220,6 +1221,7 @@ class Fused {
   int threads_ = 1;
   Simd simd_;
   Extra xs_;
+  TileGemmFn gemm_;  // the tiles' small GEMM (D ≤ kTileGemmMaxD), else null: OpenBLAS
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
   bool interleaved_ = true, nonsym_ = false;
   RotTab tab_q_, tab_k_;

@@ -1,0 +1,222 @@
+// The attention tiles' small float32 GEMM (tile_gemm.h): Highway, compiled for every target by
+// foreach_target.h, the best chosen at run time.
+//
+// All three forms run one register-blocked kernel, C[i, j] (+)= alpha·Σ_k a(i, k)·b(k, j) with
+// a(i, k) = A[i·sai + k·sak] broadcast and b(k, ·) a row of a row-major [K, N] matrix loaded as
+// vectors:
+//   kNN: a = A (sai = lda, sak = 1), b = B;
+//   kTN: a = Aᵀ (sai = 1, sak = lda: the R rows of a block are adjacent floats of A's row k), b = B;
+//   kNT: a = A, b = Bᵀ packed per chunk of ≤ kNc columns into an aligned stack buffer (zero-padded
+//        to whole vectors; 4 × 4 blocks transposed in 128-bit vectors).
+// A block is R rows × W vectors of accumulators (R·W independent multiply-add chains over k):
+// R = 4 with AVX-512, 6 on the 16-register targets (kR); W = 2 across N, then W = 1 when one vector
+// or less is left (N = D = 16 on AVX-512); the last rows run blocks of 4, 2 and 1. A column tail shorter than a vector is loaded through a zeroed buffer
+// and stored through one (no masked loads or stores: several targets emulate those by reading or
+// writing whole vectors, which could race with a neighbouring thread's rows). Every element's sum
+// is the same chain whatever R, W or tail: the result of a row does not depend on where it lies.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attention/tile_gemm.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/tile_gemm.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace posenc {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using attn_fast::GemmForm;
+using I = std::int64_t;
+
+constexpr I kNc = 64;      // NT: Bᵀ columns packed at a time (a multiple of 2 vectors on every target)
+constexpr I kMaxKc = 128;  // NT: K up to this packs into the stack buffer (the tiles' largest), else heap
+static_assert(attn_fast::kTileGemmMaxD <= kMaxKc, "the attention's NT products pack on the stack");
+// Rows of a block. Measured (one thread, Zen 4, the attention's tile shapes, against OpenBLAS): with
+// AVX-512, 4 (6 or 8 were slower: the rows of a score tile are 512 bytes apart, and 8 of them share
+// the L1 sets of one another's lines); with 16-register targets (AVX2), 6 (12 accumulators; 4 left
+// NN and TN up to ~30% behind OpenBLAS at D ≥ 64).
+constexpr int kR = HWY_MAX_BYTES >= 64 ? 4 : 6;
+
+// Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.
+// kTailB: the last vector of B's rows has only `tail` valid floats (read through a buffer);
+// kTailC: the last vector of C's rows has only `tail` valid floats (stored through a buffer).
+template <int R, int W, bool kTailB, bool kTailC>
+HWY_INLINE void Block(const float* HWY_RESTRICT A, I sai, I sak, const float* HWY_RESTRICT B, I ldb,
+                      I K, float alpha, bool accumulate, float* HWY_RESTRICT C, I ldc, std::size_t tail) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::size_t L = hn::Lanes(d);
+  V acc[R][W];
+  HWY_UNROLL(8)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(2)
+    for (int w = 0; w < W; ++w) acc[r][w] = hn::Zero(d);
+  }
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+  if (kTailB) std::memset(buf, 0, sizeof(buf));
+  for (I k = 0; k < K; ++k) {
+    const float* HWY_RESTRICT b = B + k * ldb;
+    V bv[W];
+    HWY_UNROLL(2)
+    for (int w = 0; w < W; ++w) {
+      if (kTailB && w == W - 1) {
+        std::memcpy(buf, b + static_cast<std::size_t>(w) * L, tail * sizeof(float));
+        bv[w] = hn::Load(d, buf);
+      } else {
+        bv[w] = hn::LoadU(d, b + static_cast<std::size_t>(w) * L);
+      }
+    }
+    const float* HWY_RESTRICT a = A + k * sak;
+    HWY_UNROLL(8)
+    for (int r = 0; r < R; ++r) {
+      const V av = hn::Set(d, a[r * sai]);
+      HWY_UNROLL(2)
+      for (int w = 0; w < W; ++w) acc[r][w] = hn::MulAdd(av, bv[w], acc[r][w]);
+    }
+  }
+  const V va = hn::Set(d, alpha);
+  HWY_UNROLL(8)
+  for (int r = 0; r < R; ++r) {
+    float* HWY_RESTRICT c = C + r * ldc;
+    HWY_UNROLL(2)
+    for (int w = 0; w < W; ++w) {
+      float* cw = c + static_cast<std::size_t>(w) * L;
+      if (kTailC && w == W - 1) {
+        if (accumulate) {
+          std::memcpy(buf, cw, tail * sizeof(float));
+          hn::Store(hn::MulAdd(va, acc[r][w], hn::Load(d, buf)), d, buf);
+        } else {
+          hn::Store(hn::Mul(va, acc[r][w]), d, buf);
+        }
+        std::memcpy(cw, buf, tail * sizeof(float));
+      } else {
+        hn::StoreU(accumulate ? hn::MulAdd(va, acc[r][w], hn::LoadU(d, cw)) : hn::Mul(va, acc[r][w]), d,
+                   cw);
+      }
+    }
+  }
+}
+
+// Every row of one column block: blocks of kR rows, then 4 (when kR = 6), 2, 1.
+template <int W, bool kTailB, bool kTailC>
+HWY_INLINE void Rows(I M, const float* A, I sai, I sak, const float* B, I ldb, I K, float alpha,
+                     bool accumulate, float* C, I ldc, std::size_t tail) {
+  I i = 0;
+  for (; i + kR <= M; i += kR)
+    Block<kR, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
+                                 tail);
+  if (kR > 4 && i + 4 <= M) {
+    Block<4, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
+                                tail);
+    i += 4;
+  }
+  if (i + 2 <= M) {
+    Block<2, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
+                                tail);
+    i += 2;
+  }
+  if (i < M)
+    Block<1, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
+                                tail);
+}
+
+// C [M, N] (+)= alpha·a·B over every column: two-vector blocks, then what is left (one vector, a
+// vector and a tail, or a tail). padded: B's rows hold whole vectors (zeros past N), so its tail is
+// loaded directly.
+HWY_INLINE void Panel(I M, I N, const float* A, I sai, I sak, const float* B, I ldb, bool padded, I K,
+                      float alpha, bool accumulate, float* C, I ldc) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  I j = 0;
+  for (; j + 2 * L <= N; j += 2 * L)
+    Rows<2, false, false>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, 0);
+  const I left = N - j;
+  if (left == 0) return;
+  const std::size_t tail = static_cast<std::size_t>(left % L);
+  if (left == L)
+    Rows<1, false, false>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, 0);
+  else if (left > L && padded)
+    Rows<2, false, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+  else if (left > L)
+    Rows<2, true, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+  else if (padded)
+    Rows<1, false, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+  else
+    Rows<1, true, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+}
+
+// bt [K, ncp] = Bᵀ of B [nc, K] (row stride ldb), columns nc..ncp zero: 4 × 4 blocks transposed in
+// 128-bit vectors where the target has them, the edges one float at a time.
+HWY_INLINE void PackT(const float* HWY_RESTRICT B, I ldb, I nc, I K, float* HWY_RESTRICT bt, I ncp) {
+  I j = 0, k = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Full128<float> d4;
+  for (; j + 4 <= nc; j += 4) {
+    const float* b = B + j * ldb;
+    for (k = 0; k + 4 <= K; k += 4) {
+      const auto r0 = hn::LoadU(d4, b + k), r1 = hn::LoadU(d4, b + ldb + k),
+                 r2 = hn::LoadU(d4, b + 2 * ldb + k), r3 = hn::LoadU(d4, b + 3 * ldb + k);
+      const auto t0 = hn::InterleaveLower(d4, r0, r1), t1 = hn::InterleaveLower(d4, r2, r3);  // k, k+1
+      const auto t2 = hn::InterleaveUpper(d4, r0, r1), t3 = hn::InterleaveUpper(d4, r2, r3);  // k+2, k+3
+      hn::StoreU(hn::ConcatLowerLower(d4, t1, t0), d4, bt + k * ncp + j);
+      hn::StoreU(hn::ConcatUpperUpper(d4, t1, t0), d4, bt + (k + 1) * ncp + j);
+      hn::StoreU(hn::ConcatLowerLower(d4, t3, t2), d4, bt + (k + 2) * ncp + j);
+      hn::StoreU(hn::ConcatUpperUpper(d4, t3, t2), d4, bt + (k + 3) * ncp + j);
+    }
+    for (; k < K; ++k)
+      for (I jj = j; jj < j + 4; ++jj) bt[k * ncp + jj] = B[jj * ldb + k];
+  }
+#endif
+  for (k = 0; k < K; ++k) {
+    float* row = bt + k * ncp;
+    for (I jj = j; jj < nc; ++jj) row[jj] = B[jj * ldb + k];
+    for (I jj = nc; jj < ncp; ++jj) row[jj] = 0.f;
+  }
+}
+
+void TileGemm(GemmForm form, I M, I N, I K, float alpha, const float* A, I lda, const float* B, I ldb,
+              float* C, I ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (form == GemmForm::kNN) {
+    Panel(M, N, A, lda, 1, B, ldb, false, K, alpha, true, C, ldc);
+    return;
+  }
+  if (form == GemmForm::kTN) {
+    Panel(M, N, A, 1, lda, B, ldb, false, K, alpha, true, C, ldc);
+    return;
+  }
+  // kNT: Bᵀ of each chunk of columns packed [K, ncp], ncp = nc rounded up to whole vectors.
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  HWY_ALIGN float stack[kMaxKc * kNc];
+  std::vector<float> heap;
+  float* bt = stack;
+  if (K > kMaxKc) {
+    heap.resize(static_cast<std::size_t>(K * kNc));
+    bt = heap.data();
+  }
+  for (I j0 = 0; j0 < N; j0 += kNc) {
+    const I nc = std::min(kNc, N - j0), ncp = (nc + L - 1) / L * L;
+    PackT(B + j0 * ldb, ldb, nc, K, bt, ncp);
+    Panel(M, nc, A, lda, 1, bt, ncp, true, K, alpha, false, C + j0, ldc);
+  }
+}
+
+attn_fast::TileGemmFn GetTileGemm() { return &TileGemm; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace posenc
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace posenc {
+HWY_EXPORT(GetTileGemm);
+
+attn_fast::TileGemmFn attn_fast::tile_gemm_fn() { return HWY_DYNAMIC_DISPATCH(GetTileGemm)(); }
+}  // namespace posenc
+#endif

@@ -1,0 +1,65 @@
+// Private: a small float32 GEMM for the attention tiles (tile_gemm.cc, Highway, every target
+// compiled, the best chosen at run time), and tile_gemm(), which the fused kernels call for each of
+// their tile products: this GEMM when it is given (head dim D ≤ kTileGemmMaxD), else cblas_sgemm.
+//
+// Why: at the tiles' sizes (M, N ≤ 128, K or N = D) OpenBLAS packs both operands of the TN form
+// and, for NT, reads Bᵀ across rows; this GEMM packs nothing but the NT form's Bᵀ (4 × 4 SIMD
+// transposes) and runs near the machine's peak in every form (see kTileGemmMaxD).
+//
+// The three forms, row-major, leading dimensions (row strides) lda, ldb, ldc ≥ the row lengths:
+//   kNT: C [M, N]  = alpha·A·Bᵀ   A [M, K], B [N, K]; C is written, never read (BLAS's beta = 0)
+//   kNN: C [M, N] += alpha·A·B    A [M, K], B [K, N]                           (beta = 1)
+//   kTN: C [M, N] += alpha·Aᵀ·B   A [K, M], B [K, N]                           (beta = 1)
+// Any M, N, K ≥ 0. Each C element is Σ_k a·b summed in the order k = 0, 1, … (multiply-adds, fused
+// where the target has FMA), then multiplied by alpha (and added to C): the same operations whatever
+// the element's place in the matrix, so a row's result does not depend on M, N, the block the row
+// falls in, or the thread that computes it (deterministic; the models' bit-reproducibility rests on
+// it). Nothing outside the M × N elements of C is read or written.
+#pragma once
+
+#include <cblas.h>
+
+#include <cstdint>
+
+namespace posenc::attn_fast {
+
+enum class GemmForm { kNT, kNN, kTN };
+
+using TileGemmFn = void (*)(GemmForm form, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float* C,
+                            std::int64_t ldc);
+
+// The best target's GEMM on this CPU. Not cached: the tests switch targets
+// (hwy::SetSupportedTargetsForTest) between calls.
+TileGemmFn tile_gemm_fn();
+
+// The largest head dim for which the fused kernels use tile_gemm_fn() instead of OpenBLAS (and the
+// largest K that NT packs on the stack, so the attention never allocates here). Measured at one
+// thread on one machine (Zen 4, OpenBLAS 0.3 with its AVX-512 small-matrix kernels), tiles of
+// 64 × 64 and 128 × 128: the AVX-512 target as fast as OpenBLAS or faster for every form at
+// D = 16 … 256 (NT 1.1–1.4×, NN and TN 0.95–1.2×), `posenc bench` attention at d = 64 ~10% faster
+// forward and backward; the AVX2 target (forced there) about level up to D = 128 (NT faster, TN
+// down to 0.94×) and behind beyond. Beyond 128 OpenBLAS stays: NT would allocate. Not measured on
+// an AVX2-only CPU, where OpenBLAS's own kernels differ.
+constexpr std::int64_t kTileGemmMaxD = 128;
+
+// The GEMM a fused kernel uses for head dim D: tile_gemm_fn() up to kTileGemmMaxD, else none (null:
+// tile_gemm() calls OpenBLAS).
+inline TileGemmFn tile_gemm_for(std::int64_t D) { return D <= kTileGemmMaxD ? tile_gemm_fn() : nullptr; }
+
+// One tile product: small(form, …) when small is given, else cblas_sgemm with the same meaning.
+inline void tile_gemm(TileGemmFn small, GemmForm form, std::int64_t M, std::int64_t N, std::int64_t K,
+                      float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                      float* C, std::int64_t ldc) {
+  if (small) {
+    small(form, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+    return;
+  }
+  const CBLAS_TRANSPOSE ta = form == GemmForm::kTN ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = form == GemmForm::kNT ? CblasTrans : CblasNoTrans;
+  const float beta = form == GemmForm::kNT ? 0.f : 1.f;
+  cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
+              int(ldc));
+}
+
+}  // namespace posenc::attn_fast

@@ -1,0 +1,201 @@
+// The attention tiles' small GEMM (src/attention/tile_gemm.cc) against a plain triple loop in double,
+// on every SIMD target compiled and supported here: the three forms (NT overwriting C, NN and TN
+// adding to it), M, N, K ∈ {1, 3, 16, 17, 33, 64} (tails shorter than a vector, one and two vectors
+// and more on every width), leading dimensions equal to and larger than the rows, alpha ≠ 1, the
+// tiles' largest sizes (128) and a K past the NT stack buffer, empty products. Bounds: each element
+// within (2K + 3)·2⁻²⁴·(|alpha|·Σ_k |a·b| + |C₀|) of the exact value (K multiply-adds, each at most
+// two roundings where the target has no FMA, then alpha and the add). Elements of C outside M × N
+// (the ld gaps and past the end) keep their guard values. A row computed alone equals the same row
+// computed inside a larger product, bit for bit (the models' bit-reproducibility rests on it).
+// Never times anything.
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention/tile_gemm.h"
+#include "testing.h"
+
+namespace posenc {
+namespace {
+
+using attn_fast::GemmForm;
+using I = std::int64_t;
+using testing::randn;
+
+constexpr float kGuard = -777.25f;
+inline std::size_t sz(I n) { return static_cast<std::size_t>(n); }
+
+const char* name(GemmForm f) { return f == GemmForm::kNT ? "NT" : f == GemmForm::kNN ? "NN" : "TN"; }
+
+// One case: A, B, C₀ in memory with the given leading dimensions; the exact result and its bound.
+struct Case {
+  GemmForm form;
+  I M, N, K, lda, ldb, ldc;
+  float alpha;
+  std::vector<float> A, B, C0;
+  std::vector<double> want, bound;  // [M, N]
+
+  Case(GemmForm f, I m, I n, I k, I pad, float al, std::uint64_t seed)
+      : form(f), M(m), N(n), K(k), alpha(al) {
+    const I arows = f == GemmForm::kTN ? K : M, acols = f == GemmForm::kTN ? M : K;
+    const I brows = f == GemmForm::kNT ? N : K, bcols = f == GemmForm::kNT ? K : N;
+    lda = acols + pad;
+    ldb = bcols + 2 * pad;
+    ldc = N + pad;
+    A = fill(arows, acols, lda, seed + 1);
+    B = fill(brows, bcols, ldb, seed + 2);
+    C0.assign(sz(M * ldc + 7), kGuard);
+    const std::vector<double> c = randn(sz(M * N), seed + 3);
+    if (f != GemmForm::kNT)  // NT writes C without reading it: its C₀ stays the guard value
+      for (I i = 0; i < M; ++i)
+        for (I j = 0; j < N; ++j) C0[sz(i * ldc + j)] = float(c[sz(i * N + j)]);
+    want.assign(sz(M * N), 0.0);
+    bound.assign(sz(M * N), 0.0);
+    for (I i = 0; i < M; ++i)
+      for (I j = 0; j < N; ++j) {
+        double s = 0, sa = 0;
+        for (I kk = 0; kk < K; ++kk) {
+          const double p = double(a(i, kk)) * double(b(kk, j));
+          s += p;
+          sa += std::fabs(p);
+        }
+        const double c0 = f == GemmForm::kNT ? 0.0 : double(C0[sz(i * ldc + j)]);
+        want[sz(i * N + j)] = c0 + double(alpha) * s;
+        bound[sz(i * N + j)] = double(2 * K + 3) * 0x1p-24 * (std::fabs(double(alpha)) * sa + std::fabs(c0));
+      }
+  }
+  static std::vector<float> fill(I rows, I cols, I ld, std::uint64_t seed) {
+    std::vector<float> x(sz(rows * ld + 5), kGuard);
+    const std::vector<double> r = randn(sz(rows * cols), seed);
+    for (I i = 0; i < rows; ++i)
+      for (I j = 0; j < cols; ++j) x[sz(i * ld + j)] = float(r[sz(i * cols + j)]);
+    return x;
+  }
+  float a(I i, I k) const { return form == GemmForm::kTN ? A[sz(k * lda + i)] : A[sz(i * lda + k)]; }
+  float b(I k, I j) const { return form == GemmForm::kNT ? B[sz(j * ldb + k)] : B[sz(k * ldb + j)]; }
+
+  std::vector<float> run(attn_fast::TileGemmFn g) const {
+    std::vector<float> C = C0;
+    g(form, M, N, K, alpha, A.data(), lda, B.data(), ldb, C.data(), ldc);
+    return C;
+  }
+
+  // Every element within its bound, every other element of C untouched.
+  ::testing::AssertionResult check(const std::vector<float>& C) const {
+    for (std::size_t t = 0; t < C.size(); ++t) {
+      const I i = I(t) / ldc, j = I(t) % ldc;
+      if (i < M && j < N) {
+        const double got = C[t], w = want[sz(i * N + j)], tol = bound[sz(i * N + j)];
+        if (!(std::fabs(got - w) <= tol))
+          return ::testing::AssertionFailure() << "C[" << i << ", " << j << "] = " << got << ", want " << w
+                                               << " ± " << tol;
+      } else if (C[t] != C0[t]) {
+        return ::testing::AssertionFailure() << "wrote outside the product at " << t;
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+template <class F>
+void ForEachTarget(F&& body) {
+  for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(t);
+    body(attn_fast::tile_gemm_fn(), std::string(hwy::TargetName(t)));
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(TileGemm, EveryFormAndSizeMatchesDoubleOnEveryTarget) {
+  std::vector<Case> cases;
+  std::uint64_t seed = 10;
+  const I sizes[] = {1, 3, 16, 17, 33, 64};
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN})
+    for (I m : sizes)
+      for (I n : sizes)
+        for (I k : sizes) {
+          seed += 5;
+          const I pad = (m + n + k) % 2 == 0 ? 0 : 3;  // half the cases with ld > the row
+          const float alpha = seed % 3 == 0 ? 1.f : seed % 3 == 1 ? 0.25f : -1.375f;
+          cases.emplace_back(f, m, n, k, pad, alpha, seed);
+        }
+  int n = 0;
+  ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(target + " " + name(c.form) + " M " + std::to_string(c.M) + " N " + std::to_string(c.N) +
+                   " K " + std::to_string(c.K) + " lda " + std::to_string(c.lda));
+      ASSERT_TRUE(c.check(c.run(g)));
+      ++n;
+    }
+  });
+  EXPECT_GT(n, 0);
+}
+
+// The tiles' largest products (128 = kBq = kBk), K past NT's stack buffer (its heap path), and
+// shapes of the attention (score tiles with ld 128, D = 16, 20, 32).
+TEST(TileGemm, LargeAndAttentionShapesOnEveryTarget) {
+  std::vector<Case> cases;
+  std::uint64_t seed = 5000;
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
+    cases.emplace_back(f, 128, 128, 128, 1, 0.5f, seed += 5);
+    cases.emplace_back(f, 40, 50, 200, 2, 1.f, seed += 5);
+    cases.emplace_back(f, 127, 129, 31, 0, -2.f, seed += 5);
+  }
+  for (I D : {16, 20, 32}) {
+    cases.emplace_back(GemmForm::kNT, 64, 64, D, 128 - 64, 0.25f, seed += 5);  // S = scale·Q·Kᵀ
+    cases.emplace_back(GemmForm::kNN, 64, D, 64, 3, 1.f, seed += 5);         // O += P·V
+    cases.emplace_back(GemmForm::kTN, 64, D, 64, 5, 0.25f, seed += 5);       // dV, dK += Pᵀ·dO, dSᵀ·Q
+  }
+  ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(target + " " + name(c.form) + " M " + std::to_string(c.M) + " N " + std::to_string(c.N) +
+                   " K " + std::to_string(c.K));
+      ASSERT_TRUE(c.check(c.run(g)));
+    }
+  });
+}
+
+// M = 0, N = 0 write nothing; K = 0 gives NT's C = 0 and leaves NN's and TN's C as they were.
+TEST(TileGemm, EmptyProductsOnEveryTarget) {
+  ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
+    SCOPED_TRACE(target);
+    for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
+      for (auto [m, n, k] : {std::tuple<I, I, I>{0, 5, 3}, {5, 0, 3}, {5, 7, 0}, {0, 0, 0}}) {
+        const Case c(f, m, n, k, 2, 1.5f, 77);
+        ASSERT_TRUE(c.check(c.run(g))) << name(f) << " " << m << " " << n << " " << k;
+      }
+    }
+  });
+}
+
+// Each row of C alone (M = 1 at that row's A, C) equals the row inside the full product, bit for
+// bit, and so does each column block (N a part of the columns): no result depends on where it lies.
+TEST(TileGemm, RowsAndColumnsDoNotDependOnTheirBlockOnEveryTarget) {
+  ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
+    for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
+      SCOPED_TRACE(target + " " + name(f));
+      const Case c(f, 37, 45, 19, 3, 0.75f, 901);
+      const std::vector<float> full = c.run(g);
+      for (I i = 0; i < c.M; ++i) {
+        std::vector<float> C = c.C0;
+        const float* a = f == GemmForm::kTN ? c.A.data() + i : c.A.data() + i * c.lda;
+        g(f, 1, c.N, c.K, c.alpha, a, c.lda, c.B.data(), c.ldb, C.data() + i * c.ldc, c.ldc);
+        for (I j = 0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
+      }
+      for (I j0 : {I{0}, I{5}, I{21}}) {  // columns [j0, N) alone
+        std::vector<float> C = c.C0;
+        const float* b = f == GemmForm::kNT ? c.B.data() + j0 * c.ldb : c.B.data() + j0;
+        g(f, c.M, c.N - j0, c.K, c.alpha, c.A.data(), c.lda, b, c.ldb, C.data() + j0, c.ldc);
+        for (I i = 0; i < c.M; ++i)
+          for (I j = j0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace posenc
