@@ -18,8 +18,8 @@
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   Qu = Q + u_h, Y = scale·(Q + v_h)·W_h [Bq, R] (cblas_sgemm), once per task; per key block not
 //   wholly masked:
-//     S = scale·Qu·Kᵀ (sgemm), + position term: the tile's ρ slice has Bq + Bk − 1 rows but row i
-//     needs only Bk of them (a band), so the query rows go in sub-blocks of kSub: one sgemm
+//     S = scale·Qu·Kᵀ (tile_gemm), + position term: the tile's ρ slice has Bq + Bk − 1 rows but row
+//     i needs only Bk of them (a band), so the query rows go in sub-blocks of kSub: one tile_gemm
 //     T = Y_sub·S_sliceᵀ [kSub, kSub + Bk − 1] each, row i adding its contiguous slice of T into S
 //     (≈ 1.24 times the work of Q·Kᵀ at kSub = 32, instead of 2 for the whole slice);
 //     mask, online softmax, O += P·V as in attention_cpu.cc.
@@ -43,7 +43,10 @@
 //   B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
-//   Products and accumulations in float32 (OpenBLAS sgemm), the sinusoid from double angles rounded
+//   Products and accumulations in float32: the tile products (S, T, P·V; dP, dV, dK, dQ's c·K) by
+//   tile_gemm() as in attention_cpu.cc (tile_gemm.h: the Highway small GEMM while D and R are
+//   ≤ kTileGemmMaxD, else OpenBLAS), the once-per-task ones (Y, X, X·W_hᵀ, dW_h) by OpenBLAS's
+//   sgemm; the sinusoid from double angles rounded
 //   to float (error ≤ 6e-8 + the angle's own, see README), lse carried in float32 in the backward;
 //   the parameter gradients accumulate per tile in float32, across tiles and the batch in double.
 #include <cblas.h>
@@ -56,6 +59,7 @@
 
 #include "attention/attention_fused.h"
 #include "attention/attention_tiles.h"
+#include "attention/tile_gemm.h"
 #include "enc/xl/xl_math.h"
 
 namespace posenc::fused {
@@ -97,7 +101,8 @@ class XlFused {
  public:
   XlFused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
           const EncodingTensors& t, int threads)
-      : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()) {
+      : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()),
+        gemm_(tile_gemm_for(std::max(d.D, d.R))) {
     const std::vector<double> u = to_doubles(t.u), vb = to_doubles(t.v), w = to_doubles(t.rel_proj);
     u_.assign(u.begin(), u.end());
     vb_.assign(vb.begin(), vb.end());
@@ -195,17 +200,13 @@ class XlFused {
                 if (L[i] == kNegInfF) std::fill(Si, Si + nk, 0.f);
                 else simd_.exp_sub_sum(Si, ix(nk), L[i]);
               }
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(D), 1.f,
-                          w.dout.data(), int(D), w.v.data(), int(D), 0.f, dP, int(kBk));
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f, S,
-                          int(kBk), w.dout.data(), int(D), 1.f, w.dv.data(), int(D));
+              tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk);
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w.dout.data(), D, w.dv.data(), D);
               for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
               // S now holds dS; c = scale·dS.
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(D), int(nq), sc, S,
-                          int(kBk), w.qu.data(), int(D), 1.f, w.dk.data(), int(D));
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, w.qu.data(), D, w.dk.data(), D);
               float* dqt = &dq_acc[ix((gi * M + i0) * D)];
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), sc, S,
-                          int(kBk), w.k.data(), int(D), 1.f, dqt, int(D));
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, w.k.data(), D, dqt, D);
               position_grads(h, i0, nq, j0, nk, &w, dqt, gph, csum.data());
             }
           }
@@ -266,16 +267,15 @@ class XlFused {
   void logits(I q0, I nq, I j0, I nk, Scratch* w) const {
     const I D = d_.D, R = d_.R;
     float* S = w->s.data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(D),
-                static_cast<float>(d_.scale), w->qu.data(), int(D), w->k.data(), int(D), 0.f, S,
-                int(kBk));
+    tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, static_cast<float>(d_.scale), w->qu.data(), D,
+              w->k.data(), D, S, kBk);
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // ρ of (row 0, col 0); ρ(i, j) = base + j − i
     float* T = w->t.data();
     for (I a = 0; a < nq; a += kSub) {
       const I nb = std::min(kSub, nq - a), wd = nb + nk - 1;
       // rows [a, a + nb) see ρ ∈ [base − a − nb + 1, base − a + nk − 1]: T [nb, wd]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nb), int(wd), int(R), 1.f,
-                  &w->y[ix(a * R)], int(R), table_at(base - a - nb + 1), int(R), 0.f, T, int(wd));
+      tile_gemm(gemm_, GemmForm::kNT, nb, wd, R, 1.f, &w->y[ix(a * R)], R, table_at(base - a - nb + 1), R,
+                T, wd);
       for (I r = 0; r < nb; ++r) simd_.add_to(S + (a + r) * kBk, T + r * wd + (nb - 1 - r), ix(nk));
     }
     // causal: kp ≤ qp, i.e. j ≤ i − base
@@ -306,8 +306,7 @@ class XlFused {
       load_rows(v_, D, b, j0, nk, kh, w->v.data());
       logits(q0, nq, j0, nk, w);
       online_softmax_step(simd_, S, nq, nk, m, l, o, D);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f, S,
-                  int(kBk), w->v.data(), int(D), 1.f, o, int(D));
+      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, w->v.data(), D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
   }
@@ -382,6 +381,7 @@ class XlFused {
   View q_, k_, v_;
   int threads_ = 1;
   Simd simd_;
+  TileGemmFn gemm_;  // the tile products' GEMM (tile_gemm.h): K is D or R
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the sinusoid table [nrho_, R]
