@@ -31,8 +31,9 @@
 // sgemm's rate that the kernel turns into useful work. `path` says whether the fused kernel or the
 // plain reference (posenc::reference, double, one thread) ran; `vs_nope` = seconds / seconds of nope
 // for the same kernel (attention.forward / attention.backward: a variant suffix such as ".mixed" is
-// compared with the plain kernel's nope), shape, dtype and threads, when nope ran in the same
-// invocation.
+// compared with the plain kernel's nope), shape, dtype and threads, nope timed in the same rounds as
+// the encoding (baseline, kernel, nope, repeated; medians), so that the machine's drift between
+// cases does not enter the ratio; 1 for nope itself.
 //
 // Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L]`; not in the default
 // run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64, causal, float32) per
@@ -68,7 +69,8 @@ struct BenchRow {
   double baseline_throughput = 0;       // the baseline's rate in `unit`, same run
   double ratio = 0;                     // throughput / baseline_throughput
   std::string path;                     // attention: "fused" or "reference"; "" otherwise
-  std::optional<double> vs_nope;        // attention: seconds / seconds of nope (see above)
+  std::optional<double> vs_nope;        // attention: seconds / nope_seconds (see above)
+  std::optional<double> nope_seconds;   // attention: median seconds of nope timed beside it (nope: seconds)
   std::optional<double> peak_extra_mb;  // memory rows: peak RSS − RSS before the call, MiB
   std::optional<double> io_mb;          // memory rows: inputs + outputs, MiB
 };

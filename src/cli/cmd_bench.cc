@@ -37,6 +37,7 @@ nlohmann::ordered_json row_json(const BenchRow& r) {
   }
   if (!r.path.empty()) j["path"] = r.path;
   if (r.vs_nope) j["vs_nope"] = *r.vs_nope;
+  if (r.nope_seconds) j["nope_seconds"] = *r.nope_seconds;
   if (r.peak_extra_mb) j["peak_extra_mb"] = *r.peak_extra_mb;
   if (r.io_mb) j["io_mb"] = *r.io_mb;
   return j;
@@ -123,7 +124,7 @@ Command add_bench_command(CLI::App& root) {
            "threads (default: each case with 1 and with 2; --memory: the default count)", "INT");
   app->add_flag("--json", st->json,
                 "one JSON object per line: kernel, encoding, shape, dtype, threads, seconds, throughput, "
-                "unit, baseline, baseline_throughput, ratio (attention also path, vs_nope; --memory "
+                "unit, baseline, baseline_throughput, ratio (attention also path, vs_nope, nope_seconds; --memory "
                 "also peak_extra_mb, io_mb)");
   app->add_flag("--memory", st->memory,
                 "instead: attention forward/backward at L = 65536, H = 8, d = 64, causal, float32, per fused "

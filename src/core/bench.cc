@@ -110,6 +110,9 @@ struct Case {
   std::string unit = "GB/s";
   std::string path;  // attention: "fused" / "reference"
   std::function<Bound(int threads)> setup;
+  // Attention other than nope: nope's case of the same kernel, shape and dtype, timed in the same
+  // rounds as this one for vs_nope.
+  std::function<Bound(int threads)> nope_setup;
 };
 
 // Only a strided sample is randomised (setting every element through View would dominate the run
@@ -498,6 +501,7 @@ Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward, bool mi
   c.unit = "GFLOP/s";
   c.path = attention_path(e.id, dt);
   const Encoding enc = e.id;
+  if (enc != Encoding::kNope) c.nope_setup = attention_case(encoding_info(Encoding::kNope), L, dt, backward).setup;
   c.setup = [=](int threads) {
     auto a = make_attention(enc, L, dt, backward, threads, mixed);
     auto s = std::make_shared<SgemmAttention>(L, threads);
@@ -540,7 +544,7 @@ std::vector<Case> default_cases() {
   cs.push_back(bias_case("alibi", {8, 2048, 2048}, DType::kF32));
   cs.push_back(bias_case("t5", {8, 2048, 2048}, DType::kF32));
   for (const char* enc : {"kerple", "sandwich", "fire"}) cs.push_back(bias_case(enc, {8, 2048, 2048}, DType::kF32));
-  // Attention: nope first within each (kernel, shape, dtype), so the others' vs_nope is known.
+  // Attention (each encoding other than nope times nope beside it, for vs_nope).
   for (I L : {I{1024}, I{4096}})
     for (bool backward : {false, true}) {
       for (const EncodingInfo* e : attention_encodings())
@@ -578,30 +582,35 @@ double median(std::vector<double> v) {
 }
 
 struct Timing {
-  double kernel, baseline;
+  double kernel, baseline, reference = 0;
 };
 
-// Baseline and kernel interleaved (so both see the same machine state), see bench.h.
+// Baseline, kernel and (when given) a reference kernel interleaved, round by round, so that all
+// see the same machine state; see bench.h.
 Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline,
-               const std::function<void(double)>& on_slow) {
+               const std::function<void(double)>& on_slow,
+               const std::function<void()>& reference = nullptr) {
   const double wb = time_calls(baseline, 1);
   const double wk = time_calls(kernel, 1);
+  const double wr = reference ? time_calls(reference, 1) : 0.0;
   if (wk >= kSlowCall && on_slow) on_slow(wk);
-  const int ib = std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(wb, 1e-9))));
-  const int ik = std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(wk, 1e-9))));
-  const double round = ib * wb + ik * wk;
+  auto calls = [](double once) { return std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(once, 1e-9)))); };
+  const int ib = calls(wb), ik = calls(wk), ir = calls(wr);
+  const double round = ib * wb + ik * wk + (reference ? ir * wr : 0.0);
   int rounds = std::clamp(static_cast<int>(kCaseSeconds / round), kMinRounds, kMaxRounds);
   rounds |= 1;  // odd: the median is one sample
-  std::vector<double> bs, ks;
+  std::vector<double> bs, ks, rs;
   if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
     bs.push_back(time_calls(baseline, ib));
     ks.push_back(wk);
+    if (reference) rs.push_back(wr >= kSlowCall ? wr : time_calls(reference, ir));
   }
   while (static_cast<int>(ks.size()) < rounds) {
     bs.push_back(time_calls(baseline, ib));
     ks.push_back(time_calls(kernel, ik));
+    if (reference) rs.push_back(time_calls(reference, ir));
   }
-  return {median(ks), median(bs)};
+  return {median(ks), median(bs), reference ? median(rs) : 0.0};
 }
 
 char fmt_buf[64];
@@ -729,18 +738,21 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
   const std::vector<int> counts = threads > 0 ? std::vector<int>{threads} : std::vector<int>{1, 2};
   const int saved = num_threads();
   std::vector<BenchRow> rows;
-  std::map<std::tuple<std::string, std::string, std::string, int>, double> nope;  // seconds of nope
   for (const Case& c : default_cases()) {
     const std::string line = case_line(c);
     if (!std::regex_search(line, re)) continue;
     for (int t : counts) {
       set_num_threads(t);
       const Bound b = c.setup(t);
-      const Timing tm = measure(b.kernel, b.baseline, [&](double once) {
-        if (on_progress)
-          on_progress(line + " threads " + std::to_string(t) + (c.path.empty() ? "" : " (" + c.path + ")") +
-                      ": " + fmt(once) + " s a call, 3 calls");
-      });
+      const Bound nb = c.nope_setup ? c.nope_setup(t) : Bound{};
+      const Timing tm = measure(
+          b.kernel, b.baseline,
+          [&](double once) {
+            if (on_progress)
+              on_progress(line + " threads " + std::to_string(t) + (c.path.empty() ? "" : " (" + c.path + ")") +
+                          ": " + fmt(once) + " s a call, 3 calls" + (nb.kernel ? ", nope beside it" : ""));
+          },
+          nb.kernel);
       BenchRow r;
       r.kernel = c.kernel;
       r.encoding = c.encoding;
@@ -755,12 +767,8 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
       r.ratio = r.throughput / r.baseline_throughput;
       r.path = c.path;
       if (c.kernel.rfind("attention.", 0) == 0) {
-        // attention.forward.mixed is compared with attention.forward's nope
-        const std::string base = c.kernel.substr(0, c.kernel.find('.', std::string("attention.").size()));
-        const auto key = std::make_tuple(base, c.shape, r.dtype, t);
-        if (c.encoding == "nope") nope[key] = r.seconds;
-        const auto it = nope.find(key);
-        if (it != nope.end()) r.vs_nope = r.seconds / it->second;
+        r.nope_seconds = nb.kernel ? tm.reference : tm.kernel;
+        r.vs_nope = r.seconds / *r.nope_seconds;
       }
       rows.push_back(r);
       if (on_row) on_row(r);
