@@ -332,13 +332,44 @@ std::string ppl_str(const std::optional<double>& p) {
   return buf;
 }
 
+// The y axis of the perplexity plot: log scale with labelled tics from 1, 1.2, 1.5, 2, … × 10^k
+// inside the data's range (gnuplot labels only powers of ten, none inside a range narrower than a
+// decade), at most ten; a linear axis when the range is too narrow for log tics to help.
+std::string ppl_axis(const std::vector<StudyResult>& rs) {
+  double lo = 0, hi = 0;
+  for (const StudyResult& r : rs)
+    for (const EvalPoint& p : r.eval)
+      if (p.ppl && *p.ppl > 0) {
+        lo = lo > 0 ? std::min(lo, *p.ppl) : *p.ppl;
+        hi = std::max(hi, *p.ppl);
+      }
+  std::string s = "set autoscale yfix\nset offsets 0, 0, graph 0.05, graph 0.05\n";
+  if (lo <= 0 || hi / lo < 1.5) return s;
+  static const double kMant[] = {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8};
+  std::vector<double> tics;
+  for (int k = static_cast<int>(std::floor(std::log10(lo))) - 1; k <= static_cast<int>(std::ceil(std::log10(hi))); ++k)
+    for (double m : kMant) {
+      const double v = m * std::pow(10.0, k);
+      if (v >= lo / 1.1 && v <= hi * 1.1) tics.push_back(v);
+    }
+  const std::size_t step = (tics.size() + 9) / 10;
+  std::ostringstream o;
+  o << s << "set logscale y\nset ytics (";
+  for (std::size_t i = 0; i < tics.size(); i += step) o << (i ? ", " : "") << tics[i];
+  o << ")\n";
+  return o.str();
+}
+
 // The gnuplot script drawing perplexity against evaluation length, log axes, data inline.
 std::string plot_script(const StudyConfig& cfg, const std::vector<StudyResult>& rs, const std::string& png) {
   const bool acc = cfg.task.has_value();
   std::ostringstream s;
   s << "set terminal pngcairo size 960,640 enhanced font 'sans,11'\n"
     << "set output '" << png << "'\n"
-    << (acc ? "set logscale x\nset yrange [0:1.05]\n" : "set logscale xy\n") << "set grid\nset key outside right\n"
+    << "set logscale x\n" << (acc ? "set yrange [0:1.05]\n" : ppl_axis(rs))
+    << "set xrange [" << 0.8 * cfg.train_len * cfg.eval_multiples.front() << ":"
+    << 1.25 * cfg.train_len * cfg.eval_multiples.back() << "]\n"
+    << "set grid\nset key outside right\n"
     << "set xlabel 'evaluation length (bytes)'\nset ylabel '" << (acc ? "accuracy" : "perplexity (per byte)") << "'\n"
     << "set title 'posenc study" << (acc ? std::string(" (") + task_name(*cfg.task) + ")" : std::string())
     << ": trained at " << cfg.train_len << ", evaluated longer'\n"
@@ -354,9 +385,16 @@ std::string plot_script(const StudyConfig& cfg, const std::vector<StudyResult>& 
     }
     s << "EOD\n";
   }
+  // One colour, point type and dash per curve: 14 encodings outrun gnuplot's 8 default colours.
+  static const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#f5b700",
+                                         "#0b3d91", "#a6d854"};
+  static const int kPoints[] = {7, 5, 9, 11, 13, 15};
+  constexpr std::size_t kNc = sizeof kColours / sizeof kColours[0], kNp = sizeof kPoints / sizeof kPoints[0];
   s << "plot ";
   for (std::size_t i = 0; i < rs.size(); ++i)
-    s << (i ? ", " : "") << "$d" << i << " using 1:2 with linespoints lw 2 pt 7 title '"
+    s << (i ? ", " : "") << "$d" << i << " using 1:2 with linespoints lw 2 lc rgb '" << kColours[i % kNc]
+      << "' pt " << kPoints[i % kNp] << " dt " << (1 + (i / kNc) % 4) << " title '"
       << encoding_info(rs[i].encoding).name << "'";
   s << "\n";
   return s.str();
