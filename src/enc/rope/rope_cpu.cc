@@ -458,19 +458,28 @@ Status rotate(const RopeParams& p, const char* in_arg, const View& in, const Pos
 
 }  // namespace
 
-void rope_fast::run_plan(const rotary::Call& c, const View& in, const View& out, double sign, int role) {
-  Job j;
+namespace {
+// The job of one tensor (in → out) under a rotary call's plan; threads, stream and sign left to the
+// caller.
+rope_fast::Job plan_job(const rotary::Call& c, const View& in, const View& out) {
+  rope_fast::Job j;
   j.dtype = in.dtype;
   j.interleaved = c.plan.layout == RopeLayout::kInterleaved;
   j.B = c.B;
   j.L = c.L;
   j.r = c.plan.r;
   j.pos = c.ids.data();
-  j.sign = sign;
   j.plan = &c.plan;
-  j.role = role;
   j.nt = 1;
   fill_tensor(&j.t[0], in, out);
+  return j;
+}
+}  // namespace
+
+void rope_fast::run_plan(const rotary::Call& c, const View& in, const View& out, double sign, int role) {
+  Job j = plan_job(c, in, out);
+  j.sign = sign;
+  j.role = role;
   const std::int64_t elems = in.numel();
   if (elems == 0) return;
   // Mixed computes the sin/cos of every (token, head): threads from a smaller size up.
@@ -482,16 +491,7 @@ void rope_fast::run_plan(const rotary::Call& c, const View& in, const View& out,
 }
 
 void rope_fast::mixed_freq_grad(const rotary::Call& c, const View& x, const View& dy, std::vector<double>* dfreqs) {
-  Job j;
-  j.dtype = x.dtype;
-  j.interleaved = c.plan.layout == RopeLayout::kInterleaved;
-  j.B = c.B;
-  j.L = c.L;
-  j.r = c.plan.r;
-  j.pos = c.ids.data();
-  j.plan = &c.plan;
-  j.nt = 1;
-  fill_tensor(&j.t[0], x, x);
+  Job j = plan_job(c, x, x);
   const std::size_t n = static_cast<std::size_t>(2 * c.H * c.plan.half);
   dfreqs->assign(n, 0.0);
   if (x.numel() == 0) return;

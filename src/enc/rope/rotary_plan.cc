@@ -233,12 +233,8 @@ Call dims_of(const View& in) {
   return c;
 }
 
-}  // namespace
-
-Expected<Call> prepare_rope2d(const Rope2dParams& p, const char* in_arg, const View& in, const char* out_arg,
-                              const View& out, const Positions& pos, const View& freqs) {
-  POSENC_RETURN_IF_ERROR(check_io(in_arg, in, out_arg, out));
-  Call c = dims_of(in);
+// c (its dims set) with rope2d's positions [B, 2, L] and plan.
+Expected<Call> rope2d_call(const Rope2dParams& p, Call c, const Positions& pos, const View& freqs) {
   auto ids = expand_positions_axes("positions", pos, 2, c.B, c.L);
   if (!ids.ok()) return ids.status();
   c.ids = std::move(ids).value();
@@ -246,6 +242,14 @@ Expected<Call> prepare_rope2d(const Rope2dParams& p, const char* in_arg, const V
   if (!pl.ok()) return pl.status();
   c.plan = std::move(pl).value();
   return c;
+}
+
+}  // namespace
+
+Expected<Call> prepare_rope2d(const Rope2dParams& p, const char* in_arg, const View& in, const char* out_arg,
+                              const View& out, const Positions& pos, const View& freqs) {
+  POSENC_RETURN_IF_ERROR(check_io(in_arg, in, out_arg, out));
+  return rope2d_call(p, dims_of(in), pos, freqs);
 }
 
 Expected<Call> prepare_rope2d_backward(const Rope2dParams& p, const View& dy, const Positions& pos,
@@ -264,13 +268,9 @@ Expected<Call> prepare_rope2d_backward(const Rope2dParams& p, const View& dy, co
     POSENC_RETURN_IF_ERROR(require_shape("x", x, {dy.dim(0), dy.dim(1), dy.dim(2), dy.dim(3)}));
     if (!dfreqs.present()) return Status::Invalid("x", "read only for dfreqs; expected an absent view");
   }
-  Call c = dims_of(dy);
-  auto ids = expand_positions_axes("positions", pos, 2, c.B, c.L);
-  if (!ids.ok()) return ids.status();
-  c.ids = std::move(ids).value();
-  auto pl = rope2d_plan(p, c.D, call_length(c.ids), freqs, c.H);
-  if (!pl.ok()) return pl.status();
-  c.plan = std::move(pl).value();
+  auto call = rope2d_call(p, dims_of(dy), pos, freqs);
+  if (!call.ok()) return call.status();
+  Call c = std::move(call).value();
   if (dfreqs.present()) {
     POSENC_RETURN_IF_ERROR(require_float("dfreqs", dfreqs, 3));
     POSENC_RETURN_IF_ERROR(require_shape("dfreqs", dfreqs, {2, c.H, c.plan.half}));
