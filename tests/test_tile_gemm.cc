@@ -78,9 +78,9 @@ struct Case {
   float a(I i, I k) const { return form == GemmForm::kTN ? A[sz(k * lda + i)] : A[sz(i * lda + k)]; }
   float b(I k, I j) const { return form == GemmForm::kNT ? B[sz(j * ldb + k)] : B[sz(k * ldb + j)]; }
 
-  std::vector<float> run(attn_fast::TileGemmFn g) const {
+  std::vector<float> run(attn_fast::TileGemmFn g, I band = attn_fast::kNoBand) const {
     std::vector<float> C = C0;
-    g(form, M, N, K, alpha, A.data(), lda, B.data(), ldb, C.data(), ldc);
+    g(form, M, N, K, alpha, A.data(), lda, B.data(), ldb, C.data(), ldc, band);
     return C;
   }
 
@@ -183,15 +183,57 @@ TEST(TileGemm, RowsAndColumnsDoNotDependOnTheirBlockOnEveryTarget) {
       for (I i = 0; i < c.M; ++i) {
         std::vector<float> C = c.C0;
         const float* a = f == GemmForm::kTN ? c.A.data() + i : c.A.data() + i * c.lda;
-        g(f, 1, c.N, c.K, c.alpha, a, c.lda, c.B.data(), c.ldb, C.data() + i * c.ldc, c.ldc);
+        g(f, 1, c.N, c.K, c.alpha, a, c.lda, c.B.data(), c.ldb, C.data() + i * c.ldc, c.ldc, attn_fast::kNoBand);
         for (I j = 0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
       }
       for (I j0 : {I{0}, I{5}, I{21}}) {  // columns [j0, N) alone
         std::vector<float> C = c.C0;
         const float* b = f == GemmForm::kNT ? c.B.data() + j0 * c.ldb : c.B.data() + j0;
-        g(f, c.M, c.N - j0, c.K, c.alpha, c.A.data(), c.lda, b, c.ldb, C.data() + j0, c.ldc);
+        g(f, c.M, c.N - j0, c.K, c.alpha, c.A.data(), c.lda, b, c.ldb, C.data() + j0, c.ldc, attn_fast::kNoBand);
         for (I i = 0; i < c.M; ++i)
           for (I j = j0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
+      }
+    }
+  });
+}
+
+// A band c (causal tiles, tile_gemm.h): the score tile's entries (query i, key j) with j > i + c are
+// masked. kNT: every entry with j ≤ i + c equals the full product's, bit for bit, and nothing outside
+// M × N is written; kNN and kTN, whose masked A entries hold zeros (as P and dS do): all of C equals
+// the full product's. Bands below, on, above the diagonal and past the tile; sizes that straddle the
+// row blocks and vector widths.
+TEST(TileGemm, BandedProductsEqualTheFullOnesWhereTheyMatterOnEveryTarget) {
+  std::vector<std::tuple<Case, I>> cases;
+  std::uint64_t seed = 7000;
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN})
+    for (auto [m, n, k] : {std::tuple<I, I, I>{64, 64, 16}, {37, 45, 19}, {128, 128, 64}, {5, 70, 3},
+                           {70, 5, 9}, {1, 1, 1}})
+      for (I c : {I{-100}, I{-30}, I{-3}, I{0}, I{1}, I{7}, I{40}, I{200}}) {
+        // the tile is C [M, N] for kNT, A [M, K] for kNN, A [K, M] for kTN
+        const I rows = f == GemmForm::kTN ? k : m, cols = f == GemmForm::kNT ? n : f == GemmForm::kNN ? k : m;
+        if (f != GemmForm::kNT && (rows > 128 || cols > 128)) continue;
+        Case cs(f, m, n, k, 2, 0.75f, seed += 3);
+        if (f != GemmForm::kNT)  // zeros in the masked entries of A
+          for (I i = 0; i < rows; ++i)
+            for (I j = 0; j < cols; ++j) {
+              const bool masked = j > i + c;  // row = query, column = key in both
+              if (masked) cs.A[sz(i * cs.lda + j)] = 0.f;
+            }
+        cases.emplace_back(std::move(cs), c);
+      }
+  ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
+    for (const auto& [cs, c] : cases) {
+      SCOPED_TRACE(target + " " + name(cs.form) + " M " + std::to_string(cs.M) + " N " + std::to_string(cs.N) +
+                   " K " + std::to_string(cs.K) + " band " + std::to_string(c));
+      const std::vector<float> full = cs.run(g), banded = cs.run(g, c);
+      for (std::size_t t = 0; t < full.size(); ++t) {
+        const I i = I(t) / cs.ldc, j = I(t) % cs.ldc;
+        const bool inside = i < cs.M && j < cs.N;
+        if (!inside) {
+          ASSERT_EQ(banded[t], cs.C0[t]) << "wrote outside the product at " << t;
+        } else if (cs.form != GemmForm::kNT || j <= i + c) {
+          ASSERT_EQ(banded[t], full[t]) << i << " " << j;
+        }
       }
     }
   });

@@ -106,7 +106,9 @@ struct Extra {
                    bool inverse);
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
   void (*sum_diag)(const float* dS, I nq, I nk, I ld, float* diag);
-  void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse);
+  // S = exp(S − lse) on row i's first band_reach(i, band, nk) entries (attention_tiles.h; the rest
+  // hold zeros), 0 on a row whose lse is −inf
+  void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse, I band);
   void (*affine_add)(float* y, const float* x, I n, float a, float g);  // y += a + g·x (fire)
   void (*moments)(const float* w, const float* x, const float* z, I n, float* out3);  // Σw, Σw·x, Σw·z
 };
@@ -288,11 +290,12 @@ void SumDiag(const float* HWY_RESTRICT dS, I nq, I nk, I ld, float* HWY_RESTRICT
 }
 
 // P = exp(S − lse) over rows (0 for a row whose lse is −inf), row stride ld.
-void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT lse) {
+void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT lse, I band) {
   for (I i = 0; i < nq; ++i) {
     float* Si = S + i * ld;
-    if (lse[i] == -HUGE_VALF) std::fill(Si, Si + nk, 0.f);
-    else ExpSubSum(Si, ix(nk), lse[i]);
+    const I n = attn_fast::band_reach(i, band, nk);
+    if (lse[i] == -HUGE_VALF) std::fill(Si, Si + n, 0.f);
+    else ExpSubSum(Si, ix(n), lse[i]);
   }
 }
 
@@ -668,6 +671,9 @@ class Fused {
 
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
   bool future_only(I h) const { return nonsym_ && h >= d_.Hq / 2; }
+  // The tile products' band (tile_gemm.h) for head h's tile whose key 0 − query 0 distance is base
+  // (kp − qp): past-only heads see key j from row i when j ≤ i − base.
+  I band(I h, I base) const { return past_only(h) && !future_only(h) ? -base : attn_fast::kNoBand; }
 
   // Task → (b, h, query block): (b, h)-major, so that the threads share a head's K and V in cache;
   // within a head the costly blocks first (the most keys: last when causal, first for future-only
@@ -809,7 +815,7 @@ class Fused {
                   K.p, int(K.ld), Q.p, 1, 0.f, S, 1);
     else
       tile_gemm(gemm_, GemmForm::kNT, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, K.p,
-                K.ld, S, kBk);
+                K.ld, S, kBk, band(h, (d_.k_off + j0) - (d_.q_off + q0)));
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     if (bias_ == Bias::kLut) {  // the table's slice for this tile, read in place
       xs_.add_diag(S, nq, nk, kBk, &lut_[ix(h * lut_w_ + base - (nq - 1) - rel_lo_)]);
@@ -824,6 +830,10 @@ class Fused {
     if (!past && !fut) return;
     if (past && !fut && base + nk - 1 <= 0) return;  // wholly visible
     if (fut && !past && base - (nq - 1) >= 0) return;
+    // a banded tile (past only) holds −inf past each row's last key up to the softmax's reach
+    // (band_reach, attention_tiles.h) and zeros beyond it: the softmax and exp_rows read only that
+    // reach, and the products read the zeros as P and dS
+    const I bd = band(h, base);
     for (I i = 0; i < nq; ++i) {
       I jl = 0, jh = nk;
       if (fut) jl = std::clamp<I>(i - base, 0, nk);
@@ -831,7 +841,9 @@ class Fused {
       float* Si = S + i * kBk;
       if (jh < jl) jh = jl;
       std::fill(Si, Si + jl, kNegInfF);
-      std::fill(Si + jh, Si + nk, kNegInfF);
+      const I reach = std::max(jh, attn_fast::band_reach(i, bd, nk));
+      std::fill(Si + jh, Si + reach, kNegInfF);
+      std::fill(Si + reach, Si + nk, 0.f);
     }
   }
 
@@ -854,12 +866,13 @@ class Fused {
       const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       logits(h, q0, nq, j0, nk, Q, K, w);
-      online_softmax_step(simd_, S, nq, nk, m, l, o, D);
+      online_softmax_step(simd_, S, nq, nk, m, l, o, D, band(h, (d_.k_off + j0) - qp_min));
       if (nq == 1)
         cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, V.p, int(V.ld), S, 1, 1.f,
                     o, 1);
       else
-        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V.p, V.ld, o, D);
+        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V.p, V.ld, o, D,
+                  band(h, (d_.k_off + j0) - qp_min));
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
   }
@@ -898,20 +911,24 @@ class Fused {
           const Tile Q = rows(q_, dir_q_, b, i0, nq, h, w->q.data(), tq_, h);
           const Tile dO = rows(bw.dout, bw.dir_dout, b, i0, nq, h, w->dout.data(), nullptr, 0);
           logits(h, i0, nq, j0, nk, Q, K, w);
-          xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)]);  // P
+          // banded (tile_gemm.h): P and dS are formed on each row's visible keys only, the masked
+          // ones keeping logits' zeros; dP's masked entries may stay unset
+          const I bd = band(h, kp0 - (d_.q_off + i0));
+          xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
-          tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk);
+          tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk, bd);
           if (bw.dv.present())
-            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO.p, dO.ld, w->dv.data(), D);
-          for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO.p, dO.ld, w->dv.data(), D, bd);
+          for (I i = 0; i < nq; ++i)
+            simd_.ds_row(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)), Di[i]);
           if (gwh && bias_ == Bias::kFire)
             fire_tile(h, i0, kp0 - (d_.q_off + i0), nq, nk, nullptr, S, gwh);
           else if (gwh && bias_ != Bias::kNone)
             param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
           if (want_dk)
-            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, Q.p, Q.ld, dKt, D);
+            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, Q.p, Q.ld, dKt, D, bd);
           if (acc.p)
-            tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K.p, K.ld, acc.row(g, i0), acc.ld);
+            tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K.p, K.ld, acc.row(g, i0), acc.ld, bd);
         }
         if (per_head_) {  // this head's dK̃ of the block is complete
           if (bw.freq && gwh) freq_grad_rows(false, b, h, j0, nk, K.p, K.ld, dKt, D, nullptr, gwh);

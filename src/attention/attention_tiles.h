@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "attention/attention_check.h"
+#include "attention/tile_gemm.h"
 #include "core/fast_common.h"
 #include "posenc/half.h"
 #include "posenc/view.h"
@@ -109,18 +110,30 @@ inline void store_rows(const View& x, I D, I b, I r0, I n, I head, const float* 
 // One step of the online softmax over a score tile S [nq, kBk] (nk valid columns, −inf where masked):
 // m' = max(m, rowmax S), S = exp(S − m'), l = l·e^{m−m'} + ΣS, o = o·e^{m−m'} ([nq, D]). A row still
 // wholly masked gets S = 0. The caller then adds S·V into o.
+// The entries of row i of a score tile with nk keys that the softmax reads under a band (tile_gemm.h):
+// its visible keys, min(nk, i + band + 1), rounded up to 16 (whole vectors of every target, so no
+// row ends in a scalar tail), or all nk without a band. The masked keys within that reach hold −inf
+// (exp gives their zeros), those beyond it zeros already (see Fused::logits).
+inline I band_reach(I i, I band, I nk) {
+  if (band >= kNoBand) return nk;
+  const I n = std::clamp<I>(i + band + 1, 0, nk);
+  return std::min(nk, (n + 15) / 16 * 16);
+}
+
+// band: row i reads only its first band_reach(i, band, nk) logits.
 inline void online_softmax_step(const Simd& sd, float* S, I nq, I nk, float* m, float* l, float* o,
-                                I D) {
+                                I D, I band = kNoBand) {
   for (I i = 0; i < nq; ++i) {
     float* Si = S + i * kBk;
-    const float mx = sd.row_max(Si, ix(nk));
+    const I n = band_reach(i, band, nk);
+    const float mx = sd.row_max(Si, ix(n));
     const float mn = std::max(m[i], mx);
     if (mn == kNegInfF) {
-      std::fill(Si, Si + nk, 0.f);
+      std::fill(Si, Si + n, 0.f);
       continue;
     }
     const float corr = std::exp(m[i] - mn);  // 0 when m was −inf
-    const float sum = sd.exp_sub_sum(Si, ix(nk), mn);
+    const float sum = sd.exp_sub_sum(Si, ix(n), mn);
     if (corr != 1.f) sd.scale(o + i * D, ix(D), corr);
     l[i] = l[i] * corr + sum;
     m[i] = mn;

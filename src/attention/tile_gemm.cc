@@ -14,9 +14,13 @@
 // and stored through one (no masked loads or stores: several targets emulate those by reading or
 // writing whole vectors, which could race with a neighbouring thread's rows). Every element's sum
 // is the same chain whatever R, W or tail: the result of a row does not depend on where it lies.
+// A band (tile_gemm.h) trims each block of rows: kNN ends its sum at the block's last visible key,
+// kTN starts it at the block's first visible query, and kNT starts each block of columns at the
+// first row that sees it (and skips packed chunks no row sees).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "attention/tile_gemm.h"
@@ -102,52 +106,63 @@ HWY_INLINE void Block(const float* HWY_RESTRICT A, I sai, I sak, const float* HW
   }
 }
 
-// Every row of one column block: blocks of kR rows, then 4 (when kR = 6), 2, 1.
+// Which stretch of each block's sum a band keeps (tile_gemm.h): none (all of [0, K)), kNN's
+// [0, min(K, i_last + c + 1)) and kTN's [max(0, i_first − c), K) for the block's rows i.
+enum class Cut { kNone, kEnd, kStart };
+
+// Rows [i0, M) of one column block: blocks of kR rows, then 4 (when kR = 6), 2, 1; each block's
+// sum over the stretch of k that the band cut keeps (none of it: the block is skipped, C as it was).
 template <int W, bool kTailB, bool kTailC>
-HWY_INLINE void Rows(I M, const float* A, I sai, I sak, const float* B, I ldb, I K, float alpha,
-                     bool accumulate, float* C, I ldc, std::size_t tail) {
-  I i = 0;
-  for (; i + kR <= M; i += kR)
-    Block<kR, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
-                                 tail);
+HWY_INLINE void Rows(I i0, I M, const float* A, I sai, I sak, const float* B, I ldb, I K, float alpha,
+                     bool accumulate, float* C, I ldc, std::size_t tail, Cut cut, I c) {
+  const auto run = [&](auto rows, I i) {
+    constexpr int R = decltype(rows)::value;
+    I k0 = 0, k1 = K;
+    if (cut == Cut::kEnd) k1 = std::clamp<I>(i + R + c, 0, K);
+    if (cut == Cut::kStart) k0 = std::clamp<I>(i - c, 0, K);
+    if (cut != Cut::kNone && k1 <= k0) return;
+    Block<R, W, kTailB, kTailC>(A + i * sai + k0 * sak, sai, sak, B + k0 * ldb, ldb, k1 - k0, alpha,
+                                accumulate, C + i * ldc, ldc, tail);
+  };
+  I i = i0;
+  for (; i + kR <= M; i += kR) run(std::integral_constant<int, kR>{}, i);
   if (kR > 4 && i + 4 <= M) {
-    Block<4, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
-                                tail);
+    run(std::integral_constant<int, 4>{}, i);
     i += 4;
   }
   if (i + 2 <= M) {
-    Block<2, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
-                                tail);
+    run(std::integral_constant<int, 2>{}, i);
     i += 2;
   }
-  if (i < M)
-    Block<1, W, kTailB, kTailC>(A + i * sai, sai, sak, B, ldb, K, alpha, accumulate, C + i * ldc, ldc,
-                                tail);
+  if (i < M) run(std::integral_constant<int, 1>{}, i);
 }
 
 // C [M, N] (+)= alpha·a·B over every column: two-vector blocks, then what is left (one vector, a
 // vector and a tail, or a tail). padded: B's rows hold whole vectors (zeros past N), so its tail is
-// loaded directly.
+// loaded directly. rows_from (kNT's band, c in these columns' numbering): a block of columns
+// starting at j runs rows [max(0, j − c), M) only, the rows that see any of its columns.
 HWY_INLINE void Panel(I M, I N, const float* A, I sai, I sak, const float* B, I ldb, bool padded, I K,
-                      float alpha, bool accumulate, float* C, I ldc) {
+                      float alpha, bool accumulate, float* C, I ldc, Cut cut, I c, bool rows_from) {
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
+  const auto first = [&](I j) { return rows_from ? std::clamp<I>(j - c, 0, M) : I{0}; };
   I j = 0;
   for (; j + 2 * L <= N; j += 2 * L)
-    Rows<2, false, false>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, 0);
+    Rows<2, false, false>(first(j), M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, 0, cut, c);
   const I left = N - j;
   if (left == 0) return;
   const std::size_t tail = static_cast<std::size_t>(left % L);
+  const I i0 = first(j);
   if (left == L)
-    Rows<1, false, false>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, 0);
+    Rows<1, false, false>(i0, M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, 0, cut, c);
   else if (left > L && padded)
-    Rows<2, false, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+    Rows<2, false, true>(i0, M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail, cut, c);
   else if (left > L)
-    Rows<2, true, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+    Rows<2, true, true>(i0, M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail, cut, c);
   else if (padded)
-    Rows<1, false, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+    Rows<1, false, true>(i0, M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail, cut, c);
   else
-    Rows<1, true, true>(M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail);
+    Rows<1, true, true>(i0, M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail, cut, c);
 }
 
 // bt [K, ncp] = Bᵀ of B [nc, K] (row stride ldb), columns nc..ncp zero: 4 × 4 blocks transposed in
@@ -180,17 +195,21 @@ HWY_INLINE void PackT(const float* HWY_RESTRICT B, I ldb, I nc, I K, float* HWY_
 }
 
 void TileGemm(GemmForm form, I M, I N, I K, float alpha, const float* A, I lda, const float* B, I ldb,
-              float* C, I ldc) {
+              float* C, I ldc, I band) {
   if (M <= 0 || N <= 0) return;
+  const bool banded = band < attn_fast::kNoBand;
   if (form == GemmForm::kNN) {
-    Panel(M, N, A, lda, 1, B, ldb, false, K, alpha, true, C, ldc);
+    Panel(M, N, A, lda, 1, B, ldb, false, K, alpha, true, C, ldc, banded ? Cut::kEnd : Cut::kNone, band,
+          false);
     return;
   }
   if (form == GemmForm::kTN) {
-    Panel(M, N, A, 1, lda, B, ldb, false, K, alpha, true, C, ldc);
+    Panel(M, N, A, 1, lda, B, ldb, false, K, alpha, true, C, ldc, banded ? Cut::kStart : Cut::kNone,
+          band, false);
     return;
   }
-  // kNT: Bᵀ of each chunk of columns packed [K, ncp], ncp = nc rounded up to whole vectors.
+  // kNT: Bᵀ of each chunk of columns packed [K, ncp], ncp = nc rounded up to whole vectors; a band
+  // skips the chunks no row sees.
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
   HWY_ALIGN float stack[kMaxKc * kNc];
@@ -201,9 +220,10 @@ void TileGemm(GemmForm form, I M, I N, I K, float alpha, const float* A, I lda, 
     bt = heap.data();
   }
   for (I j0 = 0; j0 < N; j0 += kNc) {
+    if (banded && j0 > M - 1 + band) break;  // no row sees these columns
     const I nc = std::min(kNc, N - j0), ncp = (nc + L - 1) / L * L;
     PackT(B + j0 * ldb, ldb, nc, K, bt, ncp);
-    Panel(M, nc, A, lda, 1, bt, ncp, true, K, alpha, false, C + j0, ldc);
+    Panel(M, nc, A, lda, 1, bt, ncp, true, K, alpha, false, C + j0, ldc, Cut::kNone, band - j0, banded);
   }
 }
 

@@ -15,6 +15,15 @@
 // the element's place in the matrix, so a row's result does not depend on M, N, the block the row
 // falls in, or the thread that computes it (deterministic; the models' bit-reproducibility rests on
 // it). Nothing outside the M × N elements of C is read or written.
+//
+// A band (causal tiles): band = c < kNoBand says that only the score-tile entries (query i, key j)
+// with j ≤ i + c matter; the others are masked. The score tile is C of kNT (i = row, j = column),
+// A of kNN (i = row, j = k) and A of kTN (j = C's row, i = k). kNT may leave C's masked entries
+// unwritten (the caller masks them); kNN and kTN skip the masked stretches of each block's sum, and
+// may still read a masked entry where a block of rows straddles the diagonal, so those must hold
+// zeros (P and dS of a masked score are 0). Skipping a product that is exactly ±0 leaves each sum
+// the same (up to the sign of a zero result), so a banded product equals the full one wherever it
+// is defined, on every target. On a causal diagonal tile this does about half the work.
 #pragma once
 
 #include <cblas.h>
@@ -25,9 +34,12 @@ namespace posenc::attn_fast {
 
 enum class GemmForm { kNT, kNN, kTN };
 
+// No band: every entry of the tile matters.
+constexpr std::int64_t kNoBand = std::int64_t{1} << 60;
+
 using TileGemmFn = void (*)(GemmForm form, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float* C,
-                            std::int64_t ldc);
+                            std::int64_t ldc, std::int64_t band);
 
 // The best target's GEMM on this CPU. Not cached: the tests switch targets
 // (hwy::SetSupportedTargetsForTest) between calls.
@@ -47,12 +59,14 @@ constexpr std::int64_t kTileGemmMaxD = 128;
 // tile_gemm() calls OpenBLAS).
 inline TileGemmFn tile_gemm_for(std::int64_t D) { return D <= kTileGemmMaxD ? tile_gemm_fn() : nullptr; }
 
-// One tile product: small(form, …) when small is given, else cblas_sgemm with the same meaning.
+// One tile product: small(form, …) when small is given, else cblas_sgemm with the same meaning
+// (OpenBLAS computes the whole tile whatever the band: the masked entries it writes are masked
+// afterwards, and those it reads are zeros).
 inline void tile_gemm(TileGemmFn small, GemmForm form, std::int64_t M, std::int64_t N, std::int64_t K,
                       float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
-                      float* C, std::int64_t ldc) {
+                      float* C, std::int64_t ldc, std::int64_t band = kNoBand) {
   if (small) {
-    small(form, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+    small(form, M, N, K, alpha, A, lda, B, ldb, C, ldc, band);
     return;
   }
   const CBLAS_TRANSPOSE ta = form == GemmForm::kTN ? CblasTrans : CblasNoTrans;
