@@ -19,7 +19,10 @@
 // Tile products. Each is one call of tile_gemm() (tile_gemm.h): for head dims D ≤ kTileGemmMaxD
 // (128) the Highway small GEMM of tile_gemm.cc (no packing but a transpose of the NT form's Bᵀ;
 // deterministic, the same sum for an element wherever it lies), else cblas_sgemm; a single query row
-// (a decode step) calls cblas_sgemv whatever D.
+// (a decode step) calls cblas_sgemv whatever D. On a tile that the causal diagonal crosses, the
+// products, the softmax and the exponentials take a band (tile_gemm.h: only keys j ≤ i − base of
+// row i matter) and skip the masked half: the tile holds −inf past each row's last key up to a
+// whole 16 (band_reach) and zeros beyond, so what a product still reads there is P = dS = 0.
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
 // place: the GEMM gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
