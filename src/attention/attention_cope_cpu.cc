@@ -35,8 +35,12 @@
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
 //   pass 1, per (b, h, query block): the forward above; kept [B, Hq, M]: lse, Dᵢ = dOᵢ·outᵢ
 //     (float), j*_i (int32), U_i (double).
-//   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races: key blocks
-//     walked forward (ascending j), for each query head and query block not wholly masked:
+//   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races — its query
+//     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose dQ, QE and
+//     C take at most 4 MiB: 5376 rows at G = 1, D = 64, ncol = 64), each chunk on its own:
+//     QE [G, Mc, ncol] of its rows (sgemm); the key blocks its rows see (causal: up to its last row)
+//     walked forward (ascending j), for each query head and query block of the chunk not wholly
+//     masked:
 //       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ (sgemm);
 //       a tile wholly left of every row's j* is clamped: logits = a + QE[i, top], P = exp(l − lse),
 //         dl = P ⊙ (dP − D), C[i, top] += Σ_j dl, da = dl;
@@ -49,17 +53,24 @@
 //         total minus a suffix: no cancellation, and no extra sweep to find the total);
 //         da = dl + dg·g(1 − g);
 //       dV += P·dO, dK += scale·da·Q, dQ += scale·daᵀ·K (sgemm).
-//     At the end of the task: dQ += C·E and dE += Cᵀ·Q (sgemm), C [G, M, ncol] holding each row's
-//     Σ_j ∂l_ij/∂(q_i·e_r). The per-row carries (count from j*, dp prefix) live in [G, M] arrays,
-//     since key blocks are the outer loop.
+//     At the end of the chunk: dQ += C·E and dE += Cᵀ·Q (sgemm), C [G, Mc, ncol] holding each
+//     row's Σ_j ∂l_ij/∂(q_i·e_r), and its dQ rows stored. The per-row carries (count from j*, dp
+//     prefix) live in [G, Mc] arrays, since key blocks are the outer loop within the chunk. A key
+//     block's dK, dV get a part from each chunk that sees it: the first stores it, the others add
+//     theirs — in the caller's dk (dv) when it is float32, else (and only with several chunks) in a
+//     float [N, D] of the task, rounded to the dtype once at its end; keys no chunk sees get 0.
 //   Pass 1 decides what is clamped (j < j*_i) and pass 2 follows it; the count pass 2 rebuilds for
 //   j ≥ j* agrees with the forward's to float rounding (should it round to ≥ top there, it clamps).
 //   Cost over nope: pass 1 is a forward; pass 2 adds the elementwise work of unclamped tiles and
-//   three [M, D] × [D, ncol]-sized products per head.
-//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the task's dQ, QE
-//   and C, 4·G·M·(D + 2·ncol) bytes, and dE [ncol, D] in double. L = 65536, H = 8, D = 64,
-//   npos = 64, one thread: 59 MiB over the caller's tensors (10 MiB pass 1, 48 MiB the task);
-//   forward 0.6 MiB. Never an [M, N] buffer.
+//   three [M, D] × [D, ncol]-sized products per head; the chunks add a load of K, V and a store or
+//   add of dK, dV per chunk and key block seen, [N, D]-sized each, against the chunk's Mc/Bq tiles.
+//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the chunk's dQ,
+//   QE and C, 4·G·Mc·(D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its carries 12·G·Mc bytes, dE
+//   [G, ncol, D] in float and [ncol, D] in double: none of it grows with M (a bfloat16 or float16
+//   dk, dv with M > Mc adds the task's float [N, D] for each). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
+//   one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
+//   when the task kept all M rows), two threads 21.4 MiB (110.7 MiB before); forward 0.6 MiB.
+//   Never an [M, N] buffer.
 //
 // ---- precision ----------------------------------------------------------------------------------
 //   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
@@ -68,7 +79,8 @@
 //   up to 2^-18 per addition, an error that z multiplies by q·(e_⌈p⌉ − e_⌊p⌋), several units),
 //   the carry between tiles is double, so the error of p grows neither with the count nor with N;
 //   and clamping is an exact test. What remains is ~1e-6 from the gates themselves (float logits).
-//   The dp prefix carry is float (it runs only over unclamped keys). dE: each task's Cᵀ·Q in float,
+//   The dp prefix carry is float (it runs only over unclamped keys). dK, dV: each chunk's part in
+//   float (sgemm over its tiles), the parts added in float. dE: each task's Cᵀ·Q in float,
 //   summed over tasks in double (in the order threads finish them, so with several threads dtable
 //   can differ in its last double bits between runs; out, lse, dq, dk, dv do not depend on the
 //   thread count).
