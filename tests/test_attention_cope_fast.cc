@@ -4,8 +4,9 @@
 // offsets × float32 and bfloat16 q/k/v × float32 and float64 tables × sizes off the tile
 // (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64, 130}) × npos ∈ {1, 2, 5, 64, 300} (positions clamped
 // everywhere, on part of each row, or nowhere) × 1 and 2 threads; sparse gates (rows unclamped
-// over many keys); every SIMD target on a case that runs all tile paths; L = 989; peak memory of a
-// long sequence; the dispatcher's choice.
+// over many keys); every SIMD target on a case that runs all tile paths; L = 989; the backward's
+// query rows in several chunks, with every subset of the gradients; peak memory of a long sequence;
+// the dispatcher's choice.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
 // q and k are drawn with σ = 1.5, so scale·q·k has σ = 2.25 and the gates spread over (0, 1)
@@ -136,6 +137,11 @@ struct Tol {
 Tol tol_out(DType t) { return t == DType::kF32 ? Tol{2e-5, 2e-5} : Tol{8e-3, 8e-3}; }
 Tol tol_grad(DType t) { return t == DType::kF32 ? Tol{1e-4, 1e-4} : Tol{1.6e-2, 1.6e-2}; }
 
+// An output tensor holding 7 everywhere: the kernel must write every entry (0 where nothing reaches).
+Tensor filled(DType t, const std::vector<std::int64_t>& shape) {
+  return Tensor(t, Vec(Tensor::count(shape), 7.0), shape);
+}
+
 // Forward and backward of the kernel and the reference on the same inputs.
 void check(Problem& pr) {
   const Case& c = pr.c;
@@ -144,7 +150,7 @@ void check(Problem& pr) {
   EncodingTensors t64;
   t64.table = pr.table.view64();
   // forward
-  Tensor out(dt, {c.B, c.M, c.Hq, c.D});
+  Tensor out = filled(dt, {c.B, c.M, c.Hq, c.D});
   Vec lse(ix(c.B * c.Hq * c.M), 7.0), want(out.d.size()), want_lse(lse.size());
   Status st = fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(),
                                        View::contiguous(lse.data(), DType::kF64, pr.lse_shape()));
@@ -158,8 +164,8 @@ void check(Problem& pr) {
   // lse is float32 inside the kernel: absolute error ~ eps·|lse| plus the logits' error
   EXPECT_TRUE(AllClose(lse, want_lse, 1e-4, 1e-4)) << "lse";
   // backward
-  Tensor dq(dt, pr.q.shape), dk(dt, pr.k.shape), dv(dt, pr.v.shape);
-  Tensor de(pr.table.dtype, pr.table.shape);
+  Tensor dq = filled(dt, pr.q.shape), dk = filled(dt, pr.k.shape), dv = filled(dt, pr.v.shape);
+  Tensor de = filled(pr.table.dtype, pr.table.shape);
   Vec wq(pr.q.d.size()), wk(pr.k.d.size()), wv(pr.v.d.size()), we(pr.table.d.size());
   EncodingGrads g, gw;
   g.table = de.view();
@@ -289,6 +295,78 @@ TEST(FastCope, L989MatchesReference) {
   set_num_threads(2);
   Problem pr({1, 989, 989, 2, 1, 64}, true, 64, DType::kF32, DType::kF32, 1200);
   check(pr);
+  set_num_threads(0);
+}
+
+// The backward's pass 2 walks each task's query rows in chunks (a few MiB of rows; here forced to
+// 128 and to 100 rows, so that M = 389 crosses four, the last partial, and with 100 the query blocks
+// sit off the 128-row grid): the per-row carries and C restart with each chunk, dK and dV of a key
+// block are summed over the chunks that see it (in place for float32 outputs, in a float buffer
+// rounded once for bfloat16). Causal or not, grouped-query heads, float32 and bfloat16; M = N, M > N
+// (early causal rows see nothing) and M < N with q_off = 0 (causal: the last keys are seen by no
+// chunk and get 0). Against the reference with every output; then every other subset of dq, dk, dv
+// and dtable, and float32 dk, dv with strides, give the same values bit for bit.
+TEST(FastCope, ChunkedBackward) {
+  set_num_threads(1);
+  const NamedCase shapes[] = {
+      {"M_eq_N", {1, 389, 389, 4, 2, 16}},
+      {"M_gt_N", {1, 389, 200, 4, 2, 8}},
+      {"M_lt_N_q0", {2, 300, 389, 2, 1, 8, I{0}, 0}},
+  };
+  int n = 0;
+  for (I rows : {I{128}, I{100}})
+    for (const NamedCase& nc : shapes)
+      for (bool causal : {true, false})
+        for (DType dt : {DType::kF32, DType::kBF16}) {
+          ++n;
+          const I npos = n % 2 ? 5 : 64;
+          SCOPED_TRACE(std::string(nc.name) + " chunk " + std::to_string(rows) +
+                       (causal ? " causal " : " full ") + dtype_name(dt) + " npos " +
+                       std::to_string(npos));
+          fused::cope_set_chunk_rows(rows);
+          Problem pr(nc.c, causal, npos, dt, DType::kF32, 1600 + n);
+          check(pr);
+          // every output, then each subset: the outputs present are unchanged
+          const EncodingTensors t = pr.tensors();
+          const View qv = pr.q.view(), kv = pr.k.view(), vv = pr.v.view();
+          auto run = [&](int mask, std::vector<Vec>* res) {
+            Tensor dq = filled(dt, pr.q.shape), dk = filled(dt, pr.k.shape),
+                   dv = filled(dt, pr.v.shape), de = filled(DType::kF32, pr.table.shape);
+            EncodingGrads g;
+            if (mask & 8) g.table = de.view();
+            const Status st = fused::attention_backward(
+                pr.p, qv, kv, vv, t, pr.dout.view(), mask & 1 ? dq.view() : View{},
+                mask & 2 ? dk.view() : View{}, mask & 4 ? dv.view() : View{}, g);
+            ASSERT_TRUE(st.ok()) << st.message();
+            *res = {dq.values(), dk.values(), dv.values(), de.values()};
+          };
+          std::vector<Vec> all;
+          run(15, &all);
+          for (int mask = 1; mask < 15; ++mask) {
+            std::vector<Vec> part;
+            run(mask, &part);
+            for (int o = 0; o < 4; ++o)
+              if (mask & (1 << o)) {
+                EXPECT_EQ(part[ix(o)], all[ix(o)]) << "mask " << mask << " output " << o;
+              }
+          }
+          if (dt != DType::kF32) continue;
+          // float32 dk, dv every other element of a buffer twice the size (add_rows with a stride)
+          const I nkv = static_cast<I>(pr.k.d.size());
+          std::vector<float> sk(ix(2 * nkv), 7.f), sv(ix(2 * nkv), 7.f);
+          auto strided = [&](std::vector<float>& buf) {
+            View w = View::contiguous(buf.data(), DType::kF32, pr.k.shape);
+            for (int a = 0; a < 4; ++a) w.strides[ix(a)] *= 2;
+            return w;
+          };
+          ASSERT_TRUE(fused::attention_backward(pr.p, qv, kv, vv, t, pr.dout.view(), View{},
+                                                strided(sk), strided(sv), EncodingGrads{}).ok());
+          Vec gk(ix(nkv)), gv(ix(nkv));
+          for (I x = 0; x < nkv; ++x) gk[ix(x)] = sk[ix(2 * x)], gv[ix(x)] = sv[ix(2 * x)];
+          EXPECT_EQ(gk, all[1]) << "strided dk";
+          EXPECT_EQ(gv, all[2]) << "strided dv";
+        }
+  fused::cope_set_chunk_rows(0);
   set_num_threads(0);
 }
 

@@ -35,8 +35,12 @@
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
 //   pass 1, per (b, h, query block): the forward above; kept [B, Hq, M]: lse, Dᵢ = dOᵢ·outᵢ
 //     (float), j*_i (int32), U_i (double).
-//   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races: key blocks
-//     walked forward (ascending j), for each query head and query block not wholly masked:
+//   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races — its query
+//     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose dQ, QE and
+//     C take at most 4 MiB: 5376 rows at G = 1, D = 64, ncol = 64), each chunk on its own:
+//     QE [G, Mc, ncol] of its rows (sgemm); the key blocks its rows see (causal: up to its last row)
+//     walked forward (ascending j), for each query head and query block of the chunk not wholly
+//     masked:
 //       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ (sgemm);
 //       a tile wholly left of every row's j* is clamped: logits = a + QE[i, top], P = exp(l − lse),
 //         dl = P ⊙ (dP − D), C[i, top] += Σ_j dl, da = dl;
@@ -49,17 +53,24 @@
 //         total minus a suffix: no cancellation, and no extra sweep to find the total);
 //         da = dl + dg·g(1 − g);
 //       dV += P·dO, dK += scale·da·Q, dQ += scale·daᵀ·K (sgemm).
-//     At the end of the task: dQ += C·E and dE += Cᵀ·Q (sgemm), C [G, M, ncol] holding each row's
-//     Σ_j ∂l_ij/∂(q_i·e_r). The per-row carries (count from j*, dp prefix) live in [G, M] arrays,
-//     since key blocks are the outer loop.
+//     At the end of the chunk: dQ += C·E and dE += Cᵀ·Q (sgemm), C [G, Mc, ncol] holding each
+//     row's Σ_j ∂l_ij/∂(q_i·e_r), and its dQ rows stored. The per-row carries (count from j*, dp
+//     prefix) live in [G, Mc] arrays, since key blocks are the outer loop within the chunk. A key
+//     block's dK, dV get a part from each chunk that sees it: the first stores it, the others add
+//     theirs — in the caller's dk (dv) when it is float32, else (and only with several chunks) in a
+//     float [N, D] of the task, rounded to the dtype once at its end; keys no chunk sees get 0.
 //   Pass 1 decides what is clamped (j < j*_i) and pass 2 follows it; the count pass 2 rebuilds for
 //   j ≥ j* agrees with the forward's to float rounding (should it round to ≥ top there, it clamps).
 //   Cost over nope: pass 1 is a forward; pass 2 adds the elementwise work of unclamped tiles and
-//   three [M, D] × [D, ncol]-sized products per head.
-//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the task's dQ, QE
-//   and C, 4·G·M·(D + 2·ncol) bytes, and dE [ncol, D] in double. L = 65536, H = 8, D = 64,
-//   npos = 64, one thread: 59 MiB over the caller's tensors (10 MiB pass 1, 48 MiB the task);
-//   forward 0.6 MiB. Never an [M, N] buffer.
+//   three [M, D] × [D, ncol]-sized products per head; the chunks add a load of K, V and a store or
+//   add of dK, dV per chunk and key block seen, [N, D]-sized each, against the chunk's Mc/Bq tiles.
+//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the chunk's dQ,
+//   QE and C, 4·G·Mc·(D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its carries 12·G·Mc bytes, dE
+//   [G, ncol, D] in float and [ncol, D] in double: none of it grows with M (a bfloat16 or float16
+//   dk, dv with M > Mc adds the task's float [N, D] for each). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
+//   one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
+//   when the task kept all M rows), two threads 21.4 MiB (110.7 MiB before); forward 0.6 MiB.
+//   Never an [M, N] buffer.
 //
 // ---- precision ----------------------------------------------------------------------------------
 //   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
@@ -68,7 +79,8 @@
 //   up to 2^-18 per addition, an error that z multiplies by q·(e_⌈p⌉ − e_⌊p⌋), several units),
 //   the carry between tiles is double, so the error of p grows neither with the count nor with N;
 //   and clamping is an exact test. What remains is ~1e-6 from the gates themselves (float logits).
-//   The dp prefix carry is float (it runs only over unclamped keys). dE: each task's Cᵀ·Q in float,
+//   The dp prefix carry is float (it runs only over unclamped keys). dK, dV: each chunk's part in
+//   float (sgemm over its tiles), the parts added in float. dE: each task's Cᵀ·Q in float,
 //   summed over tasks in double (in the order threads finish them, so with several threads dtable
 //   can differ in its last double bits between runs; out, lse, dq, dk, dv do not depend on the
 //   thread count).
@@ -410,8 +422,10 @@ HWY_AFTER_NAMESPACE();
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "attention/attention_fused.h"
 #include "enc/cope/cope_math.h"
@@ -425,6 +439,11 @@ using attn::Dims;
 using namespace attn_fast;  // NOLINT: the shared tile machinery
 
 constexpr float kPosInfF = std::numeric_limits<float>::infinity();
+
+// The backward's pass 2 walks each task's query rows in chunks whose dQ, QE and C take at most this
+// (one set per thread), so that its memory does not grow with M.
+constexpr I kChunkBytes = I{4} << 20;
+std::atomic<I> g_chunk_rows{0};  // cope_set_chunk_rows: > 0 overrides the chunk's rows per head
 
 // Per-thread scratch: tiles and per-row (lane) state of one query block.
 struct Scratch {
@@ -517,133 +536,178 @@ class Cope {
         }
       }
     }
-    // pass 2: per (b, kv head)
+    // pass 2: per (b, kv head), its query rows in chunks of mc rows per head
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
     const int nthr = threads_ > 1 ? threads_ : 1;
+    const I mc = std::max<I>(1, std::min(chunk_rows(), M)), nchunks = (M + mc - 1) / mc;
     std::vector<std::vector<double>> dE(ix(nthr));  // per thread [ncol, D]
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
       w.init(D, nc);
       w.init_backward(D);
-      // the task's dQ, QE and C (Bq rows of padding: lanes past a block's end read and add 0 there)
-      std::vector<float> dqt(ix(G * M * D)), qe(ix((G * M + kBq) * nc)), C(qe.size());
-      std::vector<float> dct(ix(G * M));
-      std::vector<double> gc(ix(G * M));
-      std::vector<float> dEt(ix(nc * D));
+      // the chunk's dQ, QE and C [G, mc, ·] (Bq rows of padding: lanes past a block's end read and
+      // add 0 there), its per-row carries (count from j*, dp prefix), the task's dE per query head
+      std::vector<float> dqt(ix(G * mc * D)), qe(ix((G * mc + kBq) * nc)), C(qe.size());
+      std::vector<float> dct(ix(G * mc));
+      std::vector<double> gc(ix(G * mc));
+      std::vector<float> dEt(ix(G * nc * D));
       std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
       dEs.assign(ix(nc * D), 0.0);
+      // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
+      // in place (the task owns its kv head: no race); another dtype, when there are several chunks,
+      // in the task's float [N, D], rounded once at the end.
+      std::vector<float> dka(ix(dk.present() && dk.dtype != DType::kF32 && nchunks > 1 ? N * D : 0));
+      std::vector<float> dva(ix(dv.present() && dv.dtype != DType::kF32 && nchunks > 1 ? N * D : 0));
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
         const I b = task / d_.Hkv, kh = task % d_.Hkv;
-        std::fill(dqt.begin(), dqt.end(), 0.f);
-        std::fill(C.begin(), C.end(), 0.f);
-        std::fill(dct.begin(), dct.end(), 0.f);
-        std::fill(gc.begin(), gc.end(), 0.0);
-        for (I g = 0; g < G; ++g)  // QE [M, ncol] of each query head
-          for (I i0 = 0; i0 < M; i0 += kBq) {
-            const I nq = std::min(kBq, M - i0);
-            load_rows(q_, D, b, i0, nq, kh * G + g, w.q.data());
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(cols(i0, nq)), int(D),
-                        1.f, w.q.data(), int(D), E_.data(), int(D), 0.f, &qe[ix((g * M + i0) * nc)],
-                        int(nc));
+        // a key block's part: stored where no earlier chunk reached it (j0 ≥ done), added elsewhere
+        const auto put = [&](const View& out, std::vector<float>& acc, I j0, I nk, const float* x,
+                             bool first) {
+          if (!out.present()) return;
+          if (acc.empty()) {
+            if (first) store_rows(out, D, b, j0, nk, kh, x);
+            else add_rows(out, D, b, j0, nk, kh, x);  // float32 (else acc is there)
+          } else if (first) {
+            std::copy(x, x + nk * D, &acc[ix(j0 * D)]);
+          } else {
+            simd_.add_to(&acc[ix(j0 * D)], x, ix(nk * D));
           }
-        for (I j0 = 0; j0 < N; j0 += kBk) {
-          const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
-          load_rows(k_, D, b, j0, nk, kh, w.k.data());
-          load_rows(v_, D, b, j0, nk, kh, w.v.data());
-          std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
-          std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
+        };
+        I done = 0;  // keys [0, done) have had a part from an earlier chunk
+        std::fill(dEt.begin(), dEt.end(), 0.f);
+        for (I c0 = 0; c0 < M; c0 += mc) {
+          const I mq = std::min(mc, M - c0);  // the chunk: rows [c0, c0 + mq) of each query head
+          std::fill(dqt.begin(), dqt.end(), 0.f);
+          std::fill(C.begin(), C.end(), 0.f);
+          std::fill(dct.begin(), dct.end(), 0.f);
+          std::fill(gc.begin(), gc.end(), 0.0);
+          for (I g = 0; g < G; ++g)  // QE [mq, ncol] of each query head
+            for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
+              const I nq = std::min(kBq, c0 + mq - i0);
+              load_rows(q_, D, b, i0, nq, kh * G + g, w.q.data());
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(cols(i0, nq)),
+                          int(D), 1.f, w.q.data(), int(D), E_.data(), int(D), 0.f,
+                          &qe[ix((g * mc + i0 - c0) * nc)], int(nc));
+            }
+          // the keys the chunk's rows see (causal: up to its last row)
+          const I jhi = causal_ ? std::clamp<I>(d_.q_off + c0 + mq - d_.k_off, 0, N) : N;
+          for (I j0 = 0; j0 < jhi; j0 += kBk) {
+            const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
+            load_rows(k_, D, b, j0, nk, kh, w.k.data());
+            load_rows(v_, D, b, j0, nk, kh, w.v.data());
+            std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
+            std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
+            for (I g = 0; g < G; ++g) {
+              const I h = kh * G + g;
+              const I ilo = causal_ ? std::clamp<I>(kp0 - d_.q_off, c0, c0 + mq) : c0;
+              for (I i0 = ilo; i0 < c0 + mq; i0 += kBq) {
+                const I nq = std::min(kBq, c0 + mq - i0), row = (b * Hq + h) * M + i0;
+                const I gm = g * mc + i0 - c0;  // the row in the chunk's arrays
+                load_rows(q_, D, b, i0, nq, h, w.q.data());
+                load_rows(dout, D, b, i0, nq, h, w.dout.data());
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), sc,
+                            w.k.data(), int(D), w.q.data(), int(D), 0.f, w.at.data(), int(kBq));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), 1.f,
+                            w.v.data(), int(D), w.dout.data(), int(D), 0.f, w.dpt.data(),
+                            int(kBq));
+                std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
+                for (I i = 0; i < kBq; ++i) {
+                  const bool real = i < nq;
+                  const float L = real ? lse[ix(row + i)] : kNegInfF;
+                  w.lse[ix(i)] = L == kNegInfF ? kPosInfF : L;
+                  w.dd[ix(i)] = real ? Dv[ix(row + i)] : 0.f;
+                  w.js[ix(i)] = real ? J[ix(row + i)] : 0;
+                  const double bc = real ? U[ix(row + i)] - gc[ix(gm + i)] : 0.0;  // count at j0
+                  w.ck[ix(i)] = static_cast<float>(std::floor(bc));
+                  w.cr[ix(i)] = static_cast<float>(bc - std::floor(bc));
+                  w.dc[ix(i)] = real ? dct[ix(gm + i)] : 0.f;
+                  w.qetop[ix(i)] = real ? qe[ix((gm + i) * nc + nc - 1)] : 0.f;
+                  if (real) minjs = std::min(minjs, w.js[ix(i)]);
+                }
+                cope_fast::BwdTile t;
+                t.at = w.at.data();
+                t.dp = w.dpt.data();
+                t.nk = nk;
+                t.nq = nq;
+                t.j0 = j0;
+                t.causal = causal_;
+                t.base = kp0 - (d_.q_off + i0);
+                t.clamped = j0 + nk <= minjs;
+                t.qe = &qe[ix(gm * nc)];
+                t.c = &C[ix(gm * nc)];
+                t.rowbase = w.rowbase.data();
+                t.qetop = w.qetop.data();
+                t.top = top_;
+                t.colmax = static_cast<float>(nc - 1);
+                t.lse = w.lse.data();
+                t.dd = w.dd.data();
+                t.js = w.js.data();
+                t.bk = w.ck.data();
+                t.br = w.cr.data();
+                t.tk = w.tk.data();
+                t.tr = w.tr.data();
+                t.dc = w.dc.data();
+                t.ctop = w.ctop.data();
+                kern_.bwd(t);
+                if (t.clamped) {
+                  for (I i = 0; i < nq; ++i) C[ix((gm + i) * nc + nc - 1)] += w.ctop[ix(i)];
+                } else {
+                  for (I i = 0; i < nq; ++i) {
+                    gc[ix(gm + i)] +=
+                        static_cast<double>(w.tk[ix(i)]) + static_cast<double>(w.tr[ix(i)]);
+                    dct[ix(gm + i)] = w.dc[ix(i)];
+                  }
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq),
+                            1.f, w.at.data(), int(kBq), w.dout.data(), int(D), 1.f, w.dv.data(),
+                            int(D));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq),
+                            sc, w.dpt.data(), int(kBq), w.q.data(), int(D), 1.f, w.dk.data(),
+                            int(D));
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nq), int(D), int(nk), sc,
+                            w.dpt.data(), int(kBq), w.k.data(), int(D), 1.f, &dqt[ix(gm * D)],
+                            int(D));
+              }
+            }
+            put(dk, dka, j0, nk, w.dk.data(), j0 >= done);
+            put(dv, dva, j0, nk, w.dv.data(), j0 >= done);
+          }
+          done = std::max(done, std::min(N, (jhi + kBk - 1) / kBk * kBk));
+          // the z term's direct paths: dQ += C·E, dE += Cᵀ·Q
           for (I g = 0; g < G; ++g) {
             const I h = kh * G + g;
-            const I ilo = causal_ ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
-            for (I i0 = ilo; i0 < M; i0 += kBq) {
-              const I nq = std::min(kBq, M - i0), row = (b * Hq + h) * M + i0, gm = g * M + i0;
+            for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
+              const I nq = std::min(kBq, c0 + mq - i0), ncb = cols(i0, nq), gm = g * mc + i0 - c0;
+              const float* Cb = &C[ix(gm * nc)];
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(ncb),
+                          1.f, Cb, int(nc), E_.data(), int(D), 1.f, &dqt[ix(gm * D)], int(D));
+              if (!dtable.present()) continue;
               load_rows(q_, D, b, i0, nq, h, w.q.data());
-              load_rows(dout, D, b, i0, nq, h, w.dout.data());
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), sc,
-                          w.k.data(), int(D), w.q.data(), int(D), 0.f, w.at.data(), int(kBq));
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), 1.f,
-                          w.v.data(), int(D), w.dout.data(), int(D), 0.f, w.dpt.data(), int(kBq));
-              std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
-              for (I i = 0; i < kBq; ++i) {
-                const bool real = i < nq;
-                const float L = real ? lse[ix(row + i)] : kNegInfF;
-                w.lse[ix(i)] = L == kNegInfF ? kPosInfF : L;
-                w.dd[ix(i)] = real ? Dv[ix(row + i)] : 0.f;
-                w.js[ix(i)] = real ? J[ix(row + i)] : 0;
-                const double bc = real ? U[ix(row + i)] - gc[ix(gm + i)] : 0.0;  // count at key j0
-                w.ck[ix(i)] = static_cast<float>(std::floor(bc));
-                w.cr[ix(i)] = static_cast<float>(bc - std::floor(bc));
-                w.dc[ix(i)] = real ? dct[ix(gm + i)] : 0.f;
-                w.qetop[ix(i)] = real ? qe[ix((gm + i) * nc + nc - 1)] : 0.f;
-                if (real) minjs = std::min(minjs, w.js[ix(i)]);
-              }
-              cope_fast::BwdTile t;
-              t.at = w.at.data();
-              t.dp = w.dpt.data();
-              t.nk = nk;
-              t.nq = nq;
-              t.j0 = j0;
-              t.causal = causal_;
-              t.base = kp0 - (d_.q_off + i0);
-              t.clamped = j0 + nk <= minjs;
-              t.qe = &qe[ix(gm * nc)];
-              t.c = &C[ix(gm * nc)];
-              t.rowbase = w.rowbase.data();
-              t.qetop = w.qetop.data();
-              t.top = top_;
-              t.colmax = static_cast<float>(nc - 1);
-              t.lse = w.lse.data();
-              t.dd = w.dd.data();
-              t.js = w.js.data();
-              t.bk = w.ck.data();
-              t.br = w.cr.data();
-              t.tk = w.tk.data();
-              t.tr = w.tr.data();
-              t.dc = w.dc.data();
-              t.ctop = w.ctop.data();
-              kern_.bwd(t);
-              if (t.clamped) {
-                for (I i = 0; i < nq; ++i) C[ix((gm + i) * nc + nc - 1)] += w.ctop[ix(i)];
-              } else {
-                for (I i = 0; i < nq; ++i) {
-                  gc[ix(gm + i)] +=
-                      static_cast<double>(w.tk[ix(i)]) + static_cast<double>(w.tr[ix(i)]);
-                  dct[ix(gm + i)] = w.dc[ix(i)];
-                }
-              }
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq), 1.f,
-                          w.at.data(), int(kBq), w.dout.data(), int(D), 1.f, w.dv.data(), int(D));
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq), sc,
-                          w.dpt.data(), int(kBq), w.q.data(), int(D), 1.f, w.dk.data(), int(D));
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nq), int(D), int(nk), sc,
-                          w.dpt.data(), int(kBq), w.k.data(), int(D), 1.f, &dqt[ix(gm * D)],
-                          int(D));
+              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(ncb), int(D), int(nq), 1.f,
+                          Cb, int(nc), w.q.data(), int(D), 1.f, &dEt[ix(g * nc * D)], int(D));
             }
+            if (dq.present()) store_rows(dq, D, b, c0, mq, h, &dqt[ix(g * mc * D)]);
           }
-          if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
-          if (dv.present()) store_rows(dv, D, b, j0, nk, kh, w.dv.data());
         }
-        // the z term's direct paths: dQ += C·E, dE += Cᵀ·Q
-        for (I g = 0; g < G; ++g) {
-          const I h = kh * G + g;
-          std::fill(dEt.begin(), dEt.end(), 0.f);
-          for (I i0 = 0; i0 < M; i0 += kBq) {
-            const I nq = std::min(kBq, M - i0), ncb = cols(i0, nq);
-            const float* Cb = &C[ix((g * M + i0) * nc)];
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(ncb), 1.f,
-                        Cb, int(nc), E_.data(), int(D), 1.f, &dqt[ix((g * M + i0) * D)], int(D));
-            if (!dtable.present()) continue;
-            load_rows(q_, D, b, i0, nq, h, w.q.data());
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(ncb), int(D), int(nq), 1.f, Cb,
-                        int(nc), w.q.data(), int(D), 1.f, dEt.data(), int(D));
+        // keys no chunk saw (causal: right of the last query) get 0; the accumulators go out
+        std::fill(w.dk.begin(), w.dk.end(), 0.f);
+        for (auto [out, acc] : {std::pair{&dk, &dka}, std::pair{&dv, &dva}}) {
+          if (!out->present()) continue;
+          if (acc->empty()) {
+            for (I j0 = done; j0 < N; j0 += kBk)
+              store_rows(*out, D, b, j0, std::min(kBk, N - j0), kh, w.dk.data());
+          } else {
+            std::fill(acc->begin() + done * D, acc->end(), 0.f);
+            store_rows(*out, D, b, 0, N, kh, acc->data());
           }
-          if (dq.present()) store_rows(dq, D, b, 0, M, h, &dqt[ix(g * M * D)]);
-          if (dtable.present())
-            for (std::size_t x = 0; x < dEt.size(); ++x) dEs[x] += static_cast<double>(dEt[x]);
         }
+        if (dtable.present())
+          for (I g = 0; g < G; ++g)
+            for (I x = 0; x < nc * D; ++x)
+              dEs[ix(x)] += static_cast<double>(dEt[ix(g * nc * D + x)]);
       }
     }
     if (dtable.present()) {  // rows past ncol are never reached: 0
@@ -655,6 +719,15 @@ class Cope {
   }
 
  private:
+  // Query rows per head of a pass-2 chunk: the largest multiple of Bq (at least Bq) whose dQ, QE and
+  // C, 4·G·Mc·(D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
+  I chunk_rows() const {
+    const I set = g_chunk_rows.load(std::memory_order_relaxed);
+    if (set > 0) return set;
+    const I row_bytes = 4 * d_.G * (d_.D + 2 * ncol_);
+    return std::max<I>(kBq, kChunkBytes / row_bytes / kBq * kBq);
+  }
+
   // Table rows that query rows [q0, q0 + nq) can read: a count is at most the number of keys a row
   // sees, so causal rows early in the sequence need fewer than ncol (the ⌈p⌉ read beside the last
   // one, with weight 0, is included). Columns past this of QE and C are neither written nor read.
@@ -746,6 +819,10 @@ class Cope {
 namespace fused {
 
 bool cope_fused() { return true; }
+
+void cope_set_chunk_rows(std::int64_t rows) {
+  g_chunk_rows.store(std::max<std::int64_t>(rows, 0), std::memory_order_relaxed);
+}
 
 namespace {
 // The tile kernels hold key indices in int32 and table rows as integers in floats (< 2^23); beyond

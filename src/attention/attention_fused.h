@@ -59,5 +59,8 @@ Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q
 Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                      const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                      const View& dk, const View& dv, const EncodingGrads& g);
+// For tests: the query rows per head of a chunk of the CoPE backward's pass 2 (rows > 0), so that a
+// small M crosses several chunks; 0 restores the default (chunks of a few MiB).
+void cope_set_chunk_rows(std::int64_t rows);
 
 }  // namespace posenc::fused

@@ -107,6 +107,37 @@ inline void store_rows(const View& x, I D, I b, I r0, I n, I head, const float* 
   for (I r = 0; r < n; ++r) store_row(x, D, b, r0 + r, head, src + r * D);
 }
 
+// Rows [r0, r0 + n) of head `head` of x += src [n, D], for a kernel that sums a row's parts in the
+// caller's tensor. Any stride; a bfloat16 or float16 x is read, added to in float and rounded again
+// (so a float32 x is what keeps the sum rounded once per addition, as in a float accumulator).
+inline void add_rows(const View& x, I D, I b, I r0, I n, I head, const float* src) {
+  const I s3 = x.strides[3];
+  for (I r = 0; r < n; ++r) {
+    const I off = b * x.strides[0] + (r0 + r) * x.strides[1] + head * x.strides[2];
+    const float* y = src + r * D;
+    switch (x.dtype) {
+      case DType::kF32: {
+        float* dst = static_cast<float*>(x.data) + off;
+        if (s3 == 1)
+          for (I e = 0; e < D; ++e) dst[e] += y[e];
+        else
+          for (I e = 0; e < D; ++e) dst[e * s3] += y[e];
+        break;
+      }
+      case DType::kBF16: {
+        bf16* dst = static_cast<bf16*>(x.data) + off;
+        for (I e = 0; e < D; ++e) dst[e * s3] = to_bf16(to_float(dst[e * s3]) + y[e]);
+        break;
+      }
+      default: {
+        f16* dst = static_cast<f16*>(x.data) + off;
+        for (I e = 0; e < D; ++e) dst[e * s3] = to_f16(to_float(dst[e * s3]) + y[e]);
+        break;
+      }
+    }
+  }
+}
+
 // One step of the online softmax over a score tile S [nq, kBk] (nk valid columns, −inf where masked):
 // m' = max(m, rowmax S), S = exp(S − m'), l = l·e^{m−m'} + ΣS, o = o·e^{m−m'} ([nq, D]). A row still
 // wholly masked gets S = 0. The caller then adds S·V into o.
