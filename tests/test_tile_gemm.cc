@@ -2,7 +2,8 @@
 // on every SIMD target compiled and supported here: the three forms (NT overwriting C, NN and TN
 // adding to it), M, N, K ∈ {1, 3, 16, 17, 33, 64} (tails shorter than a vector, one and two vectors
 // and more on every width), leading dimensions equal to and larger than the rows, alpha ≠ 1, the
-// tiles' largest sizes (128) and a K past the NT stack buffer, empty products. Bounds: each element
+// tiles' largest sizes (128), products taller than a tile (the model's projections, blocks of 8
+// rows), a K past the NT stack buffer, empty products, and banded (causal) tiles. Bounds: each element
 // within (2K + 3)·2⁻²⁴·(|alpha|·Σ_k |a·b| + |C₀|) of the exact value (K multiply-adds, each at most
 // two roundings where the target has no FMA, then alpha and the add). Elements of C outside M × N
 // (the ld gaps and past the end) keep their guard values. A row computed alone equals the same row
@@ -144,6 +145,8 @@ TEST(TileGemm, LargeAndAttentionShapesOnEveryTarget) {
     cases.emplace_back(f, 128, 128, 128, 1, 0.5f, seed += 5);
     cases.emplace_back(f, 40, 50, 200, 2, 1.f, seed += 5);
     cases.emplace_back(f, 127, 129, 31, 0, -2.f, seed += 5);
+    cases.emplace_back(f, 301, 70, 64, 1, 1.f, seed += 5);  // taller than a tile: blocks of 8 rows
+    cases.emplace_back(f, 64, 192, 1024, 0, 1.f, seed += 5);  // a projection's weight gradient
   }
   for (I D : {16, 20, 32}) {
     cases.emplace_back(GemmForm::kNT, 64, 64, D, 128 - 64, 0.25f, seed += 5);  // S = scale·Q·Kᵀ
@@ -178,20 +181,22 @@ TEST(TileGemm, RowsAndColumnsDoNotDependOnTheirBlockOnEveryTarget) {
   ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
     for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
       SCOPED_TRACE(target + " " + name(f));
-      const Case c(f, 37, 45, 19, 3, 0.75f, 901);
-      const std::vector<float> full = c.run(g);
-      for (I i = 0; i < c.M; ++i) {
-        std::vector<float> C = c.C0;
-        const float* a = f == GemmForm::kTN ? c.A.data() + i : c.A.data() + i * c.lda;
-        g(f, 1, c.N, c.K, c.alpha, a, c.lda, c.B.data(), c.ldb, C.data() + i * c.ldc, c.ldc, attn_fast::kNoBand);
-        for (I j = 0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
-      }
-      for (I j0 : {I{0}, I{5}, I{21}}) {  // columns [j0, N) alone
-        std::vector<float> C = c.C0;
-        const float* b = f == GemmForm::kNT ? c.B.data() + j0 * c.ldb : c.B.data() + j0;
-        g(f, c.M, c.N - j0, c.K, c.alpha, c.A.data(), c.lda, b, c.ldb, C.data() + j0, c.ldc, attn_fast::kNoBand);
-        for (I i = 0; i < c.M; ++i)
-          for (I j = j0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
+      for (const I m : {I{37}, I{203}}) {  // 203: past kWideM, blocks of 8 rows on AVX-512
+        const Case c(f, m, 45, 19, 3, 0.75f, 901);
+        const std::vector<float> full = c.run(g);
+        for (I i = 0; i < c.M; ++i) {
+          std::vector<float> C = c.C0;
+          const float* a = f == GemmForm::kTN ? c.A.data() + i : c.A.data() + i * c.lda;
+          g(f, 1, c.N, c.K, c.alpha, a, c.lda, c.B.data(), c.ldb, C.data() + i * c.ldc, c.ldc, attn_fast::kNoBand);
+          for (I j = 0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
+        }
+        for (I j0 : {I{0}, I{5}, I{21}}) {  // columns [j0, N) alone
+          std::vector<float> C = c.C0;
+          const float* b = f == GemmForm::kNT ? c.B.data() + j0 * c.ldb : c.B.data() + j0;
+          g(f, c.M, c.N - j0, c.K, c.alpha, c.A.data(), c.lda, b, c.ldb, C.data() + j0, c.ldc, attn_fast::kNoBand);
+          for (I i = 0; i < c.M; ++i)
+            for (I j = j0; j < c.N; ++j) ASSERT_EQ(C[sz(i * c.ldc + j)], full[sz(i * c.ldc + j)]) << i << " " << j;
+        }
       }
     }
   });

@@ -1,6 +1,7 @@
 // Private: a small float32 GEMM for the attention tiles (tile_gemm.cc, Highway, every target
 // compiled, the best chosen at run time), and tile_gemm(), which the fused kernels call for each of
 // their tile products: this GEMM when it is given (head dim D ≤ kTileGemmMaxD), else cblas_sgemm.
+// The float model (model/model.cc) runs its projections on it too.
 //
 // Why: at the tiles' sizes (M, N ≤ 128, K or N = D) OpenBLAS packs both operands of the TN form
 // and, for NT, reads Bᵀ across rows; this GEMM packs nothing but the NT form's Bᵀ (4 × 4 SIMD
