@@ -158,6 +158,19 @@ Tol tol_for(DType dt) {
 
 std::string target_name(std::int64_t t) { return hwy::TargetName(t); }
 
+// One fast call (status s; output x when in place, else y) against its reference call (rs, ry):
+// both succeed, the values agree within the dtype's tolerance, and x's and y's guard bands hold.
+void ExpectCallMatches(const Status& s, const Status& rs, const std::string& what, DType dt, bool in_place,
+                       const Buf& x, const Buf& y, const Buf& ry) {
+  ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+  ASSERT_TRUE(rs.ok()) << rs.message();
+  const Tol t = tol_for(dt);
+  const Buf& got = in_place ? x : y;
+  EXPECT_TRUE(AllClose(got.values(), ry.values(), t.atol, t.rtol)) << what;
+  EXPECT_TRUE(x.guards_ok()) << what;
+  EXPECT_TRUE(y.guards_ok()) << what;
+}
+
 // Runs body once per SIMD target compiled and supported here, then restores the default.
 void ForEachTarget(const std::function<void(const std::string&)>& body) {
   for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
@@ -214,13 +227,7 @@ TEST(FastElementwiseRope, MatchesReferenceEveryTargetDtypeOption) {
                                      : reference::rope_forward(p, rx.v, pos, ry.v);
           const std::string what = target + " " + rope_layout_name(layout) + " " + dtype_name(dt) + " case " +
                                    std::to_string(n) + " D=" + std::to_string(c.D);
-          ASSERT_TRUE(s.ok()) << what << ": " << s.message();
-          ASSERT_TRUE(rs.ok()) << rs.message();
-          const Tol t = tol_for(dt);
-          const Buf& got = in_place ? x : y;
-          EXPECT_TRUE(AllClose(got.values(), ry.values(), t.atol, t.rtol)) << what;
-          EXPECT_TRUE(x.guards_ok()) << what;
-          EXPECT_TRUE(y.guards_ok()) << what;
+          ExpectCallMatches(s, rs, what, dt, in_place, x, y, ry);
         }
   });
   EXPECT_GT(n, 0);
@@ -1211,13 +1218,7 @@ TEST(FastElementwiseRotary, MatchesReferenceEveryTargetDtypeOption) {
           const std::string what = target + " " + rotary_kind_name(kind) + " " + rope_layout_name(layout) + " " +
                                    dtype_name(dt) + " case " + std::to_string(n) + " D=" + std::to_string(c.D) +
                                    (backward ? " backward" : " forward");
-          ASSERT_TRUE(s.ok()) << what << ": " << s.message();
-          ASSERT_TRUE(rs.ok()) << rs.message();
-          const Tol t = tol_for(dt);
-          const Buf& got = in_place ? x : y;
-          EXPECT_TRUE(AllClose(got.values(), ry.values(), t.atol, t.rtol)) << what;
-          EXPECT_TRUE(x.guards_ok()) << what;
-          EXPECT_TRUE(y.guards_ok()) << what;
+          ExpectCallMatches(s, rs, what, dt, in_place, x, y, ry);
         }
   });
   EXPECT_GT(n, 0);

@@ -813,13 +813,14 @@ class Fused {
   // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf.
   void logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w) const {
     float* S = w->s.data();
+    const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
+    const I bd = band(h, base);
     if (nq == 1)  // a decode step: no tile to reuse, so skip sgemm's packing
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(nk), int(d_.D), static_cast<float>(d_.scale),
                   K.p, int(K.ld), Q.p, 1, 0.f, S, 1);
     else
       tile_gemm(gemm_, GemmForm::kNT, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, K.p,
-                K.ld, S, kBk, band(h, (d_.k_off + j0) - (d_.q_off + q0)));
-    const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
+                K.ld, S, kBk, bd);
     if (bias_ == Bias::kLut) {  // the table's slice for this tile, read in place
       xs_.add_diag(S, nq, nk, kBk, &lut_[ix(h * lut_w_ + base - (nq - 1) - rel_lo_)]);
     } else if (bias_ == Bias::kFire) {
@@ -836,7 +837,6 @@ class Fused {
     // a banded tile (past only) holds −inf past each row's last key up to the softmax's reach
     // (band_reach, attention_tiles.h) and zeros beyond it: the softmax and exp_rows read only that
     // reach, and the products read the zeros as P and dS
-    const I bd = band(h, base);
     for (I i = 0; i < nq; ++i) {
       I jl = 0, jh = nk;
       if (fut) jl = std::clamp<I>(i - base, 0, nk);
@@ -868,14 +868,14 @@ class Fused {
       const I nk = std::min(kBk, jhi - j0);
       const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
+      const I bd = band(h, (d_.k_off + j0) - qp_min);
       logits(h, q0, nq, j0, nk, Q, K, w);
-      online_softmax_step(simd_, S, nq, nk, m, l, o, D, band(h, (d_.k_off + j0) - qp_min));
+      online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
       if (nq == 1)
         cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, V.p, int(V.ld), S, 1, 1.f,
                     o, 1);
       else
-        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V.p, V.ld, o, D,
-                  band(h, (d_.k_off + j0) - qp_min));
+        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V.p, V.ld, o, D, bd);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
   }

@@ -49,8 +49,8 @@ constexpr int kR = HWY_MAX_BYTES >= 64 ? 4 : 6;
 // rows of a do not share cache sets: kTN (a block's rows are adjacent floats of A's row k) and
 // products taller than a tile (more than kWideM rows: the model's projections, whose rows are
 // activations 256 or 1024 bytes apart). Measured (one thread, Zen 4) on the study model's
-// projections, R = 1024 rows, K or N = 64 … 256: 1.05–1.28× OpenBLAS for kTN with K = 1024 (1.0–1.2×
-// the 4-row blocks before), 1.0–1.2× for kNN and kNT.
+// projections, R = 1024 rows, K or N = 64 … 256, against OpenBLAS: kTN with K = 1024 1.05–1.28×
+// (0.80–1.19× over two runs with 4-row blocks), kNN and kNT 1.0–1.2× (one run).
 constexpr I kWideM = 128;
 
 // Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.
