@@ -33,7 +33,10 @@
 // for the same kernel (attention.forward / attention.backward: a variant suffix such as ".mixed" is
 // compared with the plain kernel's nope), shape, dtype and threads, nope timed in the same rounds as
 // the encoding (baseline, kernel, nope, repeated; medians), so that the machine's drift between
-// cases does not enter the ratio; 1 for nope itself.
+// cases does not enter the ratio; 1 for nope itself. Rows of more than one thread also time the
+// same call and the baseline on one thread in those rounds: one_thread_seconds, speedup =
+// one_thread_seconds / seconds (the two-thread aim: ≥ 1.8) and baseline_speedup, the sgemm
+// baseline's own (what the machine's second core gives a dense product in the same minutes).
 //
 // Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L]`; not in the default
 // run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64, causal, float32) per
@@ -71,6 +74,9 @@ struct BenchRow {
   std::string path;                     // attention: "fused" or "reference"; "" otherwise
   std::optional<double> vs_nope;        // attention: seconds / nope_seconds (see above)
   std::optional<double> nope_seconds;   // attention: median seconds of nope timed beside it (nope: seconds)
+  std::optional<double> one_thread_seconds;  // attention, threads > 1: the same call on one thread, beside it
+  std::optional<double> speedup;             // attention, threads > 1: one_thread_seconds / seconds
+  std::optional<double> baseline_speedup;    // attention, threads > 1: the same for the sgemm baseline
   std::optional<double> peak_extra_mb;  // memory rows: peak RSS − RSS before the call, MiB
   std::optional<double> io_mb;          // memory rows: inputs + outputs, MiB
 };

@@ -38,6 +38,9 @@ nlohmann::ordered_json row_json(const BenchRow& r) {
   if (!r.path.empty()) j["path"] = r.path;
   if (r.vs_nope) j["vs_nope"] = *r.vs_nope;
   if (r.nope_seconds) j["nope_seconds"] = *r.nope_seconds;
+  if (r.one_thread_seconds) j["one_thread_seconds"] = *r.one_thread_seconds;
+  if (r.speedup) j["speedup"] = *r.speedup;
+  if (r.baseline_speedup) j["baseline_speedup"] = *r.baseline_speedup;
   if (r.peak_extra_mb) j["peak_extra_mb"] = *r.peak_extra_mb;
   if (r.io_mb) j["io_mb"] = *r.io_mb;
   return j;
@@ -51,11 +54,12 @@ void print_row(const BenchRow& r, bool json, bool memory) {
                 r.encoding.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads, r.seconds, r.throughput,
                 r.vs_nope.value_or(0), r.io_mb.value_or(0), r.peak_extra_mb.value_or(0));
   } else {
-    char vs[16] = "-";
+    char vs[16] = "-", sp[32] = "";
     if (r.vs_nope) std::snprintf(vs, sizeof vs, "%.3f", *r.vs_nope);
-    std::printf("%-35s %-10s %-19s %-9s %3d %11.3e %9.2f %-7s %-7s %9.2f %6.3f %7s %s\n", r.kernel.c_str(),
+    if (r.speedup) std::snprintf(sp, sizeof sp, "  %.2fx (base %.2fx)", *r.speedup, r.baseline_speedup.value_or(0));
+    std::printf("%-35s %-10s %-19s %-9s %3d %11.3e %9.2f %-7s %-7s %9.2f %6.3f %7s %s%s\n", r.kernel.c_str(),
                 r.encoding.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads, r.seconds, r.throughput,
-                r.unit.c_str(), r.baseline.c_str(), r.baseline_throughput, r.ratio, vs, r.path.c_str());
+                r.unit.c_str(), r.baseline.c_str(), r.baseline_throughput, r.ratio, vs, r.path.c_str(), sp);
   }
   std::fflush(stdout);
 }
@@ -66,7 +70,8 @@ void print_header(bool memory) {
                 "seconds", "GFLOP/s", "vs_nope", "io MiB", "extra MiB");
   else
     std::printf("%-35s %-10s %-19s %-9s %3s %11s %9s %-7s %-7s %9s %6s %7s %s\n", "kernel", "encoding", "shape",
-                "dtype", "thr", "seconds", "rate", "unit", "base", "base rate", "ratio", "vs_nope", "path");
+                "dtype", "thr", "seconds", "rate", "unit", "base", "base rate", "ratio", "vs_nope",
+                "path  speedup over 1 thread (threads > 1)");
 }
 
 void progress(const std::string& line) {
@@ -124,7 +129,8 @@ Command add_bench_command(CLI::App& root) {
            "threads (default: each case with 1 and with 2; --memory: the default count)", "INT");
   app->add_flag("--json", st->json,
                 "one JSON object per line: kernel, encoding, shape, dtype, threads, seconds, throughput, "
-                "unit, baseline, baseline_throughput, ratio (attention also path, vs_nope, nope_seconds; --memory "
+                "unit, baseline, baseline_throughput, ratio (attention also path, vs_nope, nope_seconds, and with more "
+                "than one thread one_thread_seconds, speedup, baseline_speedup; --memory "
                 "also peak_extra_mb, io_mb)");
   app->add_flag("--memory", st->memory,
                 "instead: attention forward/backward at L = 65536, H = 8, d = 64, causal, float32, per fused "

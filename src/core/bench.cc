@@ -582,35 +582,47 @@ double median(std::vector<double> v) {
 }
 
 struct Timing {
-  double kernel, baseline, reference = 0;
+  double kernel, baseline;
+  std::vector<double> others;  // medians of the other functions, in their order
 };
 
-// Baseline, kernel and (when given) a reference kernel interleaved, round by round, so that all
-// see the same machine state; see bench.h.
+// Baseline, kernel and the other functions (nope beside an encoding; the one-thread kernel and
+// baseline beside a row of more threads) interleaved, round by round, so that all see the same
+// machine state; see bench.h.
 Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline,
                const std::function<void(double)>& on_slow,
-               const std::function<void()>& reference = nullptr) {
+               const std::vector<std::function<void()>>& others = {}) {
   const double wb = time_calls(baseline, 1);
   const double wk = time_calls(kernel, 1);
-  const double wr = reference ? time_calls(reference, 1) : 0.0;
+  std::vector<double> wo;
+  for (const auto& f : others) wo.push_back(time_calls(f, 1));
   if (wk >= kSlowCall && on_slow) on_slow(wk);
   auto calls = [](double once) { return std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(once, 1e-9)))); };
-  const int ib = calls(wb), ik = calls(wk), ir = calls(wr);
-  const double round = ib * wb + ik * wk + (reference ? ir * wr : 0.0);
+  const int ib = calls(wb), ik = calls(wk);
+  std::vector<int> io;
+  double round = ib * wb + ik * wk;
+  for (double w : wo) {
+    io.push_back(calls(w));
+    round += io.back() * w;
+  }
   int rounds = std::clamp(static_cast<int>(kCaseSeconds / round), kMinRounds, kMaxRounds);
   rounds |= 1;  // odd: the median is one sample
-  std::vector<double> bs, ks, rs;
+  std::vector<double> bs, ks;
+  std::vector<std::vector<double>> os(others.size());
   if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
     bs.push_back(time_calls(baseline, ib));
     ks.push_back(wk);
-    if (reference) rs.push_back(wr >= kSlowCall ? wr : time_calls(reference, ir));
+    for (std::size_t o = 0; o < others.size(); ++o)
+      os[o].push_back(wo[o] >= kSlowCall ? wo[o] : time_calls(others[o], io[o]));
   }
   while (static_cast<int>(ks.size()) < rounds) {
     bs.push_back(time_calls(baseline, ib));
     ks.push_back(time_calls(kernel, ik));
-    if (reference) rs.push_back(time_calls(reference, ir));
+    for (std::size_t o = 0; o < others.size(); ++o) os[o].push_back(time_calls(others[o], io[o]));
   }
-  return {median(ks), median(bs), reference ? median(rs) : 0.0};
+  Timing t{median(ks), median(bs), {}};
+  for (const auto& v : os) t.others.push_back(median(v));
+  return t;
 }
 
 char fmt_buf[64];
@@ -745,14 +757,31 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
       set_num_threads(t);
       const Bound b = c.setup(t);
       const Bound nb = c.nope_setup ? c.nope_setup(t) : Bound{};
+      // attention with more than one thread: the kernel and the baseline on one thread beside it
+      const bool attention = c.kernel.rfind("attention.", 0) == 0;
+      const Bound b1 = attention && t > 1 ? c.setup(1) : Bound{};
+      const auto on_one = [&](const std::function<void()>& f) {
+        return [&, f] {
+          set_num_threads(1);
+          f();
+          set_num_threads(t);
+        };
+      };
+      std::vector<std::function<void()>> others;
+      if (nb.kernel) others.push_back(nb.kernel);
+      if (b1.kernel) {
+        others.push_back(on_one(b1.kernel));
+        others.push_back(on_one(b1.baseline));
+      }
       const Timing tm = measure(
           b.kernel, b.baseline,
           [&](double once) {
             if (on_progress)
               on_progress(line + " threads " + std::to_string(t) + (c.path.empty() ? "" : " (" + c.path + ")") +
-                          ": " + fmt(once) + " s a call, 3 calls" + (nb.kernel ? ", nope beside it" : ""));
+                          ": " + fmt(once) + " s a call, 3 calls" + (nb.kernel ? ", nope beside it" : "") +
+                          (b1.kernel ? ", one thread beside it" : ""));
           },
-          nb.kernel);
+          others);
       BenchRow r;
       r.kernel = c.kernel;
       r.encoding = c.encoding;
@@ -767,8 +796,14 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
       r.ratio = r.throughput / r.baseline_throughput;
       r.path = c.path;
       if (c.kernel.rfind("attention.", 0) == 0) {
-        r.nope_seconds = nb.kernel ? tm.reference : tm.kernel;
+        r.nope_seconds = nb.kernel ? tm.others[0] : tm.kernel;
         r.vs_nope = r.seconds / *r.nope_seconds;
+        if (b1.kernel) {
+          const std::size_t o = nb.kernel ? 1 : 0;
+          r.one_thread_seconds = tm.others[o];
+          r.speedup = tm.others[o] / r.seconds;
+          r.baseline_speedup = tm.others[o + 1] / tm.baseline;
+        }
       }
       rows.push_back(r);
       if (on_row) on_row(r);

@@ -6,7 +6,7 @@
 Benchmarks are programs, not tests: nothing here compares a time or a rate with anything. The cases
 run the cheapest rows (a RoPE decode step, attention at L = 1024, the memory rows at a tiny L) and
 check the contract of posenc/bench.h: the JSON fields, that the derived numbers follow from the
-measured ones by the documented formulas (bytes and useful FLOPs, ratio, vs_nope, io_mb), the
+measured ones by the documented formulas (bytes and useful FLOPs, ratio, vs_nope, speedup, io_mb), the
 thread counts, and the one-line errors for bad flags.
 
 Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
@@ -100,6 +100,13 @@ def attention_rows_useful_flops_sgemm_and_vs_nope():
     assert rows[0]["nope_seconds"] > 0, rows[0]
     near(rows[0]["vs_nope"], rows[0]["seconds"] / rows[0]["nope_seconds"], "vs_nope without nope's row")
     near(rows[0]["throughput"], 2.5 * 4 * 8 * 1024 * 1024 * 64 / 2 / rows[0]["seconds"] / 1e9, "backward: 2.5x")
+    # More than one thread: the same call and the baseline on one thread, timed in the same rounds.
+    r = rows[0]
+    assert r["one_thread_seconds"] > 0 and r["baseline_speedup"] > 0, r
+    near(r["speedup"], r["one_thread_seconds"] / r["seconds"], "speedup = one_thread_seconds / seconds")
+    # ... and one-thread rows have none of it.
+    one = bench("--filter", r"^attention\.forward nope \[1, 1024, 8, 64\] float32$", "--threads", 1, "--json")
+    assert len(one) == 1 and not {"one_thread_seconds", "speedup", "baseline_speedup"} & one[0].keys(), one
 
 
 @case
