@@ -795,7 +795,7 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
       r.baseline_throughput = b.baseline_work / tm.baseline / 1e9;
       r.ratio = r.throughput / r.baseline_throughput;
       r.path = c.path;
-      if (c.kernel.rfind("attention.", 0) == 0) {
+      if (attention) {
         r.nope_seconds = nb.kernel ? tm.others[0] : tm.kernel;
         r.vs_nope = r.seconds / *r.nope_seconds;
         if (b1.kernel) {
