@@ -349,12 +349,12 @@ TEST(FastElementwiseRope, OneAndTwoThreadsAgreeExactly) {
   }
 }
 
-// Float32 outputs of at least fast::kStreamMinBytes take the non-temporal stores (64-byte aligned
-// rows) and the software prefetch; misaligned outputs the plain stores (16-bit ones never stream,
-// see rope_cpu.cc). Reference computed once per case, compared on every target.
+// Outputs of at least fast::kStreamMinBytes take the non-temporal stores (vector-aligned rows, every
+// dtype); misaligned outputs the plain stores. Reference computed once per case, compared on every
+// target.
 TEST(FastElementwiseRope, LargeStreamedOutputsMatchReference) {
-  for (DType dt : {DType::kF32}) {
-    const std::int64_t L = 256, H = 32, D = 128;  // q + k: 8 MiB
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const std::int64_t L = 1024 / static_cast<std::int64_t>(dtype_size(dt)), H = 32, D = 128;  // q + k: 8 MiB
     const std::vector<std::int64_t> shape = {1, L, H, D};
     Buf q(dt, shape), k(dt, shape), qa(dt, shape, false, false, true),
         qm(dt, shape, false, true, true);

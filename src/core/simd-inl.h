@@ -255,16 +255,9 @@ HWY_INLINE bool StreamAligned(D d, const T* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (hn::Lanes(d) * sizeof(float) - 1)) == 0;
 }
 
-// With non-temporal stores the loads may get less help from the hardware prefetcher (measured here:
-// RoPE float32 out of place, 0.78 of memcpy without a software prefetch, 0.88 with): large float32
-// kernels prefetch their input this far ahead of where they read.
+// How far ahead of its reads a kernel that prefetches its input does so (the bfloat16 sinusoidal
+// add, whose table rows compete with the input for the L1 cache; RoPE measured better without).
 constexpr std::size_t kPrefetchAhead = 8192;
-
-// Prefetches the cache lines of [p + kPrefetchAhead, p + kPrefetchAhead + bytes).
-HWY_INLINE void PrefetchAhead(const void* p, std::size_t bytes) {
-  const char* c = static_cast<const char*>(p) + kPrefetchAhead;
-  for (std::size_t o = 0; o < bytes; o += 64) hwy::Prefetch(c + o);
-}
 
 // ---- exact-angle sincos ----------------------------------------------------------------------------
 constexpr double kTwoOverPi = 0.63661977236758134308;

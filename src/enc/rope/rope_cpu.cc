@@ -24,8 +24,8 @@
 // in double) and the table is scaled per pair by a·ρ (xPos; ρ = ζ^(±(m−c)/s) in double, rounded
 // once); mixed's per-head angles make its table per (token, head). The sin/cos of a token cost ~1% of
 // its rows (64 angles for 64 rows of 128 at the benchmark's shape), so no recurrence over positions
-// here. Large float32 outputs (fast::kStreamMinBytes) are written with non-temporal stores (whole
-// vectors, 2N elements a step) and their inputs prefetched (measured choices: run_fast). OpenMP
+// here. Large outputs (fast::kStreamMinBytes), of every dtype, are written with non-temporal stores
+// (whole vectors, 2N elements a step; measured choice: run_fast). OpenMP
 // over tokens (B·L); one thread calls the kernel directly.
 #include <cstdint>
 #include <cstring>
@@ -265,7 +265,6 @@ void RopeImpl(const rope_fast::Job& j) {
           }
           const T* x = xb + hh * tn.is[2];
           T* y = yb + hh * tn.os[2];
-          if (j.prefetch) PrefetchAhead(x, static_cast<std::size_t>(tn.D) * sizeof(T));
           const bool st =
               j.stream && StreamAligned(df, y) && (j.interleaved || StreamAligned(df, y + half));
           if (st)
@@ -438,11 +437,12 @@ Status run_fast(const RopeParams& p, std::int64_t r, const View* in, const View*
   j.threads = fast::threads_for(elems);
   const bool large =
       elems * static_cast<std::int64_t>(dtype_size(j.dtype)) >= fast::kStreamMinBytes;
-  // Measured on one core (ratio to memcpy, out of place): float32 0.62 → 0.76 with non-temporal
-  // stores, 0.78 → 0.88 with the prefetch (in place 1.08 → 1.3); bfloat16, whose rows cost twice
-  // the instructions per byte, 0.64 → 0.55 with non-temporal stores and no gain from the prefetch.
-  j.stream = large && !in_place && j.dtype == DType::kF32;
-  j.prefetch = large && j.dtype == DType::kF32;
+  // Measured on one core, posenc bench's q+k [1, 4096, 32, 128] (ratio to the same-run memcpy,
+  // four alternating runs each): bfloat16 out of place with non-temporal stores 0.90–1.31
+  // (interleaved) and 0.77–1.31 (half), with plain stores 0.50–0.92 and 0.61–0.98. A software
+  // prefetch of the input rows 8 KiB ahead, once worth 0.78 → 0.88 for float32, now costs it:
+  // 0.98–0.99 with it, 1.25–1.35 without (in place 1.08–1.13 → 1.67–1.76), so there is none.
+  j.stream = large && !in_place;
   HWY_DYNAMIC_DISPATCH(RopeRun)(j);
   return Status::Ok();
 }
@@ -485,8 +485,7 @@ void rope_fast::run_plan(const rotary::Call& c, const View& in, const View& out,
   // Mixed computes the sin/cos of every (token, head): threads from a smaller size up.
   j.threads = fast::threads_for(c.plan.per_head() ? elems * 4 : elems);
   const bool large = elems * static_cast<std::int64_t>(dtype_size(j.dtype)) >= fast::kStreamMinBytes;
-  j.stream = large && in.data != out.data && j.dtype == DType::kF32;
-  j.prefetch = large && j.dtype == DType::kF32;
+  j.stream = large && in.data != out.data;  // as run_fast
   HWY_DYNAMIC_DISPATCH(RopeRun)(j);
 }
 

@@ -32,8 +32,7 @@ struct Job {
   Tensor t[2];
   int nt = 0;
   int threads = 1;
-  bool stream = false;    // out of place, large, float32: non-temporal stores where aligned
-  bool prefetch = false;  // large float32: software prefetch of the input rows
+  bool stream = false;    // out of place and large: non-temporal stores where aligned
 };
 
 // Whether the kernel takes (in, out): float32 / bfloat16 / float16, innermost dimension contiguous,
