@@ -266,14 +266,13 @@ class XlFused {
                 w->y.data(), int(R));
   }
 
-  // w->s [nq, Bk] = scale·Qu·Kᵀ + Y·s(δ), masked entries −inf (Qu, Y from load_query, K in w->k).
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
   // crossing the diagonal.
   I band(I base, I nk) const { return p_.causal && base + nk - 1 > 0 ? -base : kNoBand; }
 
-  // w->s [nq, Bk] = the logits, masked entries −inf. A causal tile crossing the diagonal computes
-  // only what it keeps: Q·Kᵀ banded, and T only up to the last column a visible key reads (the
-  // same values as the full products, tile_gemm.h).
+  // w->s [nq, Bk] = scale·Qu·Kᵀ + Y·s(δ), masked entries −inf (Qu, Y from load_query, K in w->k).
+  // A causal tile crossing the diagonal computes only what it keeps: Q·Kᵀ banded, and T only up to
+  // the last column a visible key reads (the same values as the full products, tile_gemm.h).
   void logits(I q0, I nq, I j0, I nk, Scratch* w) const {
     const I D = d_.D, R = d_.R;
     float* S = w->s.data();

@@ -192,11 +192,11 @@ void AddRotatedCols(const T* x, const float* HWY_RESTRICT V, const float* HWY_RE
 #if HWY_TARGET != HWY_SCALAR
   const hn::ScalableTag<float> df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto sgn = hn::OddEven(hn::Neg(hn::Zero(df)), hn::Zero(df));  // (+0, −0, …): odd lanes' sign
   for (; i + 2 * N <= n; i += 2 * N) {
     const auto v0 = hn::LoadU(df, V + i), v1 = hn::LoadU(df, V + i + N);
     const auto w0 = hn::Shuffle2301(v0), w1 = hn::Shuffle2301(v1);
     const auto t0 = hn::LoadU(df, tc + i), t1 = hn::LoadU(df, tc + i + N);
-    const auto sgn = hn::OddEven(hn::Neg(hn::Zero(df)), hn::Zero(df));  // (+0, −0, …): odd lanes' sign
     const auto s0 = hn::Xor(hn::DupOdd(t0), sgn), s1 = hn::Xor(hn::DupOdd(t1), sgn);
     const auto c0 = hn::DupEven(t0), c1 = hn::DupEven(t1);
     hn::Vec<decltype(df)> r0, r1;
