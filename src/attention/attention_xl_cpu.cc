@@ -273,7 +273,8 @@ class XlFused {
   // w->s [nq, Bk] = scale·Qu·Kᵀ + Y·s(δ), masked entries −inf (Qu, Y from load_query, K in w->k).
   // A causal tile crossing the diagonal computes only what it keeps: Q·Kᵀ banded, and T only up to
   // the last column a visible key reads (the same values as the full products, tile_gemm.h).
-  void logits(I q0, I nq, I j0, I nk, Scratch* w) const {
+  // Returns the tile's band.
+  I logits(I q0, I nq, I j0, I nk, Scratch* w) const {
     const I D = d_.D, R = d_.R;
     float* S = w->s.data();
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // ρ of (row 0, col 0); ρ(i, j) = base + j − i
@@ -294,11 +295,12 @@ class XlFused {
       for (I r = 0; r < nb; ++r)
         simd_.add_to(S + (a + r) * kBk, T + r * wd + (nb - 1 - r), ix(jh(a + r)));
     }
-    if (bd >= kNoBand) return;
+    if (bd >= kNoBand) return bd;
     for (I i = 0; i < nq; ++i) {
       float* Si = S + i * kBk;
       std::fill(Si + jh(i), Si + nk, kNegInfF);
     }
+    return bd;
   }
 
   // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq].
@@ -318,10 +320,9 @@ class XlFused {
       const I nk = std::min(kBk, jhi - j0);
       load_rows(k_, D, b, j0, nk, kh, w->k.data());
       load_rows(v_, D, b, j0, nk, kh, w->v.data());
-      logits(q0, nq, j0, nk, w);
       // banded: the softmax reads each row's band_reach (−inf past its keys), and P·V reads zeros
       // beyond it (attention_tiles.h, tile_gemm.h)
-      const I bd = band((d_.k_off + j0) - (d_.q_off + q0), nk);
+      const I bd = logits(q0, nq, j0, nk, w);
       if (bd < kNoBand)
         for (I i = 0; i < nq; ++i)
           std::fill(S + i * kBk + band_reach(i, bd, nk), S + i * kBk + nk, 0.f);
