@@ -301,10 +301,10 @@ TEST(FastCope, L989MatchesReference) {
 // The backward's pass 2 walks each task's query rows in chunks (a few MiB of rows; here forced to
 // 128 and to 100 rows, so that M = 389 crosses four, the last partial, and with 100 the query blocks
 // sit off the 128-row grid): the per-row carries and C restart with each chunk, dK and dV of a key
-// block are summed over the chunks that see it (in place for float32 outputs, in a float buffer
-// rounded once for bfloat16). Causal or not, grouped-query heads, float32 and bfloat16; M = N, M > N
-// (early causal rows see nothing) and M < N with q_off = 0 (causal: the last keys are seen by no
-// chunk and get 0). Against the reference with every output; then every other subset of dq, dk, dv
+// block are summed over the chunks that see it (in place for float32 outputs, in float32 split
+// between the output and a buffer of low halves, rounded once, for bfloat16). Causal or not,
+// grouped-query heads, float32 and bfloat16; M = N, M > N (early causal rows see nothing) and
+// M < N with q_off = 0 (causal: the last keys are seen by no chunk and get 0). Against the reference with every output; then every other subset of dq, dk, dv
 // and dtable, and float32 dk, dv with strides, give the same values bit for bit.
 TEST(FastCope, ChunkedBackward) {
   set_num_threads(1);
@@ -366,6 +366,50 @@ TEST(FastCope, ChunkedBackward) {
           EXPECT_EQ(gk, all[1]) << "strided dk";
           EXPECT_EQ(gv, all[2]) << "strided dv";
         }
+  fused::cope_set_chunk_rows(0);
+  set_num_threads(0);
+}
+
+// A bfloat16 dk, dv summed over several chunks keeps each float32 sum split between the output's
+// own elements (high halves) and a buffer of low halves, and rounds it once at the end: bit for bit
+// the rounding of what float32 inputs holding the same values give (the tiles are float32 either
+// way, and a float32 dk, dv sums the same parts in place, in the same order). One and two threads
+// (each thread has its own buffer), causal and not, grouped-query heads, chunks of 100 rows.
+TEST(FastCope, ChunkedBfloat16SumsRoundOnce) {
+  fused::cope_set_chunk_rows(100);
+  int n = 0;
+  for (int threads : {1, 2})
+    for (bool causal : {true, false}) {
+      ++n;
+      SCOPED_TRACE(std::to_string(threads) + (causal ? " threads causal" : " threads full"));
+      set_num_threads(threads);
+      Problem pr({2, 389, 389, 4, 2, 16}, causal, 16, DType::kBF16, DType::kF32, 1700 + n);
+      Problem wide = pr;
+      for (auto [to, from] : {std::pair{&wide.q, &pr.q}, std::pair{&wide.k, &pr.k},
+                              std::pair{&wide.v, &pr.v}, std::pair{&wide.dout, &pr.dout}})
+        *to = Tensor(DType::kF32, from->values(), from->shape);
+      auto run = [](Problem& x, DType dt, std::vector<Vec>* res) {
+        Tensor dq = filled(dt, x.q.shape), dk = filled(dt, x.k.shape), dv = filled(dt, x.v.shape),
+               de = filled(DType::kF32, x.table.shape);
+        EncodingGrads g;
+        g.table = de.view();
+        const Status st = fused::attention_backward(x.p, x.q.view(), x.k.view(), x.v.view(), x.tensors(),
+                                                    x.dout.view(), dq.view(), dk.view(), dv.view(), g);
+        ASSERT_TRUE(st.ok()) << st.message();
+        *res = {dq.values(), dk.values(), dv.values(), de.values()};
+      };
+      std::vector<Vec> half, full;
+      run(pr, DType::kBF16, &half);
+      run(wide, DType::kF32, &full);
+      for (int o = 0; o < 3; ++o) {
+        ASSERT_EQ(half[ix(o)].size(), full[ix(o)].size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < full[ix(o)].size(); ++i)
+          differ += half[ix(o)][i] != to_float(to_bf16(static_cast<float>(full[ix(o)][i])));
+        EXPECT_EQ(differ, 0u) << "output " << o << " (dq, dk, dv)";
+      }
+      EXPECT_EQ(half[3], full[3]) << "dtable";
+    }
   fused::cope_set_chunk_rows(0);
   set_num_threads(0);
 }

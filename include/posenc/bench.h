@@ -38,9 +38,9 @@
 // one_thread_seconds / seconds (the two-thread aim: ≥ 1.8) and baseline_speedup, the sgemm
 // baseline's own (what the machine's second core gives a dense product in the same minutes).
 //
-// Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L]`; not in the default
-// run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64, causal, float32) per
-// encoding, one call each (seconds and useful GFLOP/s of that call, no baseline), each in a forked
+// Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L] [--memory-dtype T]`;
+// not in the default run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64,
+// causal; q, k, v and the outputs float32, or bfloat16 / float16 with `dtype`) per encoding, one call each (seconds and useful GFLOP/s of that call, no baseline), each in a forked
 // child process that allocates and touches its inputs and outputs, resets its peak RSS
 // (/proc/self/clear_refs), runs the call and reports VmHWM minus its RSS just before the call
 // (peak_extra_mb, MiB; one-time lazy initialisation inside the call, such as OpenBLAS buffers, counts),
@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "posenc/status.h"
+#include "posenc/view.h"
 
 namespace posenc {
 
@@ -101,6 +102,7 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
 // refuses.
 Expected<std::vector<BenchRow>> run_memory_benchmarks(
     const std::string& filter_regex, int threads, std::function<void(const BenchRow&)> on_row,
-    std::function<void(const std::string&)> on_progress = {}, std::int64_t length = 65536);
+    std::function<void(const std::string&)> on_progress = {}, std::int64_t length = 65536,
+    DType dtype = DType::kF32);
 
 }  // namespace posenc

@@ -57,8 +57,9 @@
 //     row's Σ_j ∂l_ij/∂(q_i·e_r), and its dQ rows stored. The per-row carries (count from j*, dp
 //     prefix) live in [G, Mc] arrays, since key blocks are the outer loop within the chunk. A key
 //     block's dK, dV get a part from each chunk that sees it: the first stores it, the others add
-//     theirs — in the caller's dk (dv) when it is float32, else (and only with several chunks) in a
-//     float [N, D] of the task, rounded to the dtype once at its end; keys no chunk sees get 0.
+//     theirs — in the caller's dk (dv) when it is float32, else (and only with several chunks) in
+//     float32 sums split between the caller's 16-bit elements (high halves) and a [N, D] of low
+//     halves (SplitSum), rounded to the dtype once at the task's end; keys no chunk sees get 0.
 //   Pass 1 decides what is clamped (j < j*_i) and pass 2 follows it; the count pass 2 rebuilds for
 //   j ≥ j* agrees with the forward's to float rounding (should it round to ≥ top there, it clamps).
 //   Cost over nope: pass 1 is a forward; pass 2 adds the elementwise work of unclamped tiles and
@@ -67,7 +68,7 @@
 //   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the chunk's dQ,
 //   QE and C, 4·G·Mc·(D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its carries 12·G·Mc bytes, dE
 //   [G, ncol, D] in float and [ncol, D] in double: none of it grows with M (a bfloat16 or float16
-//   dk, dv with M > Mc adds the task's float [N, D] for each). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
+//   dk, dv with M > Mc adds the low halves of its float sums, 2·N·D bytes each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
 //   one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
 //   when the task kept all M rows), two threads 21.4 MiB (110.7 MiB before); forward 0.6 MiB.
 //   Never an [M, N] buffer.
@@ -445,6 +446,54 @@ constexpr float kPosInfF = std::numeric_limits<float>::infinity();
 constexpr I kChunkBytes = I{4} << 20;
 std::atomic<I> g_chunk_rows{0};  // cope_set_chunk_rows: > 0 overrides the chunk's rows per head
 
+// dK or dV of one task (b, kv head kh) in a bfloat16 or float16 tensor, summed over the chunks of
+// pass 2 in float32 without a float [N, D] buffer: the high 16 bits of each element's float sum
+// live in the output's own element (the caller's tensor is the task's scratch until finish()) and
+// the low 16 bits in lo [N, D], so every addition is the float32 one and finish() rounds each sum
+// once to the dtype, as a float buffer would (half its memory: 8 MiB at N = 65536, D = 64).
+class SplitSum {
+ public:
+  void reserve(I N, I D) { lo_.resize(ix(N * D)); }
+  bool empty() const { return lo_.empty(); }
+  // Rows [j0, j0 + nk) of the sum = x [nk, D] (first) or += x.
+  void put(const View& out, I D, I b, I kh, I j0, I nk, const float* x, bool first) {
+    for (I r = 0; r < nk; ++r) {
+      std::uint16_t* lo = &lo_[ix((j0 + r) * D)];
+      for (I e = 0; e < D; ++e) {
+        std::uint16_t* hi = high(out, b, j0 + r, kh, e);
+        float f = x[r * D + e];
+        if (!first) f += joined(*hi, lo[e]);
+        std::uint32_t u;
+        std::memcpy(&u, &f, 4);
+        *hi = static_cast<std::uint16_t>(u >> 16);
+        lo[e] = static_cast<std::uint16_t>(u & 0xFFFFu);
+      }
+    }
+  }
+  // Each element of rows [0, done) rounded once to the dtype; rows [done, N) (keys no chunk saw) 0.
+  void finish(const View& out, I D, I b, I kh, I done, I N) const {
+    for (I j = 0; j < N; ++j)
+      for (I e = 0; e < D; ++e) {
+        std::uint16_t* hi = high(out, b, j, kh, e);
+        const float f = j < done ? joined(*hi, lo_[ix(j * D + e)]) : 0.f;
+        *hi = out.dtype == DType::kBF16 ? to_bf16(f).bits : to_f16(f).bits;
+      }
+  }
+
+ private:
+  static std::uint16_t* high(const View& out, I b, I j, I kh, I e) {
+    return static_cast<std::uint16_t*>(out.data) + b * out.strides[0] + j * out.strides[1] +
+           kh * out.strides[2] + e * out.strides[3];
+  }
+  static float joined(std::uint16_t hi, std::uint16_t lo) {
+    const std::uint32_t u = (std::uint32_t{hi} << 16) | lo;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  std::vector<std::uint16_t> lo_;
+};
+
 // Per-thread scratch: tiles and per-row (lane) state of one query block.
 struct Scratch {
   std::vector<float> q, k, v, at, dpt, o, dout, dk, dv, qe, qetop;
@@ -556,25 +605,20 @@ class Cope {
       std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
       dEs.assign(ix(nc * D), 0.0);
       // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
-      // in place (the task owns its kv head: no race); another dtype, when there are several chunks,
-      // in the task's float [N, D], rounded once at the end.
-      std::vector<float> dka(ix(dk.present() && dk.dtype != DType::kF32 && nchunks > 1 ? N * D : 0));
-      std::vector<float> dva(ix(dv.present() && dv.dtype != DType::kF32 && nchunks > 1 ? N * D : 0));
+      // in place (the task owns its kv head: no race); a 16-bit one, when there are several
+      // chunks, in float32 split between itself and a SplitSum, rounded once at the end.
+      SplitSum dka, dva;
+      if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) dka.reserve(N, D);
+      if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) dva.reserve(N, D);
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
         const I b = task / d_.Hkv, kh = task % d_.Hkv;
         // a key block's part: stored where no earlier chunk reached it (j0 ≥ done), added elsewhere
-        const auto put = [&](const View& out, std::vector<float>& acc, I j0, I nk, const float* x,
-                             bool first) {
+        const auto put = [&](const View& out, SplitSum& acc, I j0, I nk, const float* x, bool first) {
           if (!out.present()) return;
-          if (acc.empty()) {
-            if (first) store_rows(out, D, b, j0, nk, kh, x);
-            else add_rows(out, D, b, j0, nk, kh, x);  // float32 (else acc is there)
-          } else if (first) {
-            std::copy(x, x + nk * D, &acc[ix(j0 * D)]);
-          } else {
-            simd_.add_to(&acc[ix(j0 * D)], x, ix(nk * D));
-          }
+          if (!acc.empty()) acc.put(out, D, b, kh, j0, nk, x, first);
+          else if (first) store_rows(out, D, b, j0, nk, kh, x);
+          else add_rows(out, D, b, j0, nk, kh, x);  // float32 (else acc is there)
         };
         I done = 0;  // keys [0, done) have had a part from an earlier chunk
         std::fill(dEt.begin(), dEt.end(), 0.f);
@@ -700,8 +744,7 @@ class Cope {
             for (I j0 = done; j0 < N; j0 += kBk)
               store_rows(*out, D, b, j0, std::min(kBk, N - j0), kh, w.dk.data());
           } else {
-            std::fill(acc->begin() + done * D, acc->end(), 0.f);
-            store_rows(*out, D, b, 0, N, kh, acc->data());
+            acc->finish(*out, D, b, kh, done, N);
           }
         }
         if (dtable.present())

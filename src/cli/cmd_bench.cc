@@ -1,7 +1,7 @@
-// posenc bench [--filter REGEX] [--threads N] [--json] [--memory [--memory-length L]] — the
-// benchmark cases of posenc/bench.h, each with its same-run baseline (memcpy / memset of the same
-// bytes, sgemm for attention) and the ratio; --memory: the L = 65536 attention peak-memory rows
-// instead. A program, not a test. Progress lines for long cases go to stderr.
+// posenc bench [--filter REGEX] [--threads N] [--json] [--memory [--memory-length L]
+// [--memory-dtype T]] — the benchmark cases of posenc/bench.h, each with its same-run baseline
+// (memcpy / memset of the same bytes, sgemm for attention) and the ratio; --memory: the L = 65536
+// attention peak-memory rows instead. A program, not a test. Progress lines for long cases go to stderr.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,7 +19,7 @@ struct BenchState {
   std::string threads;
   bool json = false;
   bool memory = false;
-  std::string memory_length;
+  std::string memory_length, memory_dtype;
 };
 
 nlohmann::ordered_json row_json(const BenchRow& r) {
@@ -98,6 +98,14 @@ void run_bench(const BenchState& st) {
     if (length < 1 || length > (std::int64_t{1} << 22))
       fail(Status::Invalid("--memory-length", "expected 1 .. 4194304, got " + st.memory_length));
   }
+  DType dtype = DType::kF32;
+  if (!st.memory_dtype.empty()) {
+    if (!st.memory) fail(Status::Invalid("--memory-dtype", "only with --memory"));
+    if (st.memory_dtype == "bfloat16") dtype = DType::kBF16;
+    else if (st.memory_dtype == "float16") dtype = DType::kF16;
+    else if (st.memory_dtype != "float32")
+      fail(Status::Invalid("--memory-dtype", "expected float32, bfloat16 or float16, got '" + st.memory_dtype + "'"));
+  }
   bool header = st.json;  // the table's header comes with its first row (none when nothing ran)
   const auto on_row = [&](const BenchRow& r) {
     if (!header) print_header(st.memory);
@@ -106,7 +114,7 @@ void run_bench(const BenchState& st) {
   };
   std::size_t n = 0;
   if (st.memory) {
-    auto rows = run_memory_benchmarks(st.filter, threads, on_row, progress, length);
+    auto rows = run_memory_benchmarks(st.filter, threads, on_row, progress, length, dtype);
     if (!rows.ok()) fail(rows.status());
     n = rows->size();
   } else {
@@ -133,11 +141,13 @@ Command add_bench_command(CLI::App& root) {
                 "than one thread one_thread_seconds, speedup, baseline_speedup; --memory "
                 "also peak_extra_mb, io_mb)");
   app->add_flag("--memory", st->memory,
-                "instead: attention forward/backward at L = 65536, H = 8, d = 64, causal, float32, per fused "
+                "instead: attention forward/backward at L = 65536, H = 8, d = 64, causal, per fused "
                 "encoding, each in a child process reporting its peak RSS above its RSS before the call "
                 "(minutes)");
   add_text(app, "--memory-length", &st->memory_length, "with --memory: L instead of 65536 (a quick look)",
            "INT");
+  add_text(app, "--memory-dtype", &st->memory_dtype,
+           "with --memory: q, k, v and the outputs in float32 (default), bfloat16 or float16", "TYPE");
   return {app, [st] { run_bench(*st); }};
 }
 

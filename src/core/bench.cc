@@ -664,10 +664,10 @@ struct MemoryResult {  // what a child writes to its pipe
 };
 
 // In the child: one call, its time and its peak RSS above the RSS just before it.
-MemoryResult memory_child(Encoding enc, I L, bool backward, int threads) {
+MemoryResult memory_child(Encoding enc, I L, DType dtype, bool backward, int threads) {
   MemoryResult r;
   set_num_threads(threads);
-  auto a = make_attention(enc, L, DType::kF32, backward, threads);
+  auto a = make_attention(enc, L, dtype, backward, threads);
   r.io_mb = a->io_bytes / (1024.0 * 1024.0);
   const bool reset = reset_peak_rss();
   const double before = proc_status_kb("VmRSS");
@@ -688,7 +688,7 @@ MemoryResult memory_child(Encoding enc, I L, bool backward, int threads) {
   return r;
 }
 
-Expected<MemoryResult> run_in_child(Encoding enc, I L, bool backward, int threads) {
+Expected<MemoryResult> run_in_child(Encoding enc, I L, DType dtype, bool backward, int threads) {
   int fds[2];
   if (pipe(fds) != 0) return Status::Internal(std::string("pipe: ") + std::strerror(errno));
   std::fflush(nullptr);
@@ -700,7 +700,7 @@ Expected<MemoryResult> run_in_child(Encoding enc, I L, bool backward, int thread
   }
   if (pid == 0) {
     close(fds[0]);
-    const MemoryResult r = memory_child(enc, L, backward, threads);
+    const MemoryResult r = memory_child(enc, L, dtype, backward, threads);
     const char* p = reinterpret_cast<const char*>(&r);
     std::size_t left = sizeof r;
     while (left > 0) {
@@ -816,8 +816,10 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
 Expected<std::vector<BenchRow>> run_memory_benchmarks(const std::string& filter_regex, int threads,
                                                       std::function<void(const BenchRow&)> on_row,
                                                       std::function<void(const std::string&)> on_progress,
-                                                      std::int64_t length) {
+                                                      std::int64_t length, DType dtype) {
   if (length < 1) return Status::Invalid("length", "expected ≥ 1, got " + std::to_string(length));
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    return Status::Invalid("dtype", std::string("expected float32, bfloat16 or float16, got ") + dtype_name(dtype));
   const std::regex re(filter_regex.empty() ? std::string(".*") : filter_regex);
   const int t = threads > 0 ? threads : num_threads();
   const std::string shape = shape_str({1, length, kHeads, kHeadDim});
@@ -826,9 +828,9 @@ Expected<std::vector<BenchRow>> run_memory_benchmarks(const std::string& filter_
   for (bool backward : {false, true})
     for (const EncodingInfo* e : attention_encodings()) {
       const std::string kernel = backward ? "attention.backward" : "attention.forward";
-      const std::string line = kernel + " " + e->name + " " + shape + " float32";
+      const std::string line = kernel + " " + e->name + " " + shape + " " + dtype_name(dtype);
       if (!std::regex_search(line, re)) continue;
-      const std::string path = attention_path(e->id, DType::kF32);
+      const std::string path = attention_path(e->id, dtype);
       if (path != "fused") {
         if (on_progress)
           on_progress(line + ": skipped, " + e->name +
@@ -836,14 +838,14 @@ Expected<std::vector<BenchRow>> run_memory_benchmarks(const std::string& filter_
         continue;
       }
       if (on_progress) on_progress(line + " threads " + std::to_string(t) + ": running in a child process");
-      Expected<MemoryResult> m = run_in_child(e->id, length, backward, t);
+      Expected<MemoryResult> m = run_in_child(e->id, length, dtype, backward, t);
       if (!m.ok()) return m.status();
       if (!m->ok) return Status::Invalid("memory", line + ": " + m->message);
       BenchRow r;
       r.kernel = kernel;
       r.encoding = e->name;
       r.shape = shape;
-      r.dtype = "float32";
+      r.dtype = dtype_name(dtype);
       r.threads = t;
       r.seconds = m->seconds;
       r.unit = "GFLOP/s";

@@ -120,6 +120,11 @@ def memory_rows_in_a_child_process():
         assert r["baseline"] is None and r["ratio"] is None, r
         near(r["io_mb"], tensors * L * 8 * 64 * 4 / 2**20, "io_mb = inputs + outputs")
         assert isinstance(r["peak_extra_mb"], (int, float)) and r["peak_extra_mb"] >= 0, r
+    # --memory-dtype: the same rows with 16-bit q, k, v and outputs (half the bytes)
+    rows = bench("--memory", "--memory-length", L, "--memory-dtype", "bfloat16", "--filter", "backward nope",
+                 "--threads", 1, "--json")
+    assert len(rows) == 1 and rows[0]["dtype"] == "bfloat16", rows
+    near(rows[0]["io_mb"], 7 * L * 8 * 64 * 2 / 2**20, "io_mb of bfloat16 tensors")
 
 
 @case
@@ -131,6 +136,8 @@ def bad_flags_are_one_line_errors():
     expect_error(["--threads", "two"], "--threads")
     expect_error(["--memory-length", 64], "--memory-length")
     expect_error(["--memory", "--memory-length", 0], "--memory-length")
+    expect_error(["--memory-dtype", "bfloat16"], "--memory-dtype")
+    expect_error(["--memory", "--memory-dtype", "int8"], "--memory-dtype")
     expect_error(["--memory", "--filter", "no such case"], "--filter")
 
 
