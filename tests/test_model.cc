@@ -269,35 +269,79 @@ TEST(Model, ShardedPassesGiveTheOneThreadResult) {
   }
 }
 
-// Five AdamW steps twice from the same seed give the same losses and parameters, bit for bit, for
-// each thread count (the shards' gradients are summed in a fixed order).
-TEST(Model, RunIsBitReproducibleForEachThreadCount) {
-  for (int threads : {1, 2, 3}) {
-    const ThreadCount tc(threads);
-    auto run = [](std::vector<float>* params) {
-      ModelConfig c = tiny(Encoding::kAlibi);
-      c.d_model = 16;
-      c.d_ff = 32;
-      Model<float> m(c, 9);
-      AdamWConfig oc;
-      oc.total = 5;
-      AdamW opt(oc, m.layout(), m.params().size());
-      std::vector<double> losses;
-      for (int s = 0; s < 5; ++s) {
-        const Batch b = batch(4, 16, c.vocab, std::uint64_t(s));
-        auto r = m.forward(b.tokens.data(), b.targets.data(), 4, 16);
-        losses.push_back(r.value().nll);
-        EXPECT_TRUE(m.backward().ok());
-        opt.step(m.params(), m.grads());
+// forward_backward (micro-batches of about Model::kMicroRows rows, each one's backward right after
+// its forward) against forward() then backward(), for every encoding, on 1, 2 and 3 threads: the same
+// loss and gradient up to float rounding (a small micro-batch's attention may run the reference,
+// exact in double, where the whole shard's ran the fused kernel), the position encodings' own
+// parameters included (their kernels write their gradients, so every micro-batch after a shard's
+// first sums them through a scratch). 40 sequences of 32: five micro-batches of 8 on one thread,
+// three (8, 8, 4) per shard on two. The probabilities are consumed, as by backward().
+TEST(Model, ForwardBackwardGivesForwardThenBackward) {
+  for (Encoding e : all_encodings()) {
+    ModelConfig c = tiny(e);
+    c.max_len = 32;
+    const I B = 40, L = 32;
+    ASSERT_GT(B * L, 4 * Model<float>::kMicroRows);
+    const Batch b = batch(B, L, c.vocab, 31);
+    for (int threads : {1, 2, 3}) {
+      const ThreadCount tc(threads);
+      const std::string what = std::string(encoding_info(e).name) + ", " + std::to_string(threads) + " threads";
+      Model<float> one(c, 6), two(c, 6);
+      auto r1 = one.forward(b.tokens.data(), b.targets.data(), B, L);
+      ASSERT_TRUE(r1.ok()) << r1.status().message();
+      ASSERT_TRUE(one.backward().ok());
+      auto r2 = two.forward_backward(b.tokens.data(), b.targets.data(), B, L);
+      ASSERT_TRUE(r2.ok()) << r2.status().message();
+      EXPECT_NEAR(r2->nll, r1->nll, 1e-6 * r1->nll) << what;
+      EXPECT_EQ(r2->count, r1->count) << what;
+      const std::vector<float>&g1 = one.grads(), &g2 = two.grads();
+      double mx = 0;
+      for (float x : g1) mx = std::max(mx, double(std::fabs(x)));
+      for (const ParamInfo& p : one.layout()) {
+        const std::vector<double> a(g1.begin() + long(p.offset), g1.begin() + long(p.offset + p.size)),
+            z(g2.begin() + long(p.offset), g2.begin() + long(p.offset + p.size));
+        EXPECT_TRUE(testing::AllClose(z, a, 1e-6 * mx, 1e-4)) << what << ", " << p.name;
       }
-      *params = m.params();
-      return losses;
-    };
-    std::vector<float> pa, pb;
-    const std::vector<double> a = run(&pa), b = run(&pb);
-    EXPECT_EQ(a, b) << threads << " threads";
-    EXPECT_EQ(pa, pb) << threads << " threads";
+      EXPECT_FALSE(two.backward().ok()) << what << ": the pass was consumed";
+    }
   }
+}
+
+// Five AdamW steps twice from the same seed give the same losses and parameters, bit for bit, for
+// each thread count (the shards' gradients are summed in a fixed order), through forward() then
+// backward() and through training's forward_backward (24 sequences of 16: micro-batches of 16 and 8).
+TEST(Model, RunIsBitReproducibleForEachThreadCount) {
+  for (int threads : {1, 2, 3})
+    for (bool fused : {false, true}) {
+      const ThreadCount tc(threads);
+      auto run = [fused](std::vector<float>* params) {
+        ModelConfig c = tiny(Encoding::kAlibi);
+        c.d_model = 16;
+        c.d_ff = 32;
+        Model<float> m(c, 9);
+        AdamWConfig oc;
+        oc.total = 5;
+        AdamW opt(oc, m.layout(), m.params().size());
+        std::vector<double> losses;
+        for (int s = 0; s < 5; ++s) {
+          const Batch b = batch(24, 16, c.vocab, std::uint64_t(s));
+          if (fused) {
+            losses.push_back(m.forward_backward(b.tokens.data(), b.targets.data(), 24, 16).value().nll);
+          } else {
+            losses.push_back(m.forward(b.tokens.data(), b.targets.data(), 24, 16).value().nll);
+            EXPECT_TRUE(m.backward().ok());
+          }
+          opt.step(m.params(), m.grads());
+        }
+        *params = m.params();
+        return losses;
+      };
+      std::vector<float> pa, pb;
+      const std::vector<double> a = run(&pa), b = run(&pb);
+      const std::string what = std::to_string(threads) + (fused ? " threads, forward_backward" : " threads");
+      EXPECT_EQ(a, b) << what;
+      EXPECT_EQ(pa, pb) << what;
+    }
 }
 
 // Each shard index runs exactly once per job, shard 0 on the caller and the others on distinct

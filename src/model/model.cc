@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "model/model_kernels.h"
 #include "attention/attention_fused.h"
@@ -470,6 +471,20 @@ Slots slots_of(const ModelConfig& c, const std::vector<ParamInfo>& layout) {
   return s;
 }
 
+// The (offset, size) of the parameters whose gradients the position encoding's kernels write
+// rather than add to: the learned table and the attention's own (every "layers.N.attn.*" tensor but
+// the projections).
+std::vector<std::pair<std::size_t, std::size_t>> enc_set_ranges(const std::vector<ParamInfo>& layout) {
+  std::vector<std::pair<std::size_t, std::size_t>> r;
+  for (const ParamInfo& p : layout) {
+    const std::size_t at = p.name.find(".attn.");
+    const std::string rest = at == std::string::npos ? "" : p.name.substr(at + 6);
+    if (p.name == "pos_emb" || (!rest.empty() && rest != "wqkv" && rest != "bqkv" && rest != "wo" && rest != "bo"))
+      r.emplace_back(p.offset, p.size);
+  }
+  return r;
+}
+
 AttentionParams attention_params(const ModelConfig& c) {
   AttentionParams p;
   p.encoding = c.encoding;
@@ -684,8 +699,10 @@ struct ModelPass {
     return Status::Ok();
   }
 
-  // The gradient of Σ NLL / count (count over the whole batch) from sequences [b0, b1) into g (zeroed).
-  Status backward_shard(I b0, I b1, T* g) const {
+  // The gradient of Σ NLL / count (count over the whole batch) from sequences [b0, b1) added into g,
+  // except the position encoding's own parameters (enc_set_ranges: the attention and the learned
+  // table write their gradients rather than add them), written into pg (the same layout; may be g).
+  Status backward_shard(I b0, I b1, T* g, T* pg) const {
     const I Bs = b1 - b0, r0 = b0 * L, R = Bs * L;
     const T* w = m.w_.data();
     const auto at = [&](std::vector<T>& v, I width) { return v.data() + r0 * width; };
@@ -717,7 +734,7 @@ struct ModelPass {
           ap, qkv_view(qkv, Bs, 0), qkv_view(qkv, Bs, 1), qkv_view(qkv, Bs, 2), enc_tensors(l),
           View::contiguous(at(A.att, C), kDType<T>, {Bs, L, H, D}), lse_view(A, b0, Bs),
           View::contiguous(datt, kDType<T>, {Bs, L, H, D}), qkv_view(dqkv, Bs, 0), qkv_view(dqkv, Bs, 1),
-          qkv_view(dqkv, Bs, 2), enc_grads(l, g)));
+          qkv_view(dqkv, Bs, 2), enc_grads(l, pg)));
       linear_backward(ops, at(A.a, C), w + P.wqkv, dqkv, R, C, 3 * C, g + P.wqkv, g + P.bqkv, dy);
       ops.layer_norm_backward(at(A.x_in, C), w + P.ln1_g, at(A.mean1, 1), at(A.rstd1, 1), dy, R, C, dx,
                               g + P.ln1_g, g + P.ln1_b);
@@ -727,7 +744,7 @@ struct ModelPass {
       const View tab = View::contiguous(w + s.pos_emb, kDType<T>, {m.c_.max_len, C});
       POSENC_RETURN_IF_ERROR(learned_backward(LearnedParams{}, View::contiguous(dx, kDType<T>, {Bs, L, C}),
                                               tab, Positions{}, View{},
-                                              View::contiguous(g + s.pos_emb, kDType<T>, {m.c_.max_len, C})));
+                                              View::contiguous(pg + s.pos_emb, kDType<T>, {m.c_.max_len, C})));
     }
     ops.embed_backward(dx, m.tokens_.data() + r0, R, C, T(std::sqrt(double(C))), g + s.tok_emb);
     return Status::Ok();
@@ -735,7 +752,7 @@ struct ModelPass {
 };
 
 template <typename T>
-Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32_t* targets, I B, I L) {
+Status Model<T>::prepare(const std::int32_t* tokens, const std::int32_t* targets, I B, I L) {
   if (B < 1) return Status::Invalid("batch", "must be at least 1");
   if (L < 1) return Status::Invalid("length", "must be at least 1");
   if (c_.encoding == Encoding::kLearned && L > c_.max_len)
@@ -748,7 +765,7 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
     if (targets[r] >= V)
       return Status::OutOfRange("targets", "id " + std::to_string(targets[r]) + " outside [0, " + std::to_string(V) + ")");
   }
-  B_ = 0;  // until this forward succeeds
+  B_ = 0;  // until this pass succeeds
   L_ = L;
   tokens_.assign(tokens, tokens + BL);
   targets_.assign(targets, targets + BL);
@@ -767,27 +784,36 @@ Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32
   lnf_rstd_.resize(ix(BL));
   probs_.resize(ix(BL * V));
   nll_.assign(ix(BL), 0.0);
-
   shards_ = int(std::min<I>(num_threads(), B));
+  return Status::Ok();
+}
+
+template <typename T>
+LossSum Model<T>::loss_sum() const {
+  LossSum out;
+  for (std::size_t r = 0; r < targets_.size(); ++r)
+    if (targets_[r] >= 0) {
+      out.nll += nll_[r];
+      ++out.count;
+    }
+  return out;
+}
+
+template <typename T>
+Expected<LossSum> Model<T>::forward(const std::int32_t* tokens, const std::int32_t* targets, I B, I L) {
+  POSENC_RETURN_IF_ERROR(prepare(tokens, targets, B, L));
   const BlasThreads blas(shards_ > 1 ? 1 : num_threads());
   const ModelPass<T> pass(*this);
   POSENC_RETURN_IF_ERROR(run_shards(shards_, B, [&](int, I b0, I b1) { return pass.forward_shard(b0, b1); }));
-  LossSum out;
-  for (I r = 0; r < BL; ++r)
-    if (targets[r] >= 0) {
-      out.nll += nll_[ix(r)];
-      ++out.count;
-    }
+  const LossSum out = loss_sum();
   B_ = B;
   count_ = out.count;
   return out;
 }
 
 template <typename T>
-Status Model<T>::backward() {
-  if (B_ == 0) return Status::Invalid("backward", "needs a forward pass first");
+void Model<T>::prepare_backward() {
   std::fill(g_.begin(), g_.end(), T(0));
-  if (count_ == 0) return Status::Ok();
   const I BL = B_ * L_, C = c_.d_model, F = c_.d_ff;
   dy_.resize(ix(BL * C));
   dx_.resize(ix(BL * C));
@@ -796,16 +822,66 @@ Status Model<T>::backward() {
   datt_.resize(ix(BL * C));
   g_shard_.resize(ix(std::max(shards_ - 1, 0)));
   for (std::vector<T>& gs : g_shard_) gs.assign(g_.size(), T(0));
+}
+
+template <typename T>
+Status Model<T>::backward() {
+  if (B_ == 0) return Status::Invalid("backward", "needs a forward pass first");
+  std::fill(g_.begin(), g_.end(), T(0));
+  if (count_ == 0) return Status::Ok();
+  prepare_backward();
   {
     const BlasThreads blas(shards_ > 1 ? 1 : num_threads());
     const ModelPass<T> pass(*this);
     POSENC_RETURN_IF_ERROR(run_shards(shards_, B_, [&](int s, I b0, I b1) {
-      return pass.backward_shard(b0, b1, s == 0 ? g_.data() : g_shard_[ix(s - 1)].data());
+      T* g = s == 0 ? g_.data() : g_shard_[ix(s - 1)].data();
+      return pass.backward_shard(b0, b1, g, g);
     }));
     for (const std::vector<T>& gs : g_shard_) pass.ops.add_to(g_.data(), gs.data(), I(g_.size()));
   }
   B_ = 0;  // consumed: probs_ became the logits' gradient; the next backward needs a new forward
   return Status::Ok();
+}
+
+template <typename T>
+Expected<LossSum> Model<T>::forward_backward(const std::int32_t* tokens, const std::int32_t* targets, I B,
+                                            I L) {
+  POSENC_RETURN_IF_ERROR(prepare(tokens, targets, B, L));
+  count_ = 0;  // the backward's 1/count is the whole batch's, known before any row runs
+  for (I r = 0; r < B * L; ++r) count_ += targets[r] >= 0;
+  B_ = B;
+  prepare_backward();
+  {
+    const BlasThreads blas(shards_ > 1 ? 1 : num_threads());
+    const ModelPass<T> pass(*this);
+    const I per = std::max<I>(1, kMicroRows / L);  // sequences a micro-batch
+    // The position encoding's parameter gradients of every micro-batch after a shard's first go to
+    // the shard's scratch and are added to its gradient from there (the others add themselves).
+    const std::vector<std::pair<std::size_t, std::size_t>> set = enc_set_ranges(layout_);
+    g_micro_.resize(ix(shards_));
+    const Status st = run_shards(shards_, B, [&](int s, I b0, I b1) {
+      T* g = s == 0 ? g_.data() : g_shard_[ix(s - 1)].data();
+      std::vector<T>& pg = g_micro_[ix(s)];
+      if (!set.empty() && b1 - b0 > per) pg.resize(g_.size());
+      for (I m0 = b0; m0 < b1; m0 += per) {
+        const I m1 = std::min(b1, m0 + per);
+        POSENC_RETURN_IF_ERROR(pass.forward_shard(m0, m1));
+        if (count_ == 0) continue;
+        if (m0 == b0 || set.empty()) {
+          POSENC_RETURN_IF_ERROR(pass.backward_shard(m0, m1, g, g));
+          continue;
+        }
+        for (const auto& [off, n] : set) std::fill(pg.begin() + off, pg.begin() + off + n, T(0));
+        POSENC_RETURN_IF_ERROR(pass.backward_shard(m0, m1, g, pg.data()));
+        for (const auto& [off, n] : set) pass.ops.add_to(g + off, pg.data() + off, I(n));
+      }
+      return Status::Ok();
+    });
+    B_ = 0;  // consumed, as by backward()
+    POSENC_RETURN_IF_ERROR(st);
+    for (const std::vector<T>& gs : g_shard_) pass.ops.add_to(g_.data(), gs.data(), I(g_.size()));
+  }
+  return loss_sum();
 }
 
 template class Model<float>;

@@ -84,9 +84,8 @@ void Batcher::next(std::int32_t* tok, std::int32_t* tgt) {
 
 Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok, const std::int32_t* tgt,
                             I B, I L, double* grad_norm) {
-  Expected<LossSum> r = m.forward(tok, tgt, B, L);
+  Expected<LossSum> r = m.forward_backward(tok, tgt, B, L);
   if (!r.ok()) return r.status();
-  POSENC_RETURN_IF_ERROR(m.backward());
   const double norm = opt.step(m.params(), m.grads());
   if (grad_norm) *grad_norm = norm;
   const double loss = r.value().nll / double(r.value().count);
