@@ -17,17 +17,20 @@
 // Tolerances: |got − want| ≤ atol + rtol·|want| with atol scaled by the largest |want| of the tensor.
 //
 // Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads, D head dim.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <hwy/targets.h>
 
 #include "attention/attention_fused.h"
+#include "attention/attention_tiles.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/threads.h"
@@ -551,6 +554,67 @@ TEST(FastAttentionTargets, EveryTargetMatchesReferenceAtSmallHeadDims) {
   }
   hwy::SetSupportedTargetsForTest(0);
   set_num_threads(0);
+}
+
+// The softmax's exponential (ExpSoftmax, core/simd-inl.h, through the row helper x = e^(x − m) and
+// the tile's online step) on every SIMD target against e^x in double: within 2.5·10⁻⁷ relative
+// (2 ulp) on [−86, 0.5] and beyond the row max, 0 at −∞ and below −86 (where e^x < 5·10⁻³⁸); row
+// lengths that end in a vector tail. The online step over two tiles of a banded row set against the
+// same softmax in double: m, l and the rescaled o.
+TEST(FastAttentionTargets, SoftmaxExponentialOnEveryTarget) {
+  std::vector<float> xs;
+  for (int i = 0; i <= 86 * 1024; ++i) xs.push_back(-static_cast<float>(i) / 1024.f);  // 0 .. −86
+  for (float x : {0.125f, 0.5f, -1e-7f, -0.3465f, -0.3466f, -87.f, -100.f, -1e30f, -HUGE_VALF}) xs.push_back(x);
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    const attn_fast::Simd sd = attn_fast::simd();
+    for (std::size_t n : {xs.size(), std::size_t{13}}) {  // 13: a tail on every vector width
+      std::vector<float> y(xs.begin(), xs.begin() + static_cast<long>(n));
+      const float sum = sd.exp_sub_sum(y.data(), n, 0.f);
+      double want_sum = 0;
+      int bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double x = xs[i], want = x < -86 ? 0.0 : std::exp(x);
+        want_sum += want;
+        const double err = x < -86 ? std::fabs(y[i]) : std::fabs(y[i] - want) / want;
+        if (!(err <= (x < -86 ? 5e-38 : 2.5e-7)) && ++bad <= 5) ADD_FAILURE() << "e^" << x << " gave " << y[i];
+      }
+      EXPECT_EQ(bad, 0);
+      // the sum rounds once per addition (the scalar target: 88k additions in one float)
+      EXPECT_NEAR(sum, want_sum, (n > 100 ? 1e-4 : 1e-6) * want_sum) << "n " << n;
+    }
+    // the online step: rows i = 0 .. 39 see keys j ≤ i + 20 of two 48-key tiles (rows from 28 on
+    // reach the second); masked keys hold −inf up to the band's reach and 0 beyond, as in Fused::logits
+    const I nq = 40, D = 6, band = 20;
+    std::vector<float> m(nq, -HUGE_VALF), l(nq, 0.f), o(ix(nq * D), 0.f);
+    std::vector<double> S0(ix(nq * 96));
+    std::mt19937 rng(7);
+    std::normal_distribution<double> nd(0.0, 3.0);
+    for (double& v : S0) v = nd(rng);
+    for (int t = 0; t < 2; ++t) {
+      std::vector<float> S(ix(nq * attn_fast::kBk), 0.f);
+      const I bt = band - t * 48;
+      for (I i = 0; i < nq; ++i)
+        for (I j = 0; j < 48; ++j)
+          S[ix(i * attn_fast::kBk + j)] = j <= i + bt                           ? static_cast<float>(S0[ix(i * 96 + t * 48 + j)])
+                                          : j < attn_fast::band_reach(i, bt, 48) ? -HUGE_VALF
+                                                                                 : 0.f;
+      attn_fast::online_softmax_step(sd, S.data(), nq, 48, m.data(), l.data(), o.data(), D, bt);
+      for (I i = 0; i < nq; ++i)  // o += P·V with V[j, e] = 1: o's entries all equal the row's Σ P
+        for (I e = 0; e < D; ++e)
+          for (I j = 0; j < 48; ++j) o[ix(i * D + e)] += S[ix(i * attn_fast::kBk + j)];
+    }
+    for (I i = 0; i < nq; ++i) {
+      double mx = -HUGE_VAL, sum = 0;
+      for (I j = 0; j < 96 && j <= i + band; ++j) mx = std::max(mx, double(static_cast<float>(S0[ix(i * 96 + j)])));
+      for (I j = 0; j < 96 && j <= i + band; ++j) sum += std::exp(double(static_cast<float>(S0[ix(i * 96 + j)])) - mx);
+      EXPECT_EQ(m[ix(i)], static_cast<float>(mx)) << "row " << i;
+      EXPECT_NEAR(l[ix(i)], sum, 1e-6 * sum) << "row " << i;
+      EXPECT_NEAR(o[ix(i * D + 3)], sum, 1e-6 * sum) << "row " << i;
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 // ---- pass 2 split over key blocks ---------------------------------------------------------------

@@ -134,7 +134,7 @@ using attn_fast::Extra;
 using attn_fast::I;
 using attn_fast::ix;
 
-float RowMax(const float* HWY_RESTRICT x, std::size_t n) {
+HWY_INLINE float RowMaxOf(const float* HWY_RESTRICT x, std::size_t n) {
   const hn::ScalableTag<float> d;
   const std::size_t L = hn::Lanes(d);
   auto m = hn::Set(d, -HUGE_VALF);
@@ -144,27 +144,39 @@ float RowMax(const float* HWY_RESTRICT x, std::size_t n) {
   for (; i < n; ++i) r = x[i] > r ? x[i] : r;
   return r;
 }
+float RowMax(const float* HWY_RESTRICT x, std::size_t n) { return RowMaxOf(x, n); }
 
-float ExpSubSum(float* HWY_RESTRICT x, std::size_t n, float mx) {
+// x = e^(x − mx) (ExpSoftmax, core/simd-inl.h); with kSum, returns Σ x (else 0).
+template <bool kSum>
+HWY_INLINE float ExpSub(float* HWY_RESTRICT x, std::size_t n, float mx) {
   const hn::ScalableTag<float> d;
   const std::size_t L = hn::Lanes(d);
   const auto vm = hn::Set(d, mx);
   auto s = hn::Zero(d);
   std::size_t i = 0;
   for (; i + L <= n; i += L) {
-    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i), vm));
     hn::StoreU(e, d, x + i);
-    s = hn::Add(s, e);
+    if (kSum) s = hn::Add(s, e);
   }
   if (i < n) {  // tail through a padded buffer (−inf pads give 0)
     HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
     for (std::size_t t = 0; t < L; ++t) buf[t] = i + t < n ? x[i + t] : -HUGE_VALF;
-    const auto e = hn::Exp(d, hn::Sub(hn::Load(d, buf), vm));
+    const auto e = ExpSoftmax(d, hn::Sub(hn::Load(d, buf), vm));
     hn::Store(e, d, buf);
-    s = hn::Add(s, e);
+    if (kSum) s = hn::Add(s, e);
     for (std::size_t t = 0; i + t < n; ++t) x[i + t] = buf[t];
   }
-  return hn::GetLane(hn::SumOfLanes(d, s));
+  return kSum ? hn::GetLane(hn::SumOfLanes(d, s)) : 0.f;
+}
+float ExpSubSum(float* HWY_RESTRICT x, std::size_t n, float mx) { return ExpSub<true>(x, n, mx); }
+
+HWY_INLINE void ZeroRow(float* HWY_RESTRICT x, std::size_t n) {
+  const hn::ScalableTag<float> d;
+  const std::size_t L = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::Zero(d), d, x + i);
+  for (; i < n; ++i) x[i] = 0.f;
 }
 
 void ScaleRow(float* HWY_RESTRICT x, std::size_t n, float c) {
@@ -205,8 +217,32 @@ float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, std::size_t 
   return r;
 }
 
+// attn_fast::online_softmax_step (attention_tiles.h) over every row of the tile, in one call: per row
+// the same steps as there, the row's o kept as it is (zeros) while its running max is still −∞.
+void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                 float* HWY_RESTRICT o, I D, I band) {
+  for (I i = 0; i < nq; ++i) {
+    float* Si = S + i * attn_fast::kBk;
+    const std::size_t n = ix(attn_fast::band_reach(i, band, nk));
+    const float mn = std::max(m[i], RowMaxOf(Si, n));
+    if (mn == -HUGE_VALF) {
+      ZeroRow(Si, n);
+      continue;
+    }
+    const float sum = ExpSub<true>(Si, n, mn);
+    if (m[i] == -HUGE_VALF) {  // the row's first keys: o is still 0, l = 0
+      l[i] = sum;
+    } else {
+      const float corr = std::exp(m[i] - mn);
+      if (corr != 1.f) ScaleRow(o + i * D, ix(D), corr);
+      l[i] = l[i] * corr + sum;
+    }
+    m[i] = mn;
+  }
+}
+
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&RowMax, &ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot};
+  return attn_fast::Simd{&RowMax, &ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep};
 }
 
 // c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from
@@ -297,8 +333,8 @@ void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT 
   for (I i = 0; i < nq; ++i) {
     float* Si = S + i * ld;
     const I n = attn_fast::band_reach(i, band, nk);
-    if (lse[i] == -HUGE_VALF) std::fill(Si, Si + n, 0.f);
-    else ExpSubSum(Si, ix(n), lse[i]);
+    if (lse[i] == -HUGE_VALF) ZeroRow(Si, ix(n));
+    else ExpSub<false>(Si, ix(n), lse[i]);
   }
 }
 

@@ -37,6 +37,8 @@ struct Simd {
   void (*add_to)(float* y, const float* x, std::size_t n);  // y += x
   void (*ds_row)(float* p, const float* dp, std::size_t n, float di);  // p = p·(dp − di)
   float (*dot)(const float* a, const float* b, std::size_t n);
+  // online_softmax_step below, every row of the tile in one call
+  void (*softmax_step)(float* S, I nq, I nk, float* m, float* l, float* o, I D, I band);
 };
 
 // The best target's helpers on this CPU (attention_cpu.cc); a kernel fetches them once per call.
@@ -138,9 +140,6 @@ inline void add_rows(const View& x, I D, I b, I r0, I n, I head, const float* sr
   }
 }
 
-// One step of the online softmax over a score tile S [nq, kBk] (nk valid columns, −inf where masked):
-// m' = max(m, rowmax S), S = exp(S − m'), l = l·e^{m−m'} + ΣS, o = o·e^{m−m'} ([nq, D]). A row still
-// wholly masked gets S = 0. The caller then adds S·V into o.
 // The entries of row i of a score tile with nk keys that the softmax reads under a band (tile_gemm.h):
 // its visible keys, min(nk, i + band + 1), rounded up to 16 (whole vectors of every target, so no
 // row ends in a scalar tail), or all nk without a band. The masked keys within that reach hold −inf
@@ -151,24 +150,13 @@ inline I band_reach(I i, I band, I nk) {
   return std::min(nk, (n + 15) / 16 * 16);
 }
 
-// band: row i reads only its first band_reach(i, band, nk) logits.
+// One step of the online softmax over a score tile S [nq, kBk] (nk valid columns, −inf where masked):
+// m' = max(m, rowmax S), S = exp(S − m'), l = l·e^{m−m'} + ΣS, o = o·e^{m−m'} ([nq, D]; a row whose m
+// is still −∞ must hold o = 0, which it keeps). A row still wholly masked gets S = 0. The caller then
+// adds S·V into o. band: row i reads only its first band_reach(i, band, nk) logits.
 inline void online_softmax_step(const Simd& sd, float* S, I nq, I nk, float* m, float* l, float* o,
                                 I D, I band = kNoBand) {
-  for (I i = 0; i < nq; ++i) {
-    float* Si = S + i * kBk;
-    const I n = band_reach(i, band, nk);
-    const float mx = sd.row_max(Si, ix(n));
-    const float mn = std::max(m[i], mx);
-    if (mn == kNegInfF) {
-      std::fill(Si, Si + n, 0.f);
-      continue;
-    }
-    const float corr = std::exp(m[i] - mn);  // 0 when m was −inf
-    const float sum = sd.exp_sub_sum(Si, ix(n), mn);
-    if (corr != 1.f) sd.scale(o + i * D, ix(D), corr);
-    l[i] = l[i] * corr + sum;
-    m[i] = mn;
-  }
+  sd.softmax_step(S, nq, nk, m, l, o, D, band);
 }
 
 // The end of the online softmax: o /= l, lse = m + log l (−inf, o = 0 for a row with no key).

@@ -380,6 +380,32 @@ HWY_INLINE void SinCosF64(DD dd, hn::Vec<DD> a, hn::Vec<DD>* s, hn::Vec<DD>* c) 
 }
 #endif  // HWY_HAVE_FLOAT64
 
+// ---- e^x for the softmaxes ---------------------------------------------------------------------
+// e^x for x ≤ 88 (the attention's x − row max and x − lse are ≤ 0 up to rounding): x = n·ln 2 + r,
+// n = round(x·log₂e), r ∈ [−0.347, 0.347] by Cody–Waite's two-part ln 2 (n·kLn2Hi exact for
+// |n| < 2⁹), e^r by its Taylor series to r⁷/7! (the first omitted term ≤ 0.347⁸/8! < 6·10⁻⁹, a tenth
+// of an ulp), and n added into the exponent field. Below −86 (e^x < 5·10⁻³⁸, where 2ⁿ·e^r could leave
+// the normal range), at −∞ and for NaN the result is 0. About 15 instructions a vector, against ~25
+// for Highway's general Exp; within 2 ulp of e^x (tested on every target).
+template <class D>
+HWY_INLINE hn::Vec<D> ExpSoftmax(D d, hn::Vec<D> x) {
+  const hn::RebindToSigned<D> di;
+  const auto nf = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  auto r = hn::NegMulAdd(nf, hn::Set(d, 0.693145751953125f), x);
+  r = hn::NegMulAdd(nf, hn::Set(d, 1.42860682030941723212e-6f), r);
+  auto e = hn::Set(d, 1.0f / 5040.0f);
+  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 720.0f));
+  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 120.0f));
+  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 24.0f));
+  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 6.0f));
+  e = hn::MulAdd(e, r, hn::Set(d, 0.5f));
+  e = hn::MulAdd(e, r, hn::Set(d, 1.0f));
+  e = hn::MulAdd(e, r, hn::Set(d, 1.0f));
+  const auto scaled =
+      hn::BitCast(d, hn::Add(hn::BitCast(di, e), hn::ShiftLeft<23>(hn::ConvertTo(di, nf))));
+  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -86.0f)), scaled);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace posenc
 HWY_AFTER_NAMESPACE();
