@@ -126,7 +126,8 @@ class Model {
   Expected<LossSum> forward_backward(const std::int32_t* tokens, const std::int32_t* targets,
                                      std::int64_t B, std::int64_t L);
   // Rows of a micro-batch of forward_backward (at least one sequence). Measured on the default study
-  // model (batch 16 × 64, one thread): 256 rows took ~8% less time a step than the whole batch.
+  // model (batch 16 × 64, one thread, user CPU time of 300 steps, medians of six alternating runs):
+  // 128 rows 3.49 s, 256 rows 3.42 s, the whole batch (1024) 3.60 s; forward() + backward() 3.54 s.
   static constexpr std::int64_t kMicroRows = 256;
 
  private:

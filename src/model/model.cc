@@ -18,7 +18,10 @@
 // shard working on its own rows [b0·L, b1·L) of the shared activation buffers and, in backward, on
 // its own gradient buffer (zeroed, then filled exactly as a one-shard backward of its rows would fill
 // it, with the global 1/count); the buffers are summed in shard order afterwards. Within a shard the
-// bias, LayerNorm and embedding gradients are summed over its rows in order. Row work goes through
+// bias, LayerNorm and embedding gradients are summed over its rows in order. forward_backward (the
+// training step) runs each shard's sequences in micro-batches of ~Model::kMicroRows rows, the
+// backward of each right after its forward, adding its gradient to the shard's (the position
+// encodings' parameter gradients, which their kernels write, through a scratch). Row work goes through
 // Ops<T>: the Highway kernels of model_kernels.h for float, plain loops in double for double.
 #include "posenc/model.h"
 
