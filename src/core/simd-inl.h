@@ -381,6 +381,22 @@ HWY_INLINE void SinCosF64(DD dd, hn::Vec<DD> a, hn::Vec<DD>* s, hn::Vec<DD>* c) 
 #endif  // HWY_HAVE_FLOAT64
 
 // ---- e^x for the softmaxes ---------------------------------------------------------------------
+// k! in float (exact up to 13!).
+constexpr float Factorial(int k) { return k <= 1 ? 1.0f : static_cast<float>(k) * Factorial(k - 1); }
+
+// Σ_{k ≤ kDeg} r^k / k!, the Taylor series of e^r, by Horner's rule from the r^kDeg term down (one
+// multiply-add a term; the coefficients 1/k! rounded to float).
+template <int kDeg, int kK = kDeg, class D>
+HWY_INLINE hn::Vec<D> ExpTaylor(D d, hn::Vec<D> r, hn::Vec<D> acc = hn::Vec<D>()) {
+  if constexpr (kK == kDeg) {
+    return ExpTaylor<kDeg, kK - 1>(d, r, hn::Set(d, 1.0f / Factorial(kDeg)));
+  } else if constexpr (kK < 0) {
+    return acc;
+  } else {
+    return ExpTaylor<kDeg, kK - 1>(d, r, hn::MulAdd(acc, r, hn::Set(d, 1.0f / Factorial(kK))));
+  }
+}
+
 // e^x for x ≤ 88 (the attention's x − row max and x − lse are ≤ 0 up to rounding): x = n·ln 2 + r,
 // n = round(x·log₂e), r ∈ [−0.347, 0.347] by Cody–Waite's two-part ln 2 (n·kLn2Hi exact for
 // |n| < 2⁹), e^r by its Taylor series to r⁷/7! (the first omitted term ≤ 0.347⁸/8! < 6·10⁻⁹, a tenth
@@ -393,14 +409,7 @@ HWY_INLINE hn::Vec<D> ExpSoftmax(D d, hn::Vec<D> x) {
   const auto nf = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
   auto r = hn::NegMulAdd(nf, hn::Set(d, 0.693145751953125f), x);
   r = hn::NegMulAdd(nf, hn::Set(d, 1.42860682030941723212e-6f), r);
-  auto e = hn::Set(d, 1.0f / 5040.0f);
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 720.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 120.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 24.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 6.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 0.5f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f));
+  const auto e = ExpTaylor<7>(d, r);
   const auto scaled =
       hn::BitCast(d, hn::Add(hn::BitCast(di, e), hn::ShiftLeft<23>(hn::ConvertTo(di, nf))));
   return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -86.0f)), scaled);

@@ -15,6 +15,8 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "core/simd-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace posenc {
 namespace HWY_NAMESPACE {
@@ -54,16 +56,7 @@ HWY_INLINE void ExpNegHalfSquare(D d, V t, V* p, V* s1, V* s2) {
   V r = hn::NegMulAdd(nf, hn::Set(d, kLn2Hi), hi);  // exact (Sterbenz)
   r = hn::Add(hn::NegMulAdd(nf, hn::Set(d, kLn2Lo), r), lo);  // |r| ≤ 0.49
   // e^r by Taylor's series to r⁹/9! (the first omitted term ≤ 0.49¹⁰/10! < 3·10⁻¹⁰).
-  V e = hn::Set(d, 1.0f / 362880.0f);
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 40320.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 5040.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 720.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 120.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 24.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f / 6.0f));
-  e = hn::MulAdd(e, r, hn::Set(d, 0.5f));
-  e = hn::MulAdd(e, r, hn::Set(d, 1.0f));
-  *p = hn::MulAdd(e, r, hn::Set(d, 1.0f));
+  *p = ExpTaylor<9>(d, r);
   const auto n = hn::ConvertTo(di, nf);  // in [−234, 0]
   const auto n1 = hn::ShiftRight<1>(n), n2 = hn::Sub(n, n1);
   const auto bias = hn::Set(di, 127);
