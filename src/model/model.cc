@@ -830,9 +830,8 @@ void Model<T>::prepare_backward() {
 template <typename T>
 Status Model<T>::backward() {
   if (B_ == 0) return Status::Invalid("backward", "needs a forward pass first");
-  std::fill(g_.begin(), g_.end(), T(0));
+  prepare_backward();  // grads() zeroed: all of the gradient when nothing is counted
   if (count_ == 0) return Status::Ok();
-  prepare_backward();
   {
     const BlasThreads blas(shards_ > 1 ? 1 : num_threads());
     const ModelPass<T> pass(*this);
