@@ -1,12 +1,12 @@
 // The fused CoPE attention, posenc::fused:: (src/attention/attention_cope_cpu.cc), against the
 // plain reference posenc::reference:: (src/attention/attention_ref.cc): out, lse, dq, dk, dv and
 // dtable, for causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads × global
-// offsets × float32 and bfloat16 q/k/v × float32 and float64 tables × sizes off the tile
+// offsets × float32, bfloat16 and float16 q/k/v × float32 and float64 tables × sizes off the tile
 // (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64, 130}) × npos ∈ {1, 2, 5, 64, 300} (positions clamped
 // everywhere, on part of each row, or nowhere) × 1 and 2 threads; sparse gates (rows unclamped
 // over many keys); every SIMD target on a case that runs all tile paths; L = 989; the backward's
-// query rows in several chunks, with every subset of the gradients; peak memory of a long sequence;
-// the dispatcher's choice.
+// query rows in several chunks, with every subset of the gradients, and 16-bit dk, dv summed over
+// them rounded once; peak memory of a long sequence; the dispatcher's choice.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
 // q and k are drawn with σ = 1.5, so scale·q·k has σ = 2.25 and the gates spread over (0, 1)
@@ -41,6 +41,7 @@ struct Tensor {
   DType dtype;
   std::vector<float> f;
   std::vector<bf16> h;
+  std::vector<f16> hf;
   Vec d;
   std::vector<std::int64_t> shape;
 
@@ -49,8 +50,13 @@ struct Tensor {
     if (t == DType::kF32) f.assign(src.begin(), src.end());
     if (t == DType::kBF16)
       for (double x : src) h.push_back(to_bf16(static_cast<float>(x)));
+    if (t == DType::kF16)
+      for (double x : src) hf.push_back(to_f16(static_cast<float>(x)));
     for (std::size_t i = 0; i < src.size(); ++i)
-      d[i] = t == DType::kF32 ? f[i] : t == DType::kBF16 ? to_float(h[i]) : src[i];
+      d[i] = t == DType::kF32    ? f[i]
+             : t == DType::kBF16 ? to_float(h[i])
+             : t == DType::kF16  ? to_float(hf[i])
+                                 : src[i];
   }
   Tensor(DType t, std::vector<std::int64_t> s) : Tensor(t, Vec(count(s), 0.0), s) {}
   static std::size_t count(const std::vector<std::int64_t>& s) {
@@ -59,15 +65,18 @@ struct Tensor {
     return n;
   }
   View view() {
-    void* p = dtype == DType::kF32 ? static_cast<void*>(f.data())
-              : dtype == DType::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(d.data());
+    void* p = dtype == DType::kF32    ? static_cast<void*>(f.data())
+              : dtype == DType::kBF16 ? static_cast<void*>(h.data())
+              : dtype == DType::kF16  ? static_cast<void*>(hf.data())
+                                      : static_cast<void*>(d.data());
     return View::contiguous(p, dtype, shape);
   }
   View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
   Vec values() const {  // what the kernel wrote
     if (dtype == DType::kF64) return d;
-    Vec r(dtype == DType::kF32 ? f.size() : h.size());
-    for (std::size_t i = 0; i < r.size(); ++i) r[i] = dtype == DType::kF32 ? f[i] : to_float(h[i]);
+    Vec r(d.size());
+    for (std::size_t i = 0; i < r.size(); ++i)
+      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : to_float(hf[i]);
     return r;
   }
 };
@@ -213,8 +222,8 @@ TEST(FastCope, MatchesReference) {
   int n = 0;
   for (const NamedCase& nc : cases())
     for (bool causal : {false, true})
-      for (DType dt : {DType::kF32, DType::kBF16}) {
-        if (dt == DType::kBF16 && nc.c.D == 130) continue;  // bf16 on the smaller shapes suffices
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        if (dt != DType::kF32 && nc.c.D == 130) continue;  // 16-bit on the smaller shapes suffices
         for (I npos : {I{1}, I{2}, I{5}, I{64}, I{300}}) {
           const DType tdt = ++n % 2 ? DType::kF64 : DType::kF32;
           SCOPED_TRACE(std::string(nc.name) + (causal ? " causal " : " full ") + dtype_name(dt) +
@@ -370,46 +379,53 @@ TEST(FastCope, ChunkedBackward) {
   set_num_threads(0);
 }
 
-// A bfloat16 dk, dv summed over several chunks keeps each float32 sum split between the output's
-// own elements (high halves) and a buffer of low halves, and rounds it once at the end: bit for bit
-// the rounding of what float32 inputs holding the same values give (the tiles are float32 either
-// way, and a float32 dk, dv sums the same parts in place, in the same order). One and two threads
-// (each thread has its own buffer), causal and not, grouped-query heads, chunks of 100 rows.
-TEST(FastCope, ChunkedBfloat16SumsRoundOnce) {
+// A bfloat16 or float16 dk, dv summed over several chunks keeps each float32 sum split between the
+// output's own elements (high halves) and a buffer of low halves, and rounds it once at the end: bit
+// for bit the rounding of what float32 inputs holding the same values give (the tiles are float32
+// either way, and a float32 dk, dv sums the same parts in place, in the same order). One and two
+// threads (each thread has its own buffer), causal and not, grouped-query heads, chunks of 100 rows.
+TEST(FastCope, ChunkedSixteenBitSumsRoundOnce) {
   fused::cope_set_chunk_rows(100);
+  auto run = [](Problem& x, DType dt, std::vector<Vec>* res) {
+    Tensor dq = filled(dt, x.q.shape), dk = filled(dt, x.k.shape), dv = filled(dt, x.v.shape),
+           de = filled(DType::kF32, x.table.shape);
+    EncodingGrads g;
+    g.table = de.view();
+    const Status st = fused::attention_backward(x.p, x.q.view(), x.k.view(), x.v.view(), x.tensors(),
+                                                x.dout.view(), dq.view(), dk.view(), dv.view(), g);
+    ASSERT_TRUE(st.ok()) << st.message();
+    *res = {dq.values(), dk.values(), dv.values(), de.values()};
+  };
   int n = 0;
-  for (int threads : {1, 2})
-    for (bool causal : {true, false}) {
-      ++n;
-      SCOPED_TRACE(std::to_string(threads) + (causal ? " threads causal" : " threads full"));
-      set_num_threads(threads);
-      Problem pr({2, 389, 389, 4, 2, 16}, causal, 16, DType::kBF16, DType::kF32, 1700 + n);
-      Problem wide = pr;
-      for (auto [to, from] : {std::pair{&wide.q, &pr.q}, std::pair{&wide.k, &pr.k},
-                              std::pair{&wide.v, &pr.v}, std::pair{&wide.dout, &pr.dout}})
-        *to = Tensor(DType::kF32, from->values(), from->shape);
-      auto run = [](Problem& x, DType dt, std::vector<Vec>* res) {
-        Tensor dq = filled(dt, x.q.shape), dk = filled(dt, x.k.shape), dv = filled(dt, x.v.shape),
-               de = filled(DType::kF32, x.table.shape);
-        EncodingGrads g;
-        g.table = de.view();
-        const Status st = fused::attention_backward(x.p, x.q.view(), x.k.view(), x.v.view(), x.tensors(),
-                                                    x.dout.view(), dq.view(), dk.view(), dv.view(), g);
-        ASSERT_TRUE(st.ok()) << st.message();
-        *res = {dq.values(), dk.values(), dv.values(), de.values()};
-      };
-      std::vector<Vec> half, full;
-      run(pr, DType::kBF16, &half);
-      run(wide, DType::kF32, &full);
-      for (int o = 0; o < 3; ++o) {
-        ASSERT_EQ(half[ix(o)].size(), full[ix(o)].size());
-        std::size_t differ = 0;
-        for (std::size_t i = 0; i < full[ix(o)].size(); ++i)
-          differ += half[ix(o)][i] != to_float(to_bf16(static_cast<float>(full[ix(o)][i])));
-        EXPECT_EQ(differ, 0u) << "output " << o << " (dq, dk, dv)";
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const auto rounded = [dt](double x) {
+      const float f = static_cast<float>(x);
+      return dt == DType::kBF16 ? to_float(to_bf16(f)) : to_float(to_f16(f));
+    };
+    for (int threads : {1, 2})
+      for (bool causal : {true, false}) {
+        ++n;
+        SCOPED_TRACE(std::string(dtype_name(dt)) + ", " + std::to_string(threads) +
+                     (causal ? " threads causal" : " threads full"));
+        set_num_threads(threads);
+        Problem pr({2, 389, 389, 4, 2, 16}, causal, 16, dt, DType::kF32, 1700 + n);
+        Problem wide = pr;
+        for (auto [to, from] : {std::pair{&wide.q, &pr.q}, std::pair{&wide.k, &pr.k},
+                                std::pair{&wide.v, &pr.v}, std::pair{&wide.dout, &pr.dout}})
+          *to = Tensor(DType::kF32, from->values(), from->shape);
+        std::vector<Vec> half, full;
+        run(pr, dt, &half);
+        run(wide, DType::kF32, &full);
+        for (int o = 0; o < 3; ++o) {
+          ASSERT_EQ(half[ix(o)].size(), full[ix(o)].size());
+          std::size_t differ = 0;
+          for (std::size_t i = 0; i < full[ix(o)].size(); ++i)
+            differ += half[ix(o)][i] != rounded(full[ix(o)][i]);
+          EXPECT_EQ(differ, 0u) << "output " << o << " (dq, dk, dv)";
+        }
+        EXPECT_EQ(half[3], full[3]) << "dtable";
       }
-      EXPECT_EQ(half[3], full[3]) << "dtable";
-    }
+  }
   fused::cope_set_chunk_rows(0);
   set_num_threads(0);
 }
