@@ -5,8 +5,8 @@
 // unidirectional, kerple log and power, sandwich, fire, rope2d axial and mixed (with dfreqs, per
 // query head under grouped heads), mrope chunked and interleaved with 2D/3D positions shared or per
 // batch row, xpos) × causal or not × M = N, decode (M = 1), M < N, M > N × grouped-query heads ×
-// global offsets × float32 and bfloat16 × sizes off the tile (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64,
-// 130}) × 1 and 2 threads; every SIMD target on one case per encoding, and at the study model's
+// global offsets × float32, bfloat16 and float16 × sizes off the tile (L ∈ {1, 3, 19, 130},
+// D ∈ {2, 6, 64, 130}) × 1 and 2 threads; every SIMD target on one case per encoding, and at the study model's
 // head dim (D = 16, 20); backward units split over key
 // blocks (B·Hkv not a multiple of the threads: one head, MQA, three units) against one thread and the
 // reference; a large case (L = 989); a long one (L = 16384) whose peak memory shows no L×L buffer; the
@@ -145,11 +145,13 @@ struct Shape {
       : B(b), M(m), N(n), Hq(hq), Hkv(hkv), D(d), q_off(qo), k_off(ko) {}
 };
 
-// Storage of one dtype: float32 or bfloat16 (the bits), and its float64 copy for the reference.
+// Storage of one dtype: float32, bfloat16 or float16 (the bits), and its float64 copy for the
+// reference.
 struct Tensor {
   DType dtype = DType::kF32;
   std::vector<float> f;
   std::vector<bf16> h;
+  std::vector<f16> hf;
   Vec d;  // the stored values, exactly, as doubles
   std::vector<std::int64_t> shape;
 
@@ -158,11 +160,17 @@ struct Tensor {
     if (t == DType::kF32) {
       f.assign(src.begin(), src.end());
       for (std::size_t i = 0; i < src.size(); ++i) d[i] = f[i];
-    } else {
+    } else if (t == DType::kBF16) {
       h.resize(src.size());
       for (std::size_t i = 0; i < src.size(); ++i) {
         h[i] = to_bf16(static_cast<float>(src[i]));
         d[i] = to_float(h[i]);
+      }
+    } else {
+      hf.resize(src.size());
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        hf[i] = to_f16(static_cast<float>(src[i]));
+        d[i] = to_float(hf[i]);
       }
     }
   }
@@ -173,13 +181,16 @@ struct Tensor {
     return n;
   }
   View view() {
-    return View::contiguous(dtype == DType::kF32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()),
-                            dtype, shape);
+    void* p = dtype == DType::kF32    ? static_cast<void*>(f.data())
+              : dtype == DType::kBF16 ? static_cast<void*>(h.data())
+                                      : static_cast<void*>(hf.data());
+    return View::contiguous(p, dtype, shape);
   }
   View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
   Vec values() const {  // what the kernel wrote
-    Vec r(dtype == DType::kF32 ? f.size() : h.size());
-    for (std::size_t i = 0; i < r.size(); ++i) r[i] = dtype == DType::kF32 ? f[i] : to_float(h[i]);
+    Vec r(d.size());
+    for (std::size_t i = 0; i < r.size(); ++i)
+      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : to_float(hf[i]);
     return r;
   }
 };
@@ -415,8 +426,8 @@ TEST_P(FastAttention, ForwardMatchesReference) {
   const Variant& var = GetParam();
   for (const NamedShape& ns : shapes())
     for (bool causal : {false, true})
-      for (DType dt : {DType::kF32, DType::kBF16}) {
-        if (dt == DType::kBF16 && ns.s.D == 130) continue;  // bf16 on the smaller shapes suffices
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        if (dt != DType::kF32 && ns.s.D == 130) continue;  // 16-bit on the smaller shapes suffices
         if (var.enc == Encoding::kRope2d && ns.s.D < 4) continue;  // 2D RoPE needs r >= 4
         SCOPED_TRACE(std::string(ns.name) + (causal ? " causal " : " full ") + dtype_name(dt));
         Problem pr(var, ns.s, causal, 100);
@@ -428,8 +439,8 @@ TEST_P(FastAttention, BackwardMatchesReference) {
   const Variant& var = GetParam();
   for (const NamedShape& ns : shapes())
     for (bool causal : {false, true})
-      for (DType dt : {DType::kF32, DType::kBF16}) {
-        if (dt == DType::kBF16 && ns.s.D == 130) continue;
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        if (dt != DType::kF32 && ns.s.D == 130) continue;
         if (var.enc == Encoding::kRope2d && ns.s.D < 4) continue;
         SCOPED_TRACE(std::string(ns.name) + (causal ? " causal " : " full ") + dtype_name(dt));
         Problem pr(var, ns.s, causal, 300);

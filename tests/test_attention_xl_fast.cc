@@ -1,8 +1,8 @@
 // The fused Transformer-XL attention, posenc::fused:: (src/attention/attention_xl_cpu.cc), against the
 // plain reference posenc::reference:: (src/attention/attention_ref.cc): forward (out, lse) and backward
 // (dq, dk, dv, du, dv_bias, drel_proj) × causal or not × M = N, decode (M = 1), M < N, M > N ×
-// grouped-query heads × global offsets × float32 and bfloat16 × sizes off the tile (L ∈ {1, 3, 19,
-// 130}, D ∈ {2, 6, 64, 130}, R ∈ {2, 8, 64}) × 1 and 2 threads; a large case (L = 989); every SIMD
+// grouped-query heads × global offsets × float32, bfloat16 and float16 × sizes off the tile
+// (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64, 130}, R ∈ {2, 8, 64}) × 1 and 2 threads; a large case (L = 989); every SIMD
 // target on a mid-size case; two threads bit for bit equal to one; a long case (L = 8192) whose peak
 // memory shows no L×L buffer; the dispatcher's choice.
 //
@@ -40,6 +40,7 @@ struct Tensor {
   DType dtype;
   std::vector<float> f;
   std::vector<bf16> h;
+  std::vector<f16> hf;
   Vec d;
   std::vector<I> shape;
 
@@ -47,8 +48,13 @@ struct Tensor {
     if (t == DType::kF32) f.assign(src.begin(), src.end());
     if (t == DType::kBF16)
       for (double x : src) h.push_back(to_bf16(static_cast<float>(x)));
+    if (t == DType::kF16)
+      for (double x : src) hf.push_back(to_f16(static_cast<float>(x)));
     for (std::size_t i = 0; i < d.size(); ++i)
-      d[i] = t == DType::kF32 ? f[i] : t == DType::kBF16 ? to_float(h[i]) : src[i];
+      d[i] = t == DType::kF32    ? f[i]
+             : t == DType::kBF16 ? to_float(h[i])
+             : t == DType::kF16  ? to_float(hf[i])
+                                 : src[i];
   }
   Tensor(DType t, std::vector<I> s) : Tensor(t, Vec(count(s), 0.0), s) {}
   static std::size_t count(const std::vector<I>& s) {
@@ -57,15 +63,20 @@ struct Tensor {
     return n;
   }
   View view() {
-    void* p = dtype == DType::kF32 ? static_cast<void*>(f.data())
-              : dtype == DType::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(d.data());
+    void* p = dtype == DType::kF32    ? static_cast<void*>(f.data())
+              : dtype == DType::kBF16 ? static_cast<void*>(h.data())
+              : dtype == DType::kF16  ? static_cast<void*>(hf.data())
+                                      : static_cast<void*>(d.data());
     return View::contiguous(p, dtype, shape);
   }
   View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
   Vec values() const {  // what the kernel wrote
     Vec r(d.size());
     for (std::size_t i = 0; i < r.size(); ++i)
-      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : d[i];
+      r[i] = dtype == DType::kF32    ? f[i]
+             : dtype == DType::kBF16 ? to_float(h[i])
+             : dtype == DType::kF16  ? to_float(hf[i])
+                                     : d[i];
     return r;
   }
 };
@@ -199,8 +210,8 @@ TEST(FastAttentionXL, MatchesReferenceEveryShape) {
     set_num_threads(threads);
     for (const Shape& s : shapes())
       for (bool causal : {false, true})
-        for (DType dt : {DType::kF32, DType::kBF16}) {
-          if (dt == DType::kBF16 && (s.D == 130 || threads == 2)) continue;  // bf16 on the rest suffices
+        for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+          if (dt != DType::kF32 && (s.D == 130 || threads == 2)) continue;  // 16-bit on the rest suffices
           ++n;
           const DType enc = n % 2 ? DType::kF64 : DType::kF32, gdt = n % 3 ? DType::kF64 : DType::kF32;
           SCOPED_TRACE(std::string(s.name) + (causal ? " causal " : " full ") + dtype_name(dt) +
