@@ -91,13 +91,21 @@ TEST(Model, OptimiserKeepsBoundedParametersInRange) {
       for (const ParamInfo& p : m.layout())
         for (std::size_t i = 0; i < p.size; ++i) {
           const float v = w[p.offset + i];
-          if (p.lo > -HUGE_VAL) EXPECT_GE(v, float(p.lo)) << p.name;
-          if (p.hi < HUGE_VAL) EXPECT_LE(v, float(p.hi)) << p.name;
-          if (p.name.find("kerple_r1") != std::string::npos || p.name.find("fire_c") != std::string::npos)
+          if (p.lo > -HUGE_VAL) {
+            EXPECT_GE(v, float(p.lo)) << p.name;
+          }
+          if (p.hi < HUGE_VAL) {
+            EXPECT_LE(v, float(p.hi)) << p.name;
+          }
+          if (p.name.find("kerple_r1") != std::string::npos || p.name.find("fire_c") != std::string::npos) {
             EXPECT_EQ(v, float(p.lo)) << p.name << " was pushed below its floor";
-          if (k == KerpleKernel::kPower && p.name.find("kerple_r2") != std::string::npos)
+          }
+          if (k == KerpleKernel::kPower && p.name.find("kerple_r2") != std::string::npos) {
             EXPECT_EQ(v, 2.f) << p.name << " was pushed above 2";
-          if (p.name == "tok_emb") EXPECT_LT(v, m.params()[p.offset + i] - 1.f) << "unbounded tensors move";
+          }
+          if (p.name == "tok_emb") {
+            EXPECT_LT(v, m.params()[p.offset + i] - 1.f) << "unbounded tensors move";
+          }
         }
     }
 }
