@@ -453,7 +453,7 @@ std::atomic<I> g_chunk_rows{0};  // cope_set_chunk_rows: > 0 overrides the chunk
 // once to the dtype, as a float buffer would (half its memory: 8 MiB at N = 65536, D = 64).
 class SplitSum {
  public:
-  void reserve(I N, I D) { lo_.resize(ix(N * D)); }
+  void size_for(I N, I D) { lo_.resize(ix(N * D)); }  // the low halves of N keys
   bool empty() const { return lo_.empty(); }
   // Rows [j0, j0 + nk) of the sum = x [nk, D] (first) or += x.
   void put(const View& out, I D, I b, I kh, I j0, I nk, const float* x, bool first) {
@@ -608,8 +608,8 @@ class Cope {
       // in place (the task owns its kv head: no race); a 16-bit one, when there are several
       // chunks, in float32 split between itself and a SplitSum, rounded once at the end.
       SplitSum dka, dva;
-      if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) dka.reserve(N, D);
-      if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) dva.reserve(N, D);
+      if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) dka.size_for(N, D);
+      if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) dva.size_for(N, D);
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
         const I b = task / d_.Hkv, kh = task % d_.Hkv;

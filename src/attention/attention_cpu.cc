@@ -134,7 +134,7 @@ using attn_fast::Extra;
 using attn_fast::I;
 using attn_fast::ix;
 
-HWY_INLINE float RowMaxOf(const float* HWY_RESTRICT x, std::size_t n) {
+HWY_INLINE float RowMax(const float* HWY_RESTRICT x, std::size_t n) {
   const hn::ScalableTag<float> d;
   const std::size_t L = hn::Lanes(d);
   auto m = hn::Set(d, -HUGE_VALF);
@@ -144,7 +144,6 @@ HWY_INLINE float RowMaxOf(const float* HWY_RESTRICT x, std::size_t n) {
   for (; i < n; ++i) r = x[i] > r ? x[i] : r;
   return r;
 }
-float RowMax(const float* HWY_RESTRICT x, std::size_t n) { return RowMaxOf(x, n); }
 
 // x = e^(x − mx) (ExpSoftmax, core/simd-inl.h); with kSum, returns Σ x (else 0).
 template <bool kSum>
@@ -224,7 +223,7 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
   for (I i = 0; i < nq; ++i) {
     float* Si = S + i * attn_fast::kBk;
     const std::size_t n = ix(attn_fast::band_reach(i, band, nk));
-    const float mn = std::max(m[i], RowMaxOf(Si, n));
+    const float mn = std::max(m[i], RowMax(Si, n));
     if (mn == -HUGE_VALF) {
       ZeroRow(Si, n);
       continue;
@@ -242,7 +241,7 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
 }
 
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&RowMax, &ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep};
+  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep};
 }
 
 // c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from

@@ -31,7 +31,6 @@ inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
 // Row helpers of one SIMD target.
 struct Simd {
-  float (*row_max)(const float* x, std::size_t n);
   float (*exp_sub_sum)(float* x, std::size_t n, float m);  // x = exp(x − m); returns Σ x
   void (*scale)(float* x, std::size_t n, float c);         // x *= c
   void (*add_to)(float* y, const float* x, std::size_t n);  // y += x
