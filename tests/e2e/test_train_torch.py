@@ -45,7 +45,13 @@ def train(d, enc, threads, save, extra=()):
     r = run("train", "--encoding", enc, "--steps", STEPS, "--batch", BATCH, "--train-len", LEN,
             "--d-model", 32, "--heads", 4, "--d-ff", 64, "--layers", 2, "--lr", LR, "--warmup", WARMUP,
             "--threads", threads, "--seed", 5, "--corpus", d.write("corpus.txt", TEXT), "--save", save, *extra)
-    return [x["loss"] for x in map(json.loads, r.stdout.splitlines()) if "loss" in x]
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    # the summary: tokens per second over the steps after the first (reported apart)
+    t = lines[-1]
+    after = t["seconds"] - t["first_step_seconds"]
+    assert t["steps"] == STEPS and 0 < t["first_step_seconds"] < t["seconds"], t
+    assert abs(t["tokens_per_second"] * after / ((STEPS - 1) * BATCH * LEN) - 1) < 1e-6, t
+    return [x["loss"] for x in lines if "loss" in x]
 
 
 _replays = {}
