@@ -2,10 +2,9 @@
 // step, then a summary line with tokens per second: over the steps after the first when there are
 // two or more (the first also allocates the activations and builds the encodings' tables; it is
 // reported apart, as first_step_seconds), the warm-up step that scripts/train_speed.py leaves out of
-// PyTorch's rate too. --save writes the trained checkpoint, --init-out
-// the initial one, --dump-batches the token windows as an int32 .npy [steps, batch, len + 1]: what an
-// independent implementation needs to replay the same run (scripts/train_speed.py,
-// tests/e2e/test_train_torch.py).
+// PyTorch's rate too. --save writes the trained checkpoint, --init-out the initial one,
+// --dump-batches the token windows as an int32 .npy [steps, batch, len + 1]: what an independent
+// implementation needs to replay the same run (scripts/train_speed.py, tests/e2e/test_train_torch.py).
 #include <chrono>
 #include <cstdio>
 #include <memory>
