@@ -255,10 +255,6 @@ HWY_INLINE bool StreamAligned(D d, const T* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (hn::Lanes(d) * sizeof(float) - 1)) == 0;
 }
 
-// How far ahead of its reads a kernel that prefetches its input does so (the bfloat16 sinusoidal
-// add, whose table rows compete with the input for the L1 cache; RoPE measured better without).
-constexpr std::size_t kPrefetchAhead = 8192;
-
 // ---- exact-angle sincos ----------------------------------------------------------------------------
 constexpr double kTwoOverPi = 0.63661977236758134308;
 constexpr double kPio2_1 = 1.57079632673412561417e+00;   // first 33 bits of π/2

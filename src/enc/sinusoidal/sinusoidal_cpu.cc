@@ -1,3 +1,4 @@
+
 // The sinusoidal encoding's fast path: the public posenc::sinusoidal_table / _forward / _backward
 // dispatch here (validation is the reference's, sinusoidal_check.h, so errors are identical).
 //
@@ -9,16 +10,20 @@
 // p, p+1, … (the usual offset + l) use the angle-addition formulas instead:
 //   - an exact anchor every kRun = 64 positions (block starts, so the result does not depend on the
 //     thread count) and at each run start: sin, cos(p·w_i) in double (simd-inl.h's SinCosF64);
-//   - carried in double by the rotation of K·w_i (K = kK = 8): drift ~10⁻¹⁵ over a block;
-//   - rounded to float (as, ac), and row p + k, k < K, is PE = (as·ck + ac·sk, ac·ck − as·sk), with
-//     ck, sk = cos, sin(k·w_i) from a per-(D, base) table rounded to float (built once, kept).
-// Bound of a rotated value against sin/cos of the exact angle: the float anchor and the table are
-// each within 2⁻²⁴ relative, and |as·ck| + |ac·sk| ≤ 1 (Cauchy–Schwarz), so they contribute ≤ 2⁻²⁴
-// each; the product and the FMA round ≤ 2⁻²⁴ each: ≤ 2⁻²² (2.4·10⁻⁷) + the angle's |a|·2⁻⁵² —
-// within the float sincos's 3·10⁻⁷ + |a|·2⁻⁵¹ (simd-inl.h), which a token not followed by its
-// successor still takes. The add is fused: y = as·ck + (ac·sk + x) (two FMAs per value; bfloat16 in
-// simd-inl.h's even/odd pairs, which are exactly the sin and cos columns). Large outputs:
-// non-temporal stores.
+//   - float32 and float16: carried in double by the rotation of K·w_i (K = kK = 8): drift ~10⁻¹⁵
+//     over a block; rounded to float (as, ac), and row p + k, k < K, is PE = (as·ck + ac·sk,
+//     ac·ck − as·sk), with ck, sk = cos, sin(k·w_i) from a per-(D, base) table rounded to float
+//     (built once, kept);
+//   - bfloat16: the float anchor rotated by the table's angle every kReanchor = 16 rows, and each row
+//     in between the previous one rotated by (cos w_i, sin w_i) in float (AddRecurBf16, bound
+//     2⁻¹⁸ there: far below bfloat16's rounding, and with fewer table reads, which bound this
+//     kernel, measured below).
+// Bound of a float32 rotated value against sin/cos of the exact angle: the float anchor and the
+// table are each within 2⁻²⁴ relative, and |as·ck| + |ac·sk| ≤ 1 (Cauchy–Schwarz), so they
+// contribute ≤ 2⁻²⁴ each; the product and the FMA round ≤ 2⁻²⁴ each: ≤ 2⁻²² (2.4·10⁻⁷) + the
+// angle's |a|·2⁻⁵² — within the float sincos's 3·10⁻⁷ + |a|·2⁻⁵¹ (simd-inl.h), which a token not
+// followed by its successor still takes. The float32 add is fused: y = as·ck + (ac·sk + x) (two
+// FMAs per value). Large outputs: non-temporal stores.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,9 +38,15 @@
 #ifndef POSENC_SINUS_JOB_DEFINED
 #define POSENC_SINUS_JOB_DEFINED
 namespace posenc::sinus_fast {
-// Rows per exact anchor block, and rows per float rotation table (K).
+// Rows per exact anchor block; rows per double carry and float rotation table (K, float32 and
+// float16); rows per pass of the rotated kernels; rows per re-anchored stretch of the bfloat16
+// recurrence (its table holds every kReanchor-th row).
 constexpr std::int64_t kRun = 64;
 constexpr std::int64_t kK = 8;
+constexpr int kRows = 4;
+constexpr std::int64_t kReanchor = 16;
+static_assert(kK % kRows == 0 && kReanchor % kRows == 0 && kRun % kReanchor == 0,
+              "a pass stays inside a group and a stretch");
 
 struct Job {
   DType dtype = DType::kF32;
@@ -43,11 +54,12 @@ struct Job {
   const std::int64_t* pos = nullptr;  // [B, L]
   bool shared = false;                // every batch row has the positions of row 0
   const double* inv = nullptr;        // [D/2]: w_i
-  const double* cK = nullptr;         // [D/2]: cos(K·w_i)   (null: no runs, L = 1)
+  const double* cK = nullptr;         // [D/2]: cos(K·w_i) (float32, float16)
   const double* sK = nullptr;         // [D/2]: sin(K·w_i)
-  // cos, sin(k·w) rounded to float, k < K: bfloat16 per pair, tc, ts [K, D/2] (cos, sin(k·w_i));
-  // other dtypes interleaved in tc [K, D] (cos(k·w_i), sin(k·w_i) at columns 2i, 2i + 1; ts unused):
-  // one table row per PE row instead of two.
+  // cos, sin(k·w) rounded to float (null: no runs, L = 1). bfloat16, per pair: tc, ts
+  // [kRun/kReanchor + 1, D/2], row m the angle m·kReanchor·w_i, the last row w_i itself (the
+  // recurrence's step). Other dtypes, k < K, interleaved in tc [K, D] (cos(k·w_i), sin(k·w_i) at columns 2i,
+  // 2i + 1; ts unused): one table row per PE row instead of two.
   const float* tc = nullptr;
   const float* ts = nullptr;
   const void* x = nullptr;            // [B, L, D] or null (the table: y = PE)
@@ -73,6 +85,7 @@ namespace HWY_NAMESPACE {
 namespace {
 
 using sinus_fast::kK;
+using sinus_fast::kRows;
 using sinus_fast::kRun;
 
 // y[0, n) = x[0, n) + pe[0, n) (x null: y = pe). kStream: non-temporal stores from the first
@@ -178,16 +191,33 @@ void AnchorStep(double* HWY_RESTRICT ds, double* HWY_RESTRICT dc, const double* 
 }
 #endif  // HWY_HAVE_FLOAT64
 
-// y = x + PE of the anchor rotated by k·w, per column (float32, float16): with V = the float anchor
-// interleaved (sin, cos, …), W = V with each pair swapped, and from the interleaved table row
-// t = (c, s, …) the columns C = (c, c, …) and S = (s, −s, …), PE = V·C + W·S (the angle-addition
-// formulas), y = V·C + (W·S + x) in two FMAs. x null: y = PE. kStream: y aligned for StoreF2<true>.
+// Memory speed here took three things, each measured with throwaway programs (bfloat16 [4096,
+// 4096], one thread, medians against memcpy of the same bytes):
+//   - Table reads, not memory, bounded the add: the anchor and rotation rows ([D] each) do not stay
+//     in L1 beside the stream of x, and were read once per row: 0.70 of memcpy, against 1.0–1.1
+//     with the same arithmetic and no table reads. So a pass takes kRows = 4 rows of x per read of
+//     the anchor (eight rows, more concurrent streams, was no better).
+//   - Every row's x is loaded before any y is stored: x and y rows then share their low 12 address
+//     bits (buffers of the same alignment, rows 8 KiB apart), and a load behind a store to the same
+//     offset modulo 4 KiB waits on it. 5.4 ms per add with store–load order, 3.2 ms with y offset
+//     by 256 bytes; loads first, with the row loop unrolled so nothing spills, removes most of it.
+//   - bfloat16 reads one table row per 16 rows instead of one per pass: those rows are cold (the
+//     stream of x evicts them between uses), and read per pass they cost 0.9 ms of 4.5.
+// posenc bench, [1, 4096, 4096], one thread, nine runs alternating with the kernel before these
+// changes, ratio to memcpy: bfloat16 out of place 0.60–0.80 → 0.73–1.05 (median 0.92), in place
+// 0.69–0.94 → 0.91–1.19; float32 out of place 0.74–0.95 (median 0.81) → 0.93–1.09 (median 0.97).
+
+// y_r = x_r + PE of the anchor rotated by k_r·w, per column (float32, float16), for R rows r < R
+// at once: with V = the float anchor interleaved (sin, cos, …), W = V with each pair swapped, and
+// from row r's interleaved table row t = (c, s, …) the columns C = (c, c, …) and S = (s, −s, …),
+// PE = V·C + W·S (the angle-addition formulas), y = V·C + (W·S + x) in two FMAs. V and W are read
+// and formed once for the R rows. x null: y = PE. kStream: every y_r aligned for StoreF2<true>.
 // C and S are formed in registers (in-lane duplicates and a sign flip) rather than read as two
 // tables: measured with posenc bench, float32 [1, 4096, 4096], one thread, eight alternating runs,
 // out of place 0.76–0.80 of memcpy → 0.76–0.97 (median 0.83), in place 0.78–0.88 → 0.88–0.92.
-template <bool kStream, typename T>
-void AddRotatedCols(const T* x, const float* HWY_RESTRICT V, const float* HWY_RESTRICT tc,
-                    std::int64_t n, T* y) {
+template <bool kStream, int R, typename T>
+void AddRotatedCols(const T* const* x, const float* HWY_RESTRICT V, const float* const* tc,
+                    std::int64_t n, T* const* y) {
   std::int64_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   const hn::ScalableTag<float> df;
@@ -196,57 +226,140 @@ void AddRotatedCols(const T* x, const float* HWY_RESTRICT V, const float* HWY_RE
   for (; i + 2 * N <= n; i += 2 * N) {
     const auto v0 = hn::LoadU(df, V + i), v1 = hn::LoadU(df, V + i + N);
     const auto w0 = hn::Shuffle2301(v0), w1 = hn::Shuffle2301(v1);
-    const auto t0 = hn::LoadU(df, tc + i), t1 = hn::LoadU(df, tc + i + N);
-    const auto s0 = hn::Xor(hn::DupOdd(t0), sgn), s1 = hn::Xor(hn::DupOdd(t1), sgn);
-    const auto c0 = hn::DupEven(t0), c1 = hn::DupEven(t1);
-    hn::Vec<decltype(df)> r0, r1;
-    if (x) {
-      LoadF2(df, x + i, &r0, &r1);
-      r0 = hn::MulAdd(w0, s0, r0);
-      r1 = hn::MulAdd(w1, s1, r1);
-    } else {
-      r0 = hn::Mul(w0, s0);
-      r1 = hn::Mul(w1, s1);
+    hn::Vec<decltype(df)> r0[R], r1[R];  // every row's x loaded before any y is stored (kRows)
+    HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
+      if (x) {
+        LoadF2(df, x[r] + i, &r0[r], &r1[r]);
+      } else {
+        r0[r] = hn::Zero(df);
+        r1[r] = hn::Zero(df);
+      }
     }
-    StoreF2<kStream>(df, hn::MulAdd(v0, c0, r0), hn::MulAdd(v1, c1, r1), y + i);
+    HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
+      const auto t0 = hn::LoadU(df, tc[r] + i), t1 = hn::LoadU(df, tc[r] + i + N);
+      const auto s0 = hn::Xor(hn::DupOdd(t0), sgn), s1 = hn::Xor(hn::DupOdd(t1), sgn);
+      const auto c0 = hn::DupEven(t0), c1 = hn::DupEven(t1);
+      StoreF2<kStream>(df, hn::MulAdd(v0, c0, hn::MulAdd(w0, s0, r0[r])),
+                       hn::MulAdd(v1, c1, hn::MulAdd(w1, s1, r1[r])), y[r] + i);
+    }
+  }
+#endif
+  for (; i < n; ++i)
+    for (int r = 0; r < R; ++r) {
+      const float c = tc[r][i & ~std::int64_t{1}], s = tc[r][i | 1];
+      FromF((x ? ToF(x[r][i]) : 0.0f) + (V[i] * c + V[i ^ 1] * ((i & 1) ? -s : s)), y[r] + i);
+    }
+}
+
+// bfloat16, per pair, R consecutive rows at once: the even and odd elements of x are the sin and
+// cos columns. The first row's PE is (ia, ib), or, given the table row (t0c, t0s) of an angle
+// k0·w, (ia, ib) rotated by it; each next row's is the previous one rotated by (c1, s1) = cos,
+// sin(w), all in registers; given (oa, ob), the PE of the row after the last is stored there (it
+// may be ia, ib: each is read before it is written). y = PE + x, rounded once to bfloat16.
+// Bound of a PE value against sin/cos of the exact angle, as the 2-norm of a pair's error: a
+// re-anchored start (SinusImpl) is within 2^-21.5 (the float anchor 2^-24; a table rotation 2^-22
+// per component, header comment); a step adds at most 1.5·2^-23 (the table's rounding 2^-24, the
+// product's and the FMA's 2^-24 each scaled by |s1| + 1 ≤ 2, the rotation otherwise
+// norm-preserving); with at most kReanchor − 1 = 15 steps: ≤ 2^-21.5 + 22.5·2^-23 < 2^-18
+// (3.8·10⁻⁶) + the angle's |a|·2⁻⁵², inside bfloat16's rounding (2⁻⁹ relative) for every |y| above
+// 2^-9. kStream: every y_r aligned for StoreF2<true>.
+template <bool kStream, int R>
+void AddRecurBf16(const hwy::bfloat16_t* const* x, const float* ia, const float* ib,
+                  const float* t0c, const float* t0s, const float* HWY_RESTRICT c1,
+                  const float* HWY_RESTRICT s1, std::int64_t n, hwy::bfloat16_t* const* y,
+                  float* oa, float* ob) {
+  std::int64_t i = 0;  // pair index
+#if POSENC_BF16_PAIRS
+  const hn::ScalableTag<float> df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) {
+    auto a = hn::LoadU(df, ia + i), b = hn::LoadU(df, ib + i);
+    if (t0c) {
+      const auto c = hn::LoadU(df, t0c + i), s = hn::LoadU(df, t0s + i);
+      const auto na = hn::MulAdd(a, c, hn::Mul(b, s));
+      b = hn::NegMulAdd(a, s, hn::Mul(b, c));
+      a = na;
+    }
+    const auto c = hn::LoadU(df, c1 + i), s = hn::LoadU(df, s1 + i);
+    hn::Vec<decltype(df)> xe[R], xo[R];  // every row's x loaded before any y is stored (kRows)
+    HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
+      if (x) {
+        LoadBf16Pairs(df, x[r] + 2 * i, &xe[r], &xo[r]);
+      } else {
+        xe[r] = hn::Zero(df);
+        xo[r] = hn::Zero(df);
+      }
+    }
+    HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
+      if (r > 0) {
+        const auto na = hn::MulAdd(a, c, hn::Mul(b, s));
+        b = hn::NegMulAdd(a, s, hn::Mul(b, c));
+        a = na;
+      }
+      StoreBf16Pairs<kStream>(df, hn::Add(a, xe[r]), hn::Add(b, xo[r]), y[r] + 2 * i);
+    }
+    if (oa) {
+      hn::StoreU(hn::MulAdd(a, c, hn::Mul(b, s)), df, oa + i);
+      hn::StoreU(hn::NegMulAdd(a, s, hn::Mul(b, c)), df, ob + i);
+    }
   }
 #endif
   for (; i < n; ++i) {
-    const float c = tc[i & ~std::int64_t{1}], s = tc[i | 1];
-    FromF((x ? ToF(x[i]) : 0.0f) + (V[i] * c + V[i ^ 1] * ((i & 1) ? -s : s)), y + i);
+    float a = ia[i], b = ib[i];
+    if (t0c) {
+      const float na = std::fma(a, t0c[i], b * t0s[i]);
+      b = std::fma(-a, t0s[i], b * t0c[i]);
+      a = na;
+    }
+    for (int r = 0; r <= R; ++r) {
+      if (r > 0) {
+        const float na = std::fma(a, c1[i], b * s1[i]);
+        b = std::fma(-a, s1[i], b * c1[i]);
+        a = na;
+      }
+      if (r == R) break;
+      FromF((x ? ToF(x[r][2 * i]) : 0.0f) + a, y[r] + 2 * i);
+      FromF((x ? ToF(x[r][2 * i + 1]) : 0.0f) + b, y[r] + 2 * i + 1);
+    }
+    if (oa) {
+      oa[i] = a;
+      ob[i] = b;
+    }
   }
 }
 
-// bfloat16, per pair: the even and odd elements of x are the sin and cos columns, so with the float
-// anchor (as, ac): y_even = as·tc + (ac·ts + x_even), y_odd = ac·tc + (x_odd − as·ts), two FMAs
-// each. kStream: y aligned for StoreF2<true>.
-template <bool kStream>
-void AddRotatedBf16(const hwy::bfloat16_t* x, const float* HWY_RESTRICT as,
-                    const float* HWY_RESTRICT ac, const float* HWY_RESTRICT tc,
-                    const float* HWY_RESTRICT ts, std::int64_t n, hwy::bfloat16_t* y) {
-  const hn::ScalableTag<float> df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = 0;  // pair index
-#if POSENC_BF16_PAIRS
-  for (; i + N <= n; i += N) {
-    const auto a = hn::LoadU(df, as + i), b = hn::LoadU(df, ac + i);
-    const auto c = hn::LoadU(df, tc + i), s = hn::LoadU(df, ts + i);
-    hn::Vec<decltype(df)> xe = hn::Zero(df), xo = hn::Zero(df);
-    if (x) {
-      // A vector of pairs is one cache line of bfloat16 input: fetched kPrefetchAhead bytes early
-      // (measured: 0.53–0.70 of memcpy without it, 0.60–0.70 with, one thread, [1, 4096, 4096]).
-      hwy::Prefetch(reinterpret_cast<const char*>(x + 2 * i) + kPrefetchAhead);
-      LoadBf16Pairs(df, x + 2 * i, &xe, &xo);
-    }
-    StoreBf16Pairs<kStream>(df, hn::MulAdd(a, c, hn::MulAdd(b, s, xe)),
-                            hn::MulAdd(b, c, hn::NegMulAdd(a, s, xo)), y + 2 * i);
-  }
-#else
-  (void)N;
-#endif
-  for (; i < n; ++i) {
-    FromF((x ? ToF(x[2 * i]) : 0.0f) + (as[i] * tc[i] + ac[i] * ts[i]), y + 2 * i);
-    FromF((x ? ToF(x[2 * i + 1]) : 0.0f) + (ac[i] * tc[i] - as[i] * ts[i]), y + 2 * i + 1);
+// Rows k0 .. k0 + R − 1 of a run (bfloat16) or of an anchor's group (other dtypes), R ≤ kRows,
+// for one batch row: xr, yr [R] the rows. bfloat16: a pass at a multiple of kReanchor starts from
+// the float anchor (as, ac) rotated by its table row, any other from the state (sa, sb) the pass
+// before it left; write_state: leave the next pass's start there.
+template <typename T, int R>
+void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, float* sa, float* sb,
+                 const float* V, std::int64_t k0, const T* const* xr, T* const* yr, bool st,
+                 bool write_state) {
+  const std::int64_t D = j.D, half = D / 2;
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    const std::int64_t m = k0 / sinus_fast::kReanchor, last = sinus_fast::kRun / sinus_fast::kReanchor;
+    const bool anchored = k0 % sinus_fast::kReanchor == 0;
+    const float* ia = anchored ? as : sa;
+    const float* ib = anchored ? ac : sb;
+    const float* t0c = anchored && m ? j.tc + m * half : nullptr;
+    const float* t0s = anchored && m ? j.ts + m * half : nullptr;
+    const float* c1 = j.tc + last * half;
+    const float* s1 = j.ts + last * half;
+    float* oa = write_state ? sa : nullptr;
+    float* ob = write_state ? sb : nullptr;
+    if (st)
+      AddRecurBf16<true, R>(xr, ia, ib, t0c, t0s, c1, s1, half, yr, oa, ob);
+    else
+      AddRecurBf16<false, R>(xr, ia, ib, t0c, t0s, c1, s1, half, yr, oa, ob);
+  } else {
+    (void)sa, (void)sb, (void)as, (void)ac, (void)write_state;
+    const float* tr[R];
+    for (int r = 0; r < R; ++r) tr[r] = j.tc + (k0 + r) * D;
+    if (st)
+      AddRotatedCols<true, R>(xr, V, tr, D, yr);
+    else
+      AddRotatedCols<false, R>(xr, V, tr, D, yr);
   }
 }
 
@@ -272,7 +385,7 @@ void SinusImpl(const sinus_fast::Job& j) {
     float* as = c + half;
     float* ac = as + half;
     float* pe = ac + half;  // [D]: a PE row, or the anchor interleaved (V of AddRotatedCols)
-    const std::unique_ptr<double[]> dbuf(new double[j.cK ? static_cast<std::size_t>(2 * half) : 1]);
+    const std::unique_ptr<double[]> dbuf(new double[j.tc ? static_cast<std::size_t>(2 * half) : 1]);
     double* ds = dbuf.get();
     double* dc = ds + half;
     auto rows_of = [&](std::int64_t seq, std::int64_t* b0, std::int64_t* b1) {
@@ -304,33 +417,44 @@ void SinusImpl(const sinus_fast::Job& j) {
         std::int64_t n = 1;  // a run of consecutive positions p[l] .. p[l] + n − 1
         while (l + n < l1 && p[l + n] == p[l] + n) ++n;
 #if HWY_HAVE_FLOAT64
-        if (n >= 2 && j.cK) {
+        if (n >= 2 && j.tc) {
           AnchorF64(static_cast<double>(p[l]), j.inv, half, ds, dc);
-          for (std::int64_t g = 0; g < n; g += kK) {
-            AnchorStep(ds, dc, j.cK, j.sK, half, as, ac, g + kK < n);
-            if (!kPairs) Interleave(as, ac, half, pe);
-            for (std::int64_t k = 0; k < kK && g + k < n; ++k) {
-              std::int64_t b0, b1;
-              rows_of(seq, &b0, &b1);
-              for (std::int64_t b = b0; b < b1; ++b) {
-                const T* x;
-                T* y;
-                row_ptrs(b, l + g + k, &x, &y);
-                const bool st = j.stream && StreamAligned(df, y);
-                if constexpr (kPairs) {
-                  const float* tc = j.tc + k * half;
-                  const float* ts = j.ts + k * half;
-                  if (st)
-                    AddRotatedBf16<true>(x, as, ac, tc, ts, half, y);
-                  else
-                    AddRotatedBf16<false>(x, as, ac, tc, ts, half, y);
-                } else {
-                  if (st)
-                    AddRotatedCols<true>(x, pe, j.tc + k * D, D, y);
-                  else
-                    AddRotatedCols<false>(x, pe, j.tc + k * D, D, y);
-                }
+          std::int64_t b0, b1;
+          rows_of(seq, &b0, &b1);
+          // Rows row0 .. row0 + R − 1 of the run (R ≤ kRows), k0 the first one's index in its
+          // group (bfloat16: in the run). The bfloat16 recurrence's state between passes is
+          // kept in s, c (PeRowFloat's scratch, free during a run), written by the last batch
+          // row's pass when the next pass continues from it.
+          auto pass = [&](std::int64_t row0, std::int64_t k0, int R) {
+            const bool more = kPairs && k0 + R < n && (k0 + R) % sinus_fast::kReanchor != 0;
+            for (std::int64_t b = b0; b < b1; ++b) {
+              const T* xr[kRows];
+              T* yr[kRows];
+              bool st = j.stream;
+              for (int r = 0; r < R; ++r) {
+                row_ptrs(b, l + row0 + r, &xr[r], &yr[r]);
+                st = st && StreamAligned(df, yr[r]);
               }
+              const T* const* xp = j.x ? xr : nullptr;
+              const bool ws = more && b + 1 == b1;
+              switch (R) {
+                case 1: RotatedRows<T, 1>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                case 2: RotatedRows<T, 2>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                case 3: RotatedRows<T, 3>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                default: RotatedRows<T, kRows>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+              }
+            }
+          };
+          if constexpr (kPairs) {  // one float anchor for the run, rotated to each stretch's start
+            AnchorStep(ds, dc, j.cK, j.sK, half, as, ac, false);
+            for (std::int64_t k0 = 0; k0 < n; k0 += kRows)
+              pass(k0, k0, static_cast<int>(std::min<std::int64_t>(kRows, n - k0)));
+          } else {  // a float anchor every K rows, carried in double
+            for (std::int64_t g = 0; g < n; g += kK) {
+              AnchorStep(ds, dc, j.cK, j.sK, half, as, ac, g + kK < n);
+              Interleave(as, ac, half, pe);
+              for (std::int64_t k0 = 0; k0 < std::min(kK, n - g); k0 += kRows)
+                pass(g + k0, k0, static_cast<int>(std::min<std::int64_t>(kRows, n - g - k0)));
             }
           }
           l += n;
@@ -346,9 +470,10 @@ void SinusImpl(const sinus_fast::Job& j) {
   });
 }
 
-// The rotation tables of frequencies w [n]: cK, sK = cos, sin(K·w) in double; tc, ts = cos,
-// sin(k·w) rounded to float (the angle k·w formed in double), [K, n] per pair, or both interleaved
-// in tc [K, 2n] for columns (Job).
+// The rotation tables of frequencies w [n], the angles formed in double and their cos, sin rounded
+// to float: for columns, cK, sK = cos, sin(K·w) in double and tc [K, 2n] = cos, sin(k·w)
+// interleaved; per pair (bfloat16), tc, ts [kRun/kReanchor + 1, n], row m the angle m·kReanchor·w
+// and the last row w (Job).
 void SinusTablesImpl(const double* w, std::int64_t n, bool columns, double* cK, double* sK,
                      float* tc, float* ts) {
   // sin, cos(k·w[i]) into sv, cv for i in [i0, i0 + m), vectorised where the target has doubles.
@@ -369,13 +494,18 @@ void SinusTablesImpl(const double* w, std::int64_t n, bool columns, double* cK, 
       cv[i] = std::cos(k * w[i0 + i]);
     }
   };
-  sincos(static_cast<double>(kK), 0, n, sK, cK);
+  if (columns) sincos(static_cast<double>(kK), 0, n, sK, cK);
+  // Table row k holds the angle mult(k)·w.
+  const std::int64_t rows = columns ? kK : sinus_fast::kRun / sinus_fast::kReanchor + 1;
+  auto mult = [&](std::int64_t k) {
+    return columns ? k : k + 1 == rows ? 1 : k * sinus_fast::kReanchor;
+  };
   constexpr std::int64_t kBlock = 256;
   double sv[kBlock], cv[kBlock];
-  for (std::int64_t k = 0; k < kK; ++k)
+  for (std::int64_t k = 0; k < rows; ++k)
     for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
       const std::int64_t m = std::min(kBlock, n - i0);
-      sincos(static_cast<double>(k), i0, m, sv, cv);
+      sincos(static_cast<double>(mult(k)), i0, m, sv, cv);
       for (std::int64_t i = 0; i < m; ++i) {
         const float c = static_cast<float>(cv[i]), sn = static_cast<float>(sv[i]);
         if (columns) {
@@ -424,8 +554,8 @@ namespace {
 
 // The frequencies of D and base (std::pow, the reference's own values), and the rotation tables.
 struct Rotations {
-  std::vector<double> cK, sK;  // [D/2]
-  std::vector<float> tc, ts;   // [K, D/2] each, or tc [K, D] (columns; ts empty)
+  std::vector<double> cK, sK;  // [D/2] (columns; empty per pair)
+  std::vector<float> tc, ts;   // as Job's (columns: ts empty)
 };
 // y[b, l, :] = x[b, l, :] + PE[pos(b, l)] (x absent: y = PE). Views already validated. shared: the
 // positions do not depend on b (given as [L] or an offset).
@@ -445,9 +575,10 @@ Status run_fast(const SinusoidalParams& p, const View* x, const View& y, std::in
     const bool columns = y.dtype != DType::kBF16;
     const Rotations& rt = fast::cached_tables(std::make_tuple(D, p.base, columns), [&] {
       Rotations r;
-      r.cK.resize(static_cast<std::size_t>(half));
-      r.sK.resize(static_cast<std::size_t>(half));
-      r.tc.resize(static_cast<std::size_t>(sinus_fast::kK * (columns ? D : half)));
+      r.cK.resize(columns ? static_cast<std::size_t>(half) : 0);
+      r.sK.resize(r.cK.size());
+      r.tc.resize(static_cast<std::size_t>(
+          columns ? sinus_fast::kK * D : (sinus_fast::kRun / sinus_fast::kReanchor + 1) * half));
       r.ts.resize(columns ? 0 : r.tc.size());
       HWY_DYNAMIC_DISPATCH(SinusTables)
       (inv.data(), half, columns, r.cK.data(), r.sK.data(), r.tc.data(), r.ts.data());
