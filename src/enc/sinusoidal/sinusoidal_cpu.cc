@@ -194,9 +194,10 @@ void AnchorStep(double* HWY_RESTRICT ds, double* HWY_RESTRICT dc, const double* 
 // Memory speed here took three things, each measured with throwaway programs (bfloat16 [4096,
 // 4096], one thread, medians against memcpy of the same bytes):
 //   - Table reads, not memory, bounded the add: the anchor and rotation rows ([D] each) do not stay
-//     in L1 beside the stream of x, and were read once per row: 0.70 of memcpy, against 1.0–1.1
-//     with the same arithmetic and no table reads. So a pass takes kRows = 4 rows of x per read of
-//     the anchor (eight rows, more concurrent streams, was no better).
+//     in L1 beside the stream of x, and were read once per row: 0.69–0.75 of memcpy, against
+//     1.6 with the arithmetic's operands held in registers and 1.0–1.1 with them read once per
+//     four rows. So a pass takes kRows = 4 rows of x per read of the anchor (eight rows, more
+//     concurrent streams, was no better: 0.93–1.06).
 //   - Every row's x is loaded before any y is stored: x and y rows then share their low 12 address
 //     bits (buffers of the same alignment, rows 8 KiB apart), and a load behind a store to the same
 //     offset modulo 4 KiB waits on it. 5.4 ms per add with store–load order, 3.2 ms with y offset
