@@ -40,8 +40,9 @@
 //
 // Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L] [--memory-dtype T]`;
 // not in the default run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64,
-// causal; q, k, v and the outputs float32, or bfloat16 / float16 with `dtype`) per encoding, one call each (seconds and useful GFLOP/s of that call, no baseline), each in a forked
-// child process that allocates and touches its inputs and outputs, resets its peak RSS
+// causal; q, k, v and the outputs float32, or bfloat16 / float16 with `dtype`) per encoding, one
+// call each (seconds and useful GFLOP/s of that call, no baseline), each in a forked child process
+// that allocates and touches its inputs and outputs, resets its peak RSS
 // (/proc/self/clear_refs), runs the call and reports VmHWM minus its RSS just before the call
 // (peak_extra_mb, MiB; one-time lazy initialisation inside the call, such as OpenBLAS buffers, counts),
 // with io_mb = the inputs' and outputs' bytes (forward q, k, v, out; backward q, k, v, dout, dq, dk,

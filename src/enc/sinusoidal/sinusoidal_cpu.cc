@@ -14,8 +14,8 @@
 //     over a block; rounded to float (as, ac), and row p + k, k < K, is PE = (as·ck + ac·sk,
 //     ac·ck − as·sk), with ck, sk = cos, sin(k·w_i) from a per-(D, base) table rounded to float
 //     (built once, kept);
-//   - bfloat16: the float anchor rotated by the table's angle every kReanchor = 16 rows, and each row
-//     in between the previous one rotated by (cos w_i, sin w_i) in float (AddRecurBf16, bound
+//   - bfloat16: the float anchor rotated by the table's angle every kReanchor = 16 rows, and each
+//     row in between the previous one rotated by (cos w_i, sin w_i) in float (AddRecurBf16, bound
 //     2⁻¹⁸ there: far below bfloat16's rounding, and with fewer table reads, which bound this
 //     kernel, measured below).
 // Bound of a float32 rotated value against sin/cos of the exact angle: the float anchor and the
@@ -58,8 +58,8 @@ struct Job {
   const double* sK = nullptr;         // [D/2]: sin(K·w_i)
   // cos, sin(k·w) rounded to float (null: no runs, L = 1). bfloat16, per pair: tc, ts
   // [kRun/kReanchor + 1, D/2], row m the angle m·kReanchor·w_i, the last row w_i itself (the
-  // recurrence's step). Other dtypes, k < K, interleaved in tc [K, D] (cos(k·w_i), sin(k·w_i) at columns 2i,
-  // 2i + 1; ts unused): one table row per PE row instead of two.
+  // recurrence's step). Other dtypes, k < K, interleaved in tc [K, D] (cos(k·w_i), sin(k·w_i) at
+  // columns 2i, 2i + 1; ts unused): one table row per PE row instead of two.
   const float* tc = nullptr;
   const float* ts = nullptr;
   const void* x = nullptr;            // [B, L, D] or null (the table: y = PE)
@@ -85,6 +85,7 @@ namespace HWY_NAMESPACE {
 namespace {
 
 using sinus_fast::kK;
+using sinus_fast::kReanchor;
 using sinus_fast::kRows;
 using sinus_fast::kRun;
 
@@ -227,7 +228,7 @@ void AddRotatedCols(const T* const* x, const float* HWY_RESTRICT V, const float*
   for (; i + 2 * N <= n; i += 2 * N) {
     const auto v0 = hn::LoadU(df, V + i), v1 = hn::LoadU(df, V + i + N);
     const auto w0 = hn::Shuffle2301(v0), w1 = hn::Shuffle2301(v1);
-    hn::Vec<decltype(df)> r0[R], r1[R];  // every row's x loaded before any y is stored (kRows)
+    hn::Vec<decltype(df)> r0[R], r1[R];  // every row's x loaded before any y is stored (above)
     HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
       if (x) {
         LoadF2(df, x[r] + i, &r0[r], &r1[r]);
@@ -250,6 +251,20 @@ void AddRotatedCols(const T* const* x, const float* HWY_RESTRICT V, const float*
       const float c = tc[r][i & ~std::int64_t{1}], s = tc[r][i | 1];
       FromF((x ? ToF(x[r][i]) : 0.0f) + (V[i] * c + V[i ^ 1] * ((i & 1) ? -s : s)), y[r] + i);
     }
+}
+
+// (a, b) = (sin, cos) of an angle, rotated by the angle of (c, s) = (cos, sin): the angle-addition
+// formulas, one product and one FMA each (vectors, or floats with std::fma: the same roundings).
+template <class V>
+HWY_INLINE void Rotate(V c, V s, V* a, V* b) {
+  const V na = hn::MulAdd(*a, c, hn::Mul(*b, s));
+  *b = hn::NegMulAdd(*a, s, hn::Mul(*b, c));
+  *a = na;
+}
+HWY_INLINE void Rotate(float c, float s, float* a, float* b) {
+  const float na = std::fma(*a, c, *b * s);
+  *b = std::fma(-*a, s, *b * c);
+  *a = na;
 }
 
 // bfloat16, per pair, R consecutive rows at once: the even and odd elements of x are the sin and
@@ -275,14 +290,9 @@ void AddRecurBf16(const hwy::bfloat16_t* const* x, const float* ia, const float*
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   for (; i + N <= n; i += N) {
     auto a = hn::LoadU(df, ia + i), b = hn::LoadU(df, ib + i);
-    if (t0c) {
-      const auto c = hn::LoadU(df, t0c + i), s = hn::LoadU(df, t0s + i);
-      const auto na = hn::MulAdd(a, c, hn::Mul(b, s));
-      b = hn::NegMulAdd(a, s, hn::Mul(b, c));
-      a = na;
-    }
+    if (t0c) Rotate(hn::LoadU(df, t0c + i), hn::LoadU(df, t0s + i), &a, &b);
     const auto c = hn::LoadU(df, c1 + i), s = hn::LoadU(df, s1 + i);
-    hn::Vec<decltype(df)> xe[R], xo[R];  // every row's x loaded before any y is stored (kRows)
+    hn::Vec<decltype(df)> xe[R], xo[R];  // every row's x loaded before any y is stored (above)
     HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
       if (x) {
         LoadBf16Pairs(df, x[r] + 2 * i, &xe[r], &xo[r]);
@@ -292,37 +302,26 @@ void AddRecurBf16(const hwy::bfloat16_t* const* x, const float* ia, const float*
       }
     }
     HWY_UNROLL(kRows) for (int r = 0; r < R; ++r) {
-      if (r > 0) {
-        const auto na = hn::MulAdd(a, c, hn::Mul(b, s));
-        b = hn::NegMulAdd(a, s, hn::Mul(b, c));
-        a = na;
-      }
+      if (r > 0) Rotate(c, s, &a, &b);
       StoreBf16Pairs<kStream>(df, hn::Add(a, xe[r]), hn::Add(b, xo[r]), y[r] + 2 * i);
     }
     if (oa) {
-      hn::StoreU(hn::MulAdd(a, c, hn::Mul(b, s)), df, oa + i);
-      hn::StoreU(hn::NegMulAdd(a, s, hn::Mul(b, c)), df, ob + i);
+      Rotate(c, s, &a, &b);
+      hn::StoreU(a, df, oa + i);
+      hn::StoreU(b, df, ob + i);
     }
   }
 #endif
   for (; i < n; ++i) {
     float a = ia[i], b = ib[i];
-    if (t0c) {
-      const float na = std::fma(a, t0c[i], b * t0s[i]);
-      b = std::fma(-a, t0s[i], b * t0c[i]);
-      a = na;
-    }
-    for (int r = 0; r <= R; ++r) {
-      if (r > 0) {
-        const float na = std::fma(a, c1[i], b * s1[i]);
-        b = std::fma(-a, s1[i], b * c1[i]);
-        a = na;
-      }
-      if (r == R) break;
+    if (t0c) Rotate(t0c[i], t0s[i], &a, &b);
+    for (int r = 0; r < R; ++r) {
+      if (r > 0) Rotate(c1[i], s1[i], &a, &b);
       FromF((x ? ToF(x[r][2 * i]) : 0.0f) + a, y[r] + 2 * i);
       FromF((x ? ToF(x[r][2 * i + 1]) : 0.0f) + b, y[r] + 2 * i + 1);
     }
     if (oa) {
+      Rotate(c1[i], s1[i], &a, &b);
       oa[i] = a;
       ob[i] = b;
     }
@@ -339,8 +338,8 @@ void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, flo
                  bool write_state) {
   const std::int64_t D = j.D, half = D / 2;
   if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
-    const std::int64_t m = k0 / sinus_fast::kReanchor, last = sinus_fast::kRun / sinus_fast::kReanchor;
-    const bool anchored = k0 % sinus_fast::kReanchor == 0;
+    const std::int64_t m = k0 / kReanchor, last = kRun / kReanchor;  // Job's table rows
+    const bool anchored = k0 % kReanchor == 0;
     const float* ia = anchored ? as : sa;
     const float* ib = anchored ? ac : sb;
     const float* t0c = anchored && m ? j.tc + m * half : nullptr;
@@ -366,9 +365,11 @@ void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, flo
 
 // Per item (a batch sequence, or all of them when shared, times a block of kRun positions): each
 // run of consecutive positions p, p+1, … gets its PE rows from an exact double anchor sin,
-// cos(p·w), carried in double K positions at a time (rotation by K·w), and rounded to float; row p
-// + k, k < K, is that float anchor rotated by the float table of k·w (error bound in the header
-// comment). A token not followed by its successor takes the float sincos instead. Anchors sit at
+// cos(p·w) rounded to float. float32 and float16 carry it in double K positions at a time
+// (rotation by K·w), and row p + k, k < K, is that float anchor rotated by the float table of
+// k·w; bfloat16 rotates the run's float anchor to every kReanchor-th row and steps row to row in
+// float between (error bounds in the header comment and at AddRecurBf16). Passes take kRows rows
+// at a time. A token not followed by its successor takes the float sincos instead. Anchors sit at
 // block starts, so the result does not depend on the thread count.
 template <typename T>
 void SinusImpl(const sinus_fast::Job& j) {
@@ -427,7 +428,7 @@ void SinusImpl(const sinus_fast::Job& j) {
           // kept in s, c (PeRowFloat's scratch, free during a run), written by the last batch
           // row's pass when the next pass continues from it.
           auto pass = [&](std::int64_t row0, std::int64_t k0, int R) {
-            const bool more = kPairs && k0 + R < n && (k0 + R) % sinus_fast::kReanchor != 0;
+            const bool more = kPairs && k0 + R < n && (k0 + R) % kReanchor != 0;
             for (std::int64_t b = b0; b < b1; ++b) {
               const T* xr[kRows];
               T* yr[kRows];
@@ -497,10 +498,8 @@ void SinusTablesImpl(const double* w, std::int64_t n, bool columns, double* cK, 
   };
   if (columns) sincos(static_cast<double>(kK), 0, n, sK, cK);
   // Table row k holds the angle mult(k)·w.
-  const std::int64_t rows = columns ? kK : sinus_fast::kRun / sinus_fast::kReanchor + 1;
-  auto mult = [&](std::int64_t k) {
-    return columns ? k : k + 1 == rows ? 1 : k * sinus_fast::kReanchor;
-  };
+  const std::int64_t rows = columns ? kK : kRun / kReanchor + 1;
+  auto mult = [&](std::int64_t k) { return columns ? k : k + 1 == rows ? 1 : k * kReanchor; };
   constexpr std::int64_t kBlock = 256;
   double sv[kBlock], cv[kBlock];
   for (std::int64_t k = 0; k < rows; ++k)
