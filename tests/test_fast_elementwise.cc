@@ -693,49 +693,53 @@ TEST(FastElementwiseAbsolute, SinusoidalRunsWithinTheirBound) {
 // state between passes shows. Positions near 4·10⁶, runs of 6, 29 and 28 (passes of 1 to 4
 // rows), a run of one, and B = 2 rows with their own x sharing the positions.
 TEST(FastElementwiseAbsolute, SinusoidalBfloat16RunsWithinTheirBound) {
-  const std::int64_t B = 2, L = 150, D = 130;
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(L));
-  for (std::int64_t l = 0; l < L; ++l)
-    ids[static_cast<std::size_t>(l)] = 3999800 + l + (l >= 100 ? 7 : 0);
-  ids[70] = 12;
-  Positions pos;
-  pos.ids = View::contiguous(ids.data(), DType::kI64, {L});
-  auto bf16_bits = [](float f) {  // round to nearest even (finite values)
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  };
-  auto bf16_value = [](std::uint16_t h) {
-    const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return static_cast<double>(f);
-  };
-  const std::vector<double> xs = randn(static_cast<std::size_t>(B * L * D), 77);
-  for (bool zero_x : {true, false}) {
-    std::vector<std::uint16_t> x(xs.size()), y(xs.size());
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = zero_x ? 0 : bf16_bits(static_cast<float>(xs[i]));
-    ForEachTarget([&](const std::string& target) {
-      ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{},
-                                     View::contiguous(x.data(), DType::kBF16, {B, L, D}), pos,
-                                     View::contiguous(y.data(), DType::kBF16, {B, L, D}))
-                      .ok());
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t l = 0; l < L; ++l)
-          for (std::int64_t d = 0; d < D; ++d) {
-            const std::size_t e = static_cast<std::size_t>((b * L + l) * D + d);
-            const long double a = static_cast<long double>(ids[static_cast<std::size_t>(l)]) *
-                                  powl(10000.0L, -2.0L * (d / 2) / D);
-            const double want = bf16_value(x[e]) + static_cast<double>(d % 2 ? cosl(a) : sinl(a));
-            const double bound = std::ldexp(1.0, -18) + static_cast<double>(a) * std::ldexp(1.0, -51);
-            const double lo = bf16_value(bf16_bits(static_cast<float>(want - bound)));
-            const double hi = bf16_value(bf16_bits(static_cast<float>(want + bound)));
-            const double got = bf16_value(y[e]);
-            ASSERT_TRUE(got >= lo && got <= hi)
-                << target << " zero_x=" << zero_x << " b=" << b << " l=" << l << " d=" << d
-                << ": " << got << " outside [" << lo << ", " << hi << "], want " << want;
-          }
-    });
+  // B·L = 300 rows: each thread reads the recurrence's table rows from its own copy (SinusImpl's
+  // kCopyTableRows); 200: from the shared table.
+  for (const std::int64_t L : {150, 100}) {
+    const std::int64_t B = 2, D = 130;
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(L));
+    for (std::int64_t l = 0; l < L; ++l)
+      ids[static_cast<std::size_t>(l)] = 3999800 + l + (l >= 100 ? 7 : 0);
+    ids[70] = 12;
+    Positions pos;
+    pos.ids = View::contiguous(ids.data(), DType::kI64, {L});
+    auto bf16_bits = [](float f) {  // round to nearest even (finite values)
+      std::uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    };
+    auto bf16_value = [](std::uint16_t h) {
+      const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return static_cast<double>(f);
+    };
+    const std::vector<double> xs = randn(static_cast<std::size_t>(B * L * D), 77);
+    for (bool zero_x : {true, false}) {
+      std::vector<std::uint16_t> x(xs.size()), y(xs.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = zero_x ? 0 : bf16_bits(static_cast<float>(xs[i]));
+      ForEachTarget([&](const std::string& target) {
+        ASSERT_TRUE(sinusoidal_forward(SinusoidalParams{},
+                                       View::contiguous(x.data(), DType::kBF16, {B, L, D}), pos,
+                                       View::contiguous(y.data(), DType::kBF16, {B, L, D}))
+                        .ok());
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t l = 0; l < L; ++l)
+            for (std::int64_t d = 0; d < D; ++d) {
+              const std::size_t e = static_cast<std::size_t>((b * L + l) * D + d);
+              const long double a = static_cast<long double>(ids[static_cast<std::size_t>(l)]) *
+                                    powl(10000.0L, -2.0L * (d / 2) / D);
+              const double want = bf16_value(x[e]) + static_cast<double>(d % 2 ? cosl(a) : sinl(a));
+              const double bound = std::ldexp(1.0, -18) + static_cast<double>(a) * std::ldexp(1.0, -51);
+              const double lo = bf16_value(bf16_bits(static_cast<float>(want - bound)));
+              const double hi = bf16_value(bf16_bits(static_cast<float>(want + bound)));
+              const double got = bf16_value(y[e]);
+              ASSERT_TRUE(got >= lo && got <= hi)
+                  << target << " L=" << L << " zero_x=" << zero_x << " b=" << b << " l=" << l
+                  << " d=" << d << ": " << got << " outside [" << lo << ", " << hi << "], want " << want;
+            }
+      });
+    }
   }
 }
 

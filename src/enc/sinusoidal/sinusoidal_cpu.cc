@@ -363,6 +363,31 @@ void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, flo
   }
 }
 
+// 4 KiB aliasing of the scratch: a load waits on an earlier store still in flight whose address
+// has the same low 12 bits. The bfloat16 recurrence reads and writes its state arrays, and reads
+// its table rows, in step with the rows of x and y (4 bytes a pair in each), so an array within a
+// few vector steps of x or y modulo 4 KiB stalls every step. Large buffers from malloc start a few
+// bytes into a page, so x, y, the scratch and the cached table all tended to sit near the same
+// offset (in `posenc bench`: the scratch at y + 0 and the table at y − 32 modulo 4 KiB). So the
+// scratch is placed away from x and y, and with enough rows the table rows are copied into it.
+// Measured with throwaway programs (bfloat16 [4096, 4096], one thread, x and y at one offset):
+// the scratch 48 bytes after y 3.5–3.7 ms an add, 64 bytes before it 3.9–4.1 ms, 1–3 KiB away
+// 2.6–3.3 ms; y moved against x by 0, 256 or 2048 bytes, before 2.9–4.7 ms, after 2.6–3.3 ms.
+// `posenc bench --filter 'rope.forward.qk.half.hf|sinusoidal' --threads 1` (the bfloat16 add after
+// other cases, as in a full run): 3.37–3.55 ms (0.80–0.84 of memcpy) before, 2.76–3.01 ms
+// (1.10–1.12) after.
+constexpr std::int64_t kPage = 4096 / sizeof(float);  // floats in 4 KiB
+
+// p + k, 0 ≤ k < kPage, 64-byte aligned, at the middle of the longer arc between x and y modulo 4 KiB
+// (at least 1 KiB from both). p must have room for kPage floats more than its arrays need.
+inline float* AwayFromStreams(float* p, const void* x, const void* y) {
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(x) % 4096;
+  const std::uintptr_t d = (reinterpret_cast<std::uintptr_t>(y) - a) % 4096;  // y − x modulo 4 KiB
+  const std::uintptr_t want = ((a + (d <= 2048 ? d / 2 + 2048 : d / 2)) % 4096) & ~std::uintptr_t{63};
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) % 4096;
+  return p + (want + 4096 - at) % 4096 / sizeof(float);
+}
+
 // Per item (a batch sequence, or all of them when shared, times a block of kRun positions): each
 // run of consecutive positions p, p+1, … gets its PE rows from an exact double anchor sin,
 // cos(p·w) rounded to float. float32 and float16 carry it in double K positions at a time
@@ -377,16 +402,35 @@ void SinusImpl(const sinus_fast::Job& j) {
   const std::int64_t nblk = (L + kRun - 1) / kRun, nseq = j.shared ? 1 : j.B;
   const hn::ScalableTag<float> df;
   constexpr bool kPairs = std::is_same_v<T, hwy::bfloat16_t>;  // the tables' form (Job)
+  // bfloat16 with at least this many rows: each thread copies the recurrence's table rows into its
+  // scratch (see AwayFromStreams), the traffic of about five rows of x.
+  constexpr std::int64_t kCopyTableRows = 4 * kRun;
+  const bool copy_table = kPairs && j.tc && j.B * L >= kCopyTableRows;
+  const std::int64_t trows = kRun / kReanchor + 1;  // the bfloat16 table's rows (Job)
   fast::parallel_ranges(nseq * nblk, j.threads, [&](std::int64_t i0, std::int64_t i1) {
-    // Scratch, not zeroed (every element is written before it is read).
-    const std::unique_ptr<float[]> fbuf(new float[static_cast<std::size_t>(6 * half + D)]);
-    float* red = fbuf.get();
-    float* quad = red + half;
-    float* s = quad + half;
-    float* c = s + half;
-    float* as = c + half;
-    float* ac = as + half;
-    float* pe = ac + half;  // [D]: a PE row, or the anchor interleaved (V of AddRotatedCols)
+    // Scratch, not zeroed (every element is written before it is read): arrays a whole number of
+    // 4 KiB pages apart, the first placed away from the streams modulo 4 KiB (AwayFromStreams).
+    const auto pages = [](std::int64_t n) { return (n + kPage - 1) / kPage * kPage; };
+    const std::int64_t sp = pages(half), tsp = pages(trows * half);
+    const std::unique_ptr<float[]> fbuf(
+        new float[static_cast<std::size_t>(6 * sp + pages(D) + (copy_table ? 2 * tsp : 0) + kPage)]);
+    const void* x0 = j.x ? j.x : j.y;
+    float* red = AwayFromStreams(fbuf.get(), x0, j.y);
+    float* quad = red + sp;
+    float* s = quad + sp;
+    float* c = s + sp;
+    float* as = c + sp;
+    float* ac = as + sp;
+    float* pe = ac + sp;  // [D]: a PE row, or the anchor interleaved (V of AddRotatedCols)
+    sinus_fast::Job jt = j;  // j, or with the bfloat16 table rows in this thread's scratch
+    if (copy_table) {
+      float* tc = pe + pages(D);
+      float* ts = tc + tsp;
+      std::memcpy(tc, j.tc, static_cast<std::size_t>(trows * half) * sizeof(float));
+      std::memcpy(ts, j.ts, static_cast<std::size_t>(trows * half) * sizeof(float));
+      jt.tc = tc;
+      jt.ts = ts;
+    }
     const std::unique_ptr<double[]> dbuf(new double[j.tc ? static_cast<std::size_t>(2 * half) : 1]);
     double* ds = dbuf.get();
     double* dc = ds + half;
@@ -440,10 +484,10 @@ void SinusImpl(const sinus_fast::Job& j) {
               const T* const* xp = j.x ? xr : nullptr;
               const bool ws = more && b + 1 == b1;
               switch (R) {
-                case 1: RotatedRows<T, 1>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
-                case 2: RotatedRows<T, 2>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
-                case 3: RotatedRows<T, 3>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
-                default: RotatedRows<T, kRows>(j, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                case 1: RotatedRows<T, 1>(jt, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                case 2: RotatedRows<T, 2>(jt, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                case 3: RotatedRows<T, 3>(jt, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
+                default: RotatedRows<T, kRows>(jt, as, ac, s, c, pe, k0, xp, yr, st, ws); break;
               }
             }
           };
