@@ -36,7 +36,9 @@
 // cases does not enter the ratio; 1 for nope itself. Rows of more than one thread also time the
 // same call and the baseline on one thread in those rounds: one_thread_seconds, speedup =
 // one_thread_seconds / seconds (the two-thread aim: ≥ 1.8) and baseline_speedup, the sgemm
-// baseline's own (what the machine's second core gives a dense product in the same minutes).
+// baseline's own (what the machine's second core gives a dense product in the same minutes). In those
+// rows each kernel sample starts 0.15 s after the baseline's, when OpenBLAS's worker threads, which
+// spin for ~0.1 s after a call, have gone to sleep (bench.cc, kBlasSettle).
 //
 // Memory rows (run_memory_benchmarks, `posenc bench --memory [--memory-length L] [--memory-dtype T]`;
 // not in the default run: minutes): attention forward and backward at L = 65536 (H = 8, d = 64,

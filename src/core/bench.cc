@@ -17,6 +17,7 @@
 #include <memory>
 #include <regex>
 #include <tuple>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -569,6 +570,15 @@ constexpr double kSampleSeconds = 0.01;  // a sample lasts at least this long
 constexpr double kCaseSeconds = 0.5;     // more rounds while a case stays under this
 constexpr double kSlowCall = 1.0;        // a call this long is its own warm-up
 constexpr int kMinRounds = 3, kMaxRounds = 9;
+// After a multi-thread sgemm sample, OpenBLAS's pthread workers keep spinning for 2^28 TSC cycles
+// (its THREAD_TIMEOUT default; ~0.1 s at this machine's 2.6 GHz TSC) before they sleep, and a
+// kernel timed then shares a core with them. Seen as the first two-thread attention row of a run
+// (nope forward, L = 1024) at 0.76–1.10× one thread in nine of ten runs of `posenc bench --filter
+// 'attention.(forward|backward) (nope|fire) .*1024' --threads 2` (and at 0.75× and 1.10× in two of
+// four full runs), against 1.94–2.12× in six runs with OPENBLAS_THREAD_TIMEOUT=4 and 1.89–2.26× in
+// eight with this wait. So the kernel's sample starts this long after the baseline's, as a call
+// outside a benchmark would find the workers.
+constexpr double kBlasSettle = 0.15;
 
 double time_calls(const std::function<void()>& fn, int calls) {
   const double a = now();
@@ -589,10 +599,15 @@ struct Timing {
 // Baseline, kernel and the other functions (nope beside an encoding; the one-thread kernel and
 // baseline beside a row of more threads) interleaved, round by round, so that all see the same
 // machine state; see bench.h.
+// settle: seconds to wait after each baseline sample before the kernel's (see kBlasSettle).
 Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline,
                const std::function<void(double)>& on_slow,
-               const std::vector<std::function<void()>>& others = {}) {
+               const std::vector<std::function<void()>>& others = {}, double settle = 0) {
+  const auto pause = [settle] {
+    if (settle > 0) std::this_thread::sleep_for(std::chrono::duration<double>(settle));
+  };
   const double wb = time_calls(baseline, 1);
+  pause();
   const double wk = time_calls(kernel, 1);
   std::vector<double> wo;
   for (const auto& f : others) wo.push_back(time_calls(f, 1));
@@ -611,12 +626,14 @@ Timing measure(const std::function<void()>& kernel, const std::function<void()>&
   std::vector<std::vector<double>> os(others.size());
   if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
     bs.push_back(time_calls(baseline, ib));
+    pause();
     ks.push_back(wk);
     for (std::size_t o = 0; o < others.size(); ++o)
       os[o].push_back(wo[o] >= kSlowCall ? wo[o] : time_calls(others[o], io[o]));
   }
   while (static_cast<int>(ks.size()) < rounds) {
     bs.push_back(time_calls(baseline, ib));
+    pause();
     ks.push_back(time_calls(kernel, ik));
     for (std::size_t o = 0; o < others.size(); ++o) os[o].push_back(time_calls(others[o], io[o]));
   }
@@ -781,7 +798,7 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
                           ": " + fmt(once) + " s a call, 3 calls" + (nb.kernel ? ", nope beside it" : "") +
                           (b1.kernel ? ", one thread beside it" : ""));
           },
-          others);
+          others, attention && t > 1 ? kBlasSettle : 0.0);
       BenchRow r;
       r.kernel = c.kernel;
       r.encoding = c.encoding;
