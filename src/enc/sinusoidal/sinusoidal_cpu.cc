@@ -365,8 +365,9 @@ void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, flo
 
 // 4 KiB aliasing of the scratch: a load waits on an earlier store still in flight whose address
 // has the same low 12 bits. The bfloat16 recurrence reads and writes its state arrays, and reads
-// its table rows, in step with the rows of x and y (4 bytes a pair in each), so an array within a
-// few vector steps of x or y modulo 4 KiB stalls every step. Large buffers from malloc start a few
+// its table rows, in step with the rows of x and y (4 bytes a pair in each; float32's table rows
+// and anchor advance 4 bytes an element, as x and y do), so an array within a few vector steps of
+// x or y modulo 4 KiB stalls every step. Large buffers from malloc start a few
 // bytes into a page, so x, y, the scratch and the cached table all tended to sit near the same
 // offset (in `posenc bench`: the scratch at y + 0 and the table at y − 32 modulo 4 KiB). So the
 // scratch is placed away from x and y, and with enough rows the table rows are copied into it.
@@ -375,7 +376,8 @@ void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, flo
 // 2.6–3.3 ms; y moved against x by 0, 256 or 2048 bytes, before 2.9–4.7 ms, after 2.6–3.3 ms.
 // `posenc bench --filter 'rope.forward.qk.half.hf|sinusoidal' --threads 1` (the bfloat16 add after
 // other cases, as in a full run): 3.37–3.55 ms (0.80–0.84 of memcpy) before, 2.76–3.01 ms
-// (1.10–1.12) after.
+// (1.10–1.12) after. float32, its table copied too (y at 0, 256, 2048 bytes from x, eight
+// alternating runs): a median of 6.42 ms an add against 6.68 with only the scratch placed.
 constexpr std::int64_t kPage = 4096 / sizeof(float);  // floats in 4 KiB
 
 // p + k, 0 ≤ k < kPage, 64-byte aligned, at the middle of the longer arc between x and y modulo 4 KiB
@@ -402,18 +404,19 @@ void SinusImpl(const sinus_fast::Job& j) {
   const std::int64_t nblk = (L + kRun - 1) / kRun, nseq = j.shared ? 1 : j.B;
   const hn::ScalableTag<float> df;
   constexpr bool kPairs = std::is_same_v<T, hwy::bfloat16_t>;  // the tables' form (Job)
-  // bfloat16 with at least this many rows: each thread copies the recurrence's table rows into its
-  // scratch (see AwayFromStreams), the traffic of about five rows of x.
+  // With at least this many rows each thread copies the table into its scratch (see
+  // AwayFromStreams): the traffic of a few rows of x.
   constexpr std::int64_t kCopyTableRows = 4 * kRun;
-  const bool copy_table = kPairs && j.tc && j.B * L >= kCopyTableRows;
-  const std::int64_t trows = kRun / kReanchor + 1;  // the bfloat16 table's rows (Job)
+  const bool copy_table = j.tc && j.B * L >= kCopyTableRows;
+  // The table's floats (Job): bfloat16 tc and ts [kRun/kReanchor + 1, D/2] each, others tc [K, D].
+  const std::int64_t tlen = kPairs ? (kRun / kReanchor + 1) * half : kK * D;
   fast::parallel_ranges(nseq * nblk, j.threads, [&](std::int64_t i0, std::int64_t i1) {
     // Scratch, not zeroed (every element is written before it is read): arrays a whole number of
     // 4 KiB pages apart, the first placed away from the streams modulo 4 KiB (AwayFromStreams).
     const auto pages = [](std::int64_t n) { return (n + kPage - 1) / kPage * kPage; };
-    const std::int64_t sp = pages(half), tsp = pages(trows * half);
-    const std::unique_ptr<float[]> fbuf(
-        new float[static_cast<std::size_t>(6 * sp + pages(D) + (copy_table ? 2 * tsp : 0) + kPage)]);
+    const std::int64_t sp = pages(half), tsp = pages(tlen);
+    const std::unique_ptr<float[]> fbuf(new float[static_cast<std::size_t>(
+        6 * sp + pages(D) + (copy_table ? (kPairs ? 2 : 1) * tsp : 0) + kPage)]);
     const void* x0 = j.x ? j.x : j.y;
     float* red = AwayFromStreams(fbuf.get(), x0, j.y);
     float* quad = red + sp;
@@ -422,14 +425,16 @@ void SinusImpl(const sinus_fast::Job& j) {
     float* as = c + sp;
     float* ac = as + sp;
     float* pe = ac + sp;  // [D]: a PE row, or the anchor interleaved (V of AddRotatedCols)
-    sinus_fast::Job jt = j;  // j, or with the bfloat16 table rows in this thread's scratch
+    sinus_fast::Job jt = j;  // j, or with the table in this thread's scratch
     if (copy_table) {
       float* tc = pe + pages(D);
-      float* ts = tc + tsp;
-      std::memcpy(tc, j.tc, static_cast<std::size_t>(trows * half) * sizeof(float));
-      std::memcpy(ts, j.ts, static_cast<std::size_t>(trows * half) * sizeof(float));
+      std::memcpy(tc, j.tc, static_cast<std::size_t>(tlen) * sizeof(float));
       jt.tc = tc;
-      jt.ts = ts;
+      if (kPairs) {
+        float* ts = tc + tsp;
+        std::memcpy(ts, j.ts, static_cast<std::size_t>(tlen) * sizeof(float));
+        jt.ts = ts;
+      }
     }
     const std::unique_ptr<double[]> dbuf(new double[j.tc ? static_cast<std::size_t>(2 * half) : 1]);
     double* ds = dbuf.get();
