@@ -16,8 +16,8 @@
 #include <map>
 #include <memory>
 #include <regex>
-#include <tuple>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -626,7 +626,7 @@ Timing measure(const std::function<void()>& kernel, const std::function<void()>&
   std::vector<std::vector<double>> os(others.size());
   if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
     bs.push_back(time_calls(baseline, ib));
-    pause();
+    pause();  // before the others (nope on the same threads)
     ks.push_back(wk);
     for (std::size_t o = 0; o < others.size(); ++o)
       os[o].push_back(wo[o] >= kSlowCall ? wo[o] : time_calls(others[o], io[o]));

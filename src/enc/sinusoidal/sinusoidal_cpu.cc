@@ -363,25 +363,26 @@ void RotatedRows(const sinus_fast::Job& j, const float* as, const float* ac, flo
   }
 }
 
-// 4 KiB aliasing of the scratch: a load waits on an earlier store still in flight whose address
-// has the same low 12 bits. The bfloat16 recurrence reads and writes its state arrays, and reads
-// its table rows, in step with the rows of x and y (4 bytes a pair in each; float32's table rows
-// and anchor advance 4 bytes an element, as x and y do), so an array within a few vector steps of
-// x or y modulo 4 KiB stalls every step. Large buffers from malloc start a few
-// bytes into a page, so x, y, the scratch and the cached table all tended to sit near the same
-// offset (in `posenc bench`: the scratch at y + 0 and the table at y − 32 modulo 4 KiB). So the
-// scratch is placed away from x and y, and with enough rows the table rows are copied into it.
-// Measured with throwaway programs (bfloat16 [4096, 4096], one thread, x and y at one offset):
-// the scratch 48 bytes after y 3.5–3.7 ms an add, 64 bytes before it 3.9–4.1 ms, 1–3 KiB away
-// 2.6–3.3 ms; y moved against x by 0, 256 or 2048 bytes, before 2.9–4.7 ms, after 2.6–3.3 ms.
-// `posenc bench --filter 'rope.forward.qk.half.hf|sinusoidal' --threads 1` (the bfloat16 add after
-// other cases, as in a full run): 3.37–3.55 ms (0.80–0.84 of memcpy) before, 2.76–3.01 ms
-// (1.10–1.12) after. float32, its table copied too (y at 0, 256, 2048 bytes from x, eight
-// alternating runs): a median of 6.42 ms an add against 6.68 with only the scratch placed.
+// 4 KiB aliasing of the scratch: a load waits on an earlier store still in flight whose address has
+// the same low 12 bits. The bfloat16 recurrence reads and writes its state arrays, and reads its
+// table rows, in step with the rows of x and y (4 bytes a pair in each; float32's table rows and
+// anchor advance 4 bytes an element, as x and y do), so an array within a few vector steps of x or
+// y modulo 4 KiB stalls every step. Large buffers from malloc start a few bytes into a page, so x,
+// y, the scratch and the cached table all tended to sit near the same offset (in `posenc bench`:
+// the scratch at y + 0 and the table at y − 32 modulo 4 KiB). So the scratch is placed away from x
+// and y, and with enough rows the table rows are copied into it. Measured with throwaway programs
+// (bfloat16 [4096, 4096], one thread, x and y at one offset): the scratch 48 bytes after y 3.5–3.7
+// ms an add, 64 bytes before it 3.9–4.1 ms, 1–3 KiB away 2.6–3.3 ms; y moved against x by 0, 256 or
+// 2048 bytes, before 2.9–4.7 ms, after 2.6–3.3 ms. `posenc bench --filter
+// 'rope.forward.qk.half.hf|sinusoidal' --threads 1` (the bfloat16 add after other cases, as in a
+// full run): 3.37–3.55 ms (0.80–0.84 of memcpy) before, 2.76–3.01 ms (1.10–1.12) after. float32,
+// its table copied too (y at 0, 256, 2048 bytes from x, eight alternating runs): a median of 6.42
+// ms an add against 6.68 with only the scratch placed.
 constexpr std::int64_t kPage = 4096 / sizeof(float);  // floats in 4 KiB
 
-// p + k, 0 ≤ k < kPage, 64-byte aligned, at the middle of the longer arc between x and y modulo 4 KiB
-// (at least 1 KiB from both). p must have room for kPage floats more than its arrays need.
+// p + k, 0 ≤ k < kPage, 64-byte aligned, at the middle of the longer arc between x and y modulo
+// 4 KiB (at least 1 KiB less 64 bytes from both). p must have room for kPage floats more than its
+// arrays need.
 inline float* AwayFromStreams(float* p, const void* x, const void* y) {
   const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(x) % 4096;
   const std::uintptr_t d = (reinterpret_cast<std::uintptr_t>(y) - a) % 4096;  // y − x modulo 4 KiB
