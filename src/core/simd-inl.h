@@ -377,6 +377,11 @@ HWY_INLINE void SinCosF64(DD dd, hn::Vec<DD> a, hn::Vec<DD>* s, hn::Vec<DD>* c) 
 #endif  // HWY_HAVE_FLOAT64
 
 // ---- e^x for the softmaxes ---------------------------------------------------------------------
+// Cody–Waite's two-part ln 2 for x = n·ln 2 + r (ExpSoftmax here, GELU's e^{−t²/2} in model_cpu.cc).
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f;        // 15 significant bits: n·kLn2Hi exact for |n| < 2⁹
+constexpr float kLn2Lo = 1.42860682030941723212e-6f;  // ln 2 − kLn2Hi
+
 // k! in float (exact up to 13!).
 constexpr float Factorial(int k) { return k <= 1 ? 1.0f : static_cast<float>(k) * Factorial(k - 1); }
 
@@ -402,9 +407,9 @@ HWY_INLINE hn::Vec<D> ExpTaylor(D d, hn::Vec<D> r, hn::Vec<D> acc = hn::Vec<D>()
 template <class D>
 HWY_INLINE hn::Vec<D> ExpSoftmax(D d, hn::Vec<D> x) {
   const hn::RebindToSigned<D> di;
-  const auto nf = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
-  auto r = hn::NegMulAdd(nf, hn::Set(d, 0.693145751953125f), x);
-  r = hn::NegMulAdd(nf, hn::Set(d, 1.42860682030941723212e-6f), r);
+  const auto nf = hn::Round(hn::Mul(x, hn::Set(d, kLog2e)));
+  auto r = hn::NegMulAdd(nf, hn::Set(d, kLn2Hi), x);
+  r = hn::NegMulAdd(nf, hn::Set(d, kLn2Lo), r);
   const auto e = ExpTaylor<7>(d, r);
   const auto scaled =
       hn::BitCast(d, hn::Add(hn::BitCast(di, e), hn::ShiftLeft<23>(hn::ConvertTo(di, nf))));

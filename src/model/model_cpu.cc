@@ -39,9 +39,6 @@ constexpr float kH[12] = {3.989457786e-01f, -1.129268348e-04f, -4.270907119e-02f
 constexpr float kSplit = 0.75f;           // |x| ≤ kSplit: the polynomial A
 constexpr float kTailClamp = 18.0f;       // Q(18) < 10⁻⁷²: beyond, the tail terms are 0 in float
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693145751953125f;        // 15 significant bits: n·kLn2Hi exact for |n| < 2⁹
-constexpr float kLn2Lo = 1.42860682030941723212e-6f;  // ln 2 − kLn2Hi
 
 // e^{−t²/2} = p·s1·s2 for 0 ≤ t ≤ kTailClamp (p ∈ [0.6, 1.7], s1, s2 powers of two, normal).
 template <class D, class V = hn::Vec<D>>

@@ -1,4 +1,3 @@
-
 // The sinusoidal encoding's fast path: the public posenc::sinusoidal_table / _forward / _backward
 // dispatch here (validation is the reference's, sinusoidal_check.h, so errors are identical).
 //
@@ -62,6 +61,7 @@ struct Job {
   // columns 2i, 2i + 1; ts unused): one table row per PE row instead of two.
   const float* tc = nullptr;
   const float* ts = nullptr;
+  std::int64_t tlen = 0;  // floats in tc (and in ts)
   const void* x = nullptr;            // [B, L, D] or null (the table: y = PE)
   void* y = nullptr;                  // [B, L, D]
   std::int64_t xs[2] = {0, 0}, ys[2] = {0, 0};
@@ -193,7 +193,8 @@ void AnchorStep(double* HWY_RESTRICT ds, double* HWY_RESTRICT dc, const double* 
 #endif  // HWY_HAVE_FLOAT64
 
 // Memory speed here took three things, each measured with throwaway programs (bfloat16 [4096,
-// 4096], one thread, medians against memcpy of the same bytes):
+// 4096], one thread, medians against memcpy of the same bytes), and a fourth, where the scratch
+// sits (at AwayFromStreams):
 //   - Table reads, not memory, bounded the add: the anchor and rotation rows ([D] each) do not stay
 //     in L1 beside the stream of x, and were read once per row: 0.69–0.75 of memcpy, against
 //     1.6 with the arithmetic's operands held in registers and 1.0–1.1 with them read once per
@@ -409,13 +410,11 @@ void SinusImpl(const sinus_fast::Job& j) {
   // AwayFromStreams): the traffic of a few rows of x.
   constexpr std::int64_t kCopyTableRows = 4 * kRun;
   const bool copy_table = j.tc && j.B * L >= kCopyTableRows;
-  // The table's floats (Job): bfloat16 tc and ts [kRun/kReanchor + 1, D/2] each, others tc [K, D].
-  const std::int64_t tlen = kPairs ? (kRun / kReanchor + 1) * half : kK * D;
   fast::parallel_ranges(nseq * nblk, j.threads, [&](std::int64_t i0, std::int64_t i1) {
     // Scratch, not zeroed (every element is written before it is read): arrays a whole number of
     // 4 KiB pages apart, the first placed away from the streams modulo 4 KiB (AwayFromStreams).
     const auto pages = [](std::int64_t n) { return (n + kPage - 1) / kPage * kPage; };
-    const std::int64_t sp = pages(half), tsp = pages(tlen);
+    const std::int64_t sp = pages(half), tsp = pages(j.tlen);
     const std::unique_ptr<float[]> fbuf(new float[static_cast<std::size_t>(
         6 * sp + pages(D) + (copy_table ? (kPairs ? 2 : 1) * tsp : 0) + kPage)]);
     const void* x0 = j.x ? j.x : j.y;
@@ -429,11 +428,11 @@ void SinusImpl(const sinus_fast::Job& j) {
     sinus_fast::Job jt = j;  // j, or with the table in this thread's scratch
     if (copy_table) {
       float* tc = pe + pages(D);
-      std::memcpy(tc, j.tc, static_cast<std::size_t>(tlen) * sizeof(float));
+      std::memcpy(tc, j.tc, static_cast<std::size_t>(j.tlen) * sizeof(float));
       jt.tc = tc;
       if (kPairs) {
         float* ts = tc + tsp;
-        std::memcpy(ts, j.ts, static_cast<std::size_t>(tlen) * sizeof(float));
+        std::memcpy(ts, j.ts, static_cast<std::size_t>(j.tlen) * sizeof(float));
         jt.ts = ts;
       }
     }
@@ -638,6 +637,7 @@ Status run_fast(const SinusoidalParams& p, const View* x, const View& y, std::in
     j.sK = rt.sK.data();
     j.tc = rt.tc.data();
     j.ts = columns ? nullptr : rt.ts.data();
+    j.tlen = static_cast<std::int64_t>(rt.tc.size());
   }
   j.dtype = y.dtype;
   j.B = B;
