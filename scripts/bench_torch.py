@@ -6,7 +6,9 @@
 
 A program, not a test (it only prints). Needs /usr/bin/python3 with torch and numpy.
 
-RoPE on q and k of shape [1, 4096, 32, 128] float32, torch.set_num_threads(1):
+RoPE on q and k of shape [1, 4096, 32, 128] float32, torch.set_num_threads(1) and its BLAS (Debian's
+OpenBLAS, whose pthread pool ignores torch.set_num_threads) at one thread too
+(torch_model.set_threads):
   * the articles' own code, read at run time from the seed articles (nothing is copied into this
     repository; the code blocks are located by their def name, as tests/e2e/test_articles.py does):
     seed 002's Llama-style complex form (precompute_freqs_cis once, not timed, as Llama does at
@@ -68,7 +70,10 @@ try:
 except ImportError as e:
     sys.exit(f"bench_torch.py: {e} (run with /usr/bin/python3, which has torch and numpy)")
 
-torch.set_num_threads(1)
+sys.path.insert(0, HERE)
+import torch_model  # noqa: E402  (its set_threads: torch's pool and its OpenBLAS pool at one thread)
+
+BLAS_PINNED = torch_model.set_threads(1)
 torch.manual_seed(0)
 
 
@@ -234,7 +239,8 @@ def main():
     if not os.access(ARGS.posenc, os.X_OK):
         sys.exit(f"bench_torch.py: posenc binary not found or not executable: {ARGS.posenc} (--posenc)")
     malloc = "glibc default" if ARGS.default_malloc else "freed memory kept (MALLOC_MMAP_MAX_=0)"
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, malloc: {malloc}")
+    blas = "its OpenBLAS at one thread" if BLAS_PINNED else "its BLAS is not OpenBLAS"
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()} ({blas}), malloc: {malloc}")
     bench_rope()
     if not ARGS.no_attention:
         bench_attention()

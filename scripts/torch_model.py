@@ -8,8 +8,10 @@ decoder's unidirectional buckets), each written from the papers' formulas.
 
 Runs with Debian's /usr/bin/python3 (python3-torch, python3-numpy); never a runtime dependency.
 """
+import ctypes
 import json
 import math
+import os
 import struct
 
 import numpy as np
@@ -24,6 +26,26 @@ def load(path):
     params, meta = read_safetensors(path)
     cfg = json.loads(meta["posenc.config"])
     return cfg, Model(cfg, params)
+
+
+def set_threads(n):
+    """torch.set_num_threads(n), with OpenBLAS (where torch's BLAS is OpenBLAS) at one thread.
+
+    Debian's torch calls BLAS through libblas.so.3, which libopenblas-dev points at OpenBLAS's pthread
+    build. That build keeps a thread pool of its own, sized to every core and deaf to
+    torch.set_num_threads. Left alone, a "one-thread" torch runs its matrix products on two cores
+    (1024×64 by 64×768 here: 147 GFLOP/s at cpu/wall 1.99, against 95 at 1.00 with OpenBLAS at one
+    thread), and at two threads the two pools contend for the same two cores: the study's model
+    trained at 15–17k tokens/s against 45–47k with OpenBLAS at one thread, and 36–46k with torch at
+    one thread and OpenBLAS at two. So torch's own pool gets the n threads. Returns whether OpenBLAS
+    was found in the process (loaded with torch, never here)."""
+    torch.set_num_threads(n)
+    try:
+        blas = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    blas.openblas_set_num_threads(ctypes.c_int(1))
+    return True
 
 
 def read_safetensors(path):

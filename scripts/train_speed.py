@@ -12,8 +12,10 @@ initial checkpoint, trains on the very same windows (posenc's --dump-batches) wi
 schedule and clipping, timed the same way after one warm-up step. The two alternate for --rounds
 rounds (each round a fresh posenc run and a fresh PyTorch model from the same checkpoint), so that
 a moment of load on a shared machine lands on both rather than on one; the table shows each side's
-median over the rounds, the ratio of the medians, and the range of the per-round ratios. Needs
-Debian's python3-torch and python3-numpy.
+median over the rounds, the ratio of the medians, and the range of the per-round ratios. PyTorch
+gets the thread count in its own pool and its BLAS (Debian's OpenBLAS) one thread: OpenBLAS's pthread
+pool ignores torch.set_num_threads and would otherwise add cores of its own (torch_model.set_threads).
+Needs Debian's python3-torch and python3-numpy.
 """
 import argparse
 import json
@@ -43,8 +45,10 @@ a = ap.parse_args()
 
 if a.rounds < 1 or a.steps < 2:
     sys.exit("train_speed.py: --rounds must be at least 1 and --steps at least 2")
+blas_pinned = torch_model.set_threads(1)
 print(f"{'encoding':<10} {'threads':>7} {'posenc tok/s':>13} {'torch tok/s':>12} {'ratio':>7}  "
-      f"{'per round':>11}  (medians of {a.rounds} alternating rounds; torch {torch.__version__})")
+      f"{'per round':>11}  (medians of {a.rounds} alternating rounds; torch {torch.__version__}, "
+      f"{'its OpenBLAS at one thread' if blas_pinned else 'its BLAS is not OpenBLAS'})")
 with tempfile.TemporaryDirectory() as tmp:
     for enc in a.encodings.split(","):
         for threads in (int(t) for t in a.threads.split(",")):
@@ -58,7 +62,7 @@ with tempfile.TemporaryDirectory() as tmp:
                 if r.returncode != 0:
                     sys.exit(f"posenc train failed: {r.stderr.strip()}")
                 ours_all.append(json.loads(r.stdout.splitlines()[-1])["tokens_per_second"])
-                torch.set_num_threads(threads)
+                torch_model.set_threads(threads)
                 cfg, model = torch_model.load(init)
                 opt = torch_model.make_optimizer(model, 3e-3)
                 b = torch.from_numpy(np.load(batches).astype(np.int64))
