@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/train_speed.py [--posenc build/posenc] [--encodings rope,alibi]
                                            [--threads 1,2] [--steps 60] [--batch 16] [--len 64]
-                                           [--rounds 3]
+                                           [--rounds 3] [--keep-freed-memory]
 
 For each encoding and thread count: `posenc train` trains the default study model (d_model 64,
 2 layers, 4 heads, d_ff 256) and reports its tokens per second (optimisation steps only); then the
@@ -15,9 +15,15 @@ a moment of load on a shared machine lands on both rather than on one; the table
 median over the rounds, the ratio of the medians, and the range of the per-round ratios. PyTorch
 gets the thread count in its own pool and its BLAS (Debian's OpenBLAS) one thread: OpenBLAS's pthread
 pool ignores torch.set_num_threads and would otherwise add cores of its own (torch_model.set_threads).
-Needs Debian's python3-torch and python3-numpy.
+
+Every PyTorch op allocates its output afresh, and glibc's default malloc hands the larger blocks to
+mmap and back to the kernel on free, so each step page-faults them in again (the system time of a
+run). That is how a default PyTorch process trains, and the script's default. --keep-freed-memory
+tells glibc (mallopt here, the MALLOC_ variables for posenc) to keep freed memory instead, as
+bench_torch.py does by default: PyTorch at its best. Needs Debian's python3-torch and python3-numpy.
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -40,15 +46,25 @@ ap.add_argument("--steps", type=int, default=60)
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--len", type=int, default=64)
 ap.add_argument("--rounds", type=int, default=3, help="posenc and PyTorch runs, alternating (median)")
+ap.add_argument("--keep-freed-memory", action="store_true",
+                help="glibc keeps freed memory (no mmap, no trim) in both processes: PyTorch at its best")
 ap.add_argument("--corpus", default="", help="text file (default: posenc's built-in corpus)")
 a = ap.parse_args()
 
 if a.rounds < 1 or a.steps < 2:
     sys.exit("train_speed.py: --rounds must be at least 1 and --steps at least 2")
 blas_pinned = torch_model.set_threads(1)
+env = dict(os.environ)
+if a.keep_freed_memory:
+    libc = ctypes.CDLL(None)
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
+    if not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+        sys.exit("train_speed.py: mallopt failed (--keep-freed-memory needs glibc)")
+    env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
+malloc = "freed memory kept" if a.keep_freed_memory else "glibc's default malloc"
 print(f"{'encoding':<10} {'threads':>7} {'posenc tok/s':>13} {'torch tok/s':>12} {'ratio':>7}  "
       f"{'per round':>11}  (medians of {a.rounds} alternating rounds; torch {torch.__version__}, "
-      f"{'its OpenBLAS at one thread' if blas_pinned else 'its BLAS is not OpenBLAS'})")
+      f"{'its OpenBLAS at one thread' if blas_pinned else 'its BLAS is not OpenBLAS'}; {malloc})")
 with tempfile.TemporaryDirectory() as tmp:
     for enc in a.encodings.split(","):
         for threads in (int(t) for t in a.threads.split(",")):
@@ -58,7 +74,7 @@ with tempfile.TemporaryDirectory() as tmp:
                    "--init-out", init, "--dump-batches", batches] + (["--corpus", a.corpus] if a.corpus else [])
             ours_all, theirs_all = [], []
             for rnd in range(a.rounds):
-                r = subprocess.run(cmd, capture_output=True, text=True)
+                r = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if r.returncode != 0:
                     sys.exit(f"posenc train failed: {r.stderr.strip()}")
                 ours_all.append(json.loads(r.stdout.splitlines()[-1])["tokens_per_second"])
