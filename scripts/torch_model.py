@@ -36,7 +36,7 @@ def set_threads(n):
     torch.set_num_threads. Left alone, a "one-thread" torch runs its matrix products on two cores
     (1024×64 by 64×768 here: 147 GFLOP/s at cpu/wall 1.99, against 95 at 1.00 with OpenBLAS at one
     thread), and at two threads the two pools contend for the same two cores: the study's model
-    trained at 15–17k tokens/s against 45–47k with OpenBLAS at one thread, and 36–46k with torch at
+    trained at 15–17k tokens/s against 41–47k with OpenBLAS at one thread, and 36–47k with torch at
     one thread and OpenBLAS at two. So torch's own pool gets the n threads. Returns whether OpenBLAS
     was found in the process (loaded with torch, never here)."""
     torch.set_num_threads(n)

@@ -475,7 +475,7 @@ struct Acc {
 // Per-thread scratch, kept by each thread between calls (thread_scratch): at the study model's size
 // (B·L = 256 rows a call, D = 16) allocating and zero-filling it afresh took ~2% of a training step.
 // Nothing reads it before writing it (the tests pass with it NaN-filled), so it is never cleared; it
-// keeps ~(6·128·D + 2·128²) floats a thread (~200 KB at D = 16) after the last call.
+// keeps ~(8·128·D + 2·128²) floats a thread (~200 KB at D = 16) after the last call.
 struct Scratch {
   std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dkg, row;
   void init(I D) {
