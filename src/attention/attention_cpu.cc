@@ -105,8 +105,8 @@ namespace posenc::attn_fast {
 // This kernel's own SIMD helpers (beyond the shared Simd of attention_tiles.h), defined below.
 struct Extra {
   void (*trig_rows)(const double* ang, const double* sc, I n, I half, float* c, float* s);
-  void (*rot_rows)(float* x, I n, I ld, const float* c, const float* s, I half, bool interleaved,
-                   bool inverse);
+  void (*rot_rows)(const float* x, I xld, float* y, I n, I ld, const float* c, const float* s, I half,
+                   bool interleaved, bool inverse);
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
   void (*sum_diag)(const float* dS, I nq, I nk, I ld, float* diag);
   // S = exp(S − lse) on row i's first band_reach(i, band, nk) entries (attention_tiles.h; the rest
@@ -263,16 +263,18 @@ void TrigRows(const double* HWY_RESTRICT ang, const double* HWY_RESTRICT sc, I n
   }
 }
 
-// Rotates rows x + r·ld (r < n; the first 2·half entries of each) in place by R(±pos) with table
-// rows c, s + r·half (consecutive rows at consecutive positions); inverse: R(−pos), the gradient's.
+// Rotates rows x + r·xld (r < n; the first 2·half entries of each) by R(±pos) into rows y + r·ld, with
+// table rows c, s + r·half (consecutive rows at consecutive positions); inverse: R(−pos), the
+// gradient's. y may be x (in place: each vector is loaded before its place is stored); entries past
+// 2·half are not touched.
 //   interleaved: y = x·C + swap_pairs(x)·S, C = (c0 c0 c1 c1 …), S = ∓(s0, −s0, …) per vector;
 //   half:        y_a = x_a·c ∓ x_b·s, y_b = x_b·c ± x_a·s over the two contiguous halves.
-void RotRows(float* HWY_RESTRICT x, I n, I ld, const float* HWY_RESTRICT c,
+void RotRows(const float* x, I xld, float* y, I n, I ld, const float* HWY_RESTRICT c,
              const float* HWY_RESTRICT s, I half, bool interleaved, bool inverse) {
   const hn::ScalableTag<float> df;
   const I N = static_cast<I>(hn::Lanes(df));
   const float sg = inverse ? -1.f : 1.f;
-  for (I r = 0; r < n; ++r, x += ld, c += half, s += half) {
+  for (I r = 0; r < n; ++r, x += xld, y += ld, c += half, s += half) {
     I k = 0;
     if (interleaved) {
 #if HWY_TARGET != HWY_SCALAR
@@ -291,26 +293,26 @@ void RotRows(float* HWY_RESTRICT x, I n, I ld, const float* HWY_RESTRICT c,
         const auto C = hn::BitCast(df, hn::Or(cw, hn::ShiftLeft<32>(cw)));
         const auto S = hn::Xor(hn::BitCast(df, hn::Or(sw, hn::ShiftLeft<32>(sw))), flip);
         const auto v = hn::LoadU(df, x + 2 * k);
-        hn::StoreU(hn::MulAdd(hn::Shuffle2301(v), S, hn::Mul(v, C)), df, x + 2 * k);
+        hn::StoreU(hn::MulAdd(hn::Shuffle2301(v), S, hn::Mul(v, C)), df, y + 2 * k);
       }
 #endif
       for (; k < half; ++k) {
         const float xa = x[2 * k], xb = x[2 * k + 1], sn = sg * s[k];
-        x[2 * k] = xa * c[k] - xb * sn;
-        x[2 * k + 1] = xa * sn + xb * c[k];
+        y[2 * k] = xa * c[k] - xb * sn;
+        y[2 * k + 1] = xa * sn + xb * c[k];
       }
     } else {
       const auto vs = hn::Set(df, sg);
       for (; k + N <= half; k += N) {
         const auto xa = hn::LoadU(df, x + k), xb = hn::LoadU(df, x + half + k);
         const auto cv = hn::LoadU(df, c + k), sv = hn::Mul(vs, hn::LoadU(df, s + k));
-        hn::StoreU(hn::NegMulAdd(xb, sv, hn::Mul(xa, cv)), df, x + k);
-        hn::StoreU(hn::MulAdd(xa, sv, hn::Mul(xb, cv)), df, x + half + k);
+        hn::StoreU(hn::NegMulAdd(xb, sv, hn::Mul(xa, cv)), df, y + k);
+        hn::StoreU(hn::MulAdd(xa, sv, hn::Mul(xb, cv)), df, y + half + k);
       }
       for (; k < half; ++k) {
         const float xa = x[k], xb = x[half + k], sn = sg * s[k];
-        x[k] = xa * c[k] - xb * sn;
-        x[half + k] = xa * sn + xb * c[k];
+        y[k] = xa * c[k] - xb * sn;
+        y[half + k] = xa * sn + xb * c[k];
       }
     }
   }
@@ -810,15 +812,26 @@ class Fused {
       return Tile{static_cast<const float*>(x.data) + b * x.strides[0] + r0 * x.strides[1] +
                       head * x.strides[2],
                   n == 1 ? d_.D : x.strides[1]};
-    attn_fast::load_rows(x, d_.D, b, r0, n, head, buf);
-    if (tab) rotate(buf, n, d_.D, *tab, b, th, r0, false);
-    return Tile{buf, d_.D};
+    const I D = d_.D;
+    if (tab && x.dtype == DType::kF32 && x.strides[3] == 1) {  // rotated on the way in: one pass
+      const float* src = static_cast<const float*>(x.data) + b * x.strides[0] + r0 * x.strides[1] +
+                         head * x.strides[2];
+      xs_.rot_rows(src, x.strides[1], buf, n, D, tab->cos_at(b, th, r0), tab->sin_at(b, th, r0), tab->half,
+                   interleaved_, false);
+      if (const I rd = 2 * tab->half; rd < D)  // partial rotary: the rest as it is
+        for (I r = 0; r < n; ++r) attn_fast::copy_row(buf + r * D + rd, src + r * x.strides[1] + rd, D - rd);
+      return Tile{buf, D};
+    }
+    attn_fast::load_rows(x, D, b, r0, n, head, buf);
+    if (tab) rotate(buf, n, D, *tab, b, th, r0, false);
+    return Tile{buf, D};
   }
 
   // n rows of x (row stride ld), tokens i0, i0 + 1, … of batch row b as query head th sees them,
   // rotated by a·ρ·R(φ) or its transpose a·ρ·R(−φ) (inverse).
   void rotate(float* x, I n, I ld, const RotTab& tab, I b, I th, I i0, bool inverse) const {
-    xs_.rot_rows(x, n, ld, tab.cos_at(b, th, i0), tab.sin_at(b, th, i0), tab.half, interleaved_, inverse);
+    xs_.rot_rows(x, ld, x, n, ld, tab.cos_at(b, th, i0), tab.sin_at(b, th, i0), tab.half, interleaved_,
+                 inverse);
   }
 
   // The bias of head h for the tile whose key 0 − query 0 distance is `base` (kp − qp):
