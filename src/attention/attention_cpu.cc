@@ -26,7 +26,8 @@
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
 // place: the GEMM gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
-// encoding, rows are converted into per-thread scratch and rotated there by a·ρ·R(φ) (SIMD), from
+// encoding, rows are converted into per-thread scratch and rotated by a·ρ·R(φ) (SIMD; float32 rows
+// with unit inner stride rotated on their way in, one pass, others converted first), from
 // per-token tables built once per call for the queries and for the keys (RotTab: a·ρ·cos φ,
 // a·ρ·sin φ of every token and pair, from the call's rotary::Plan — RoPE's frequencies in either
 // angle mode, 2D axial / mixed, M-RoPE's sections, xPos's ζ^(±(p − c)/s) — angles formed in double,
