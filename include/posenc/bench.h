@@ -6,7 +6,8 @@
 // Every case measures its baseline in the same run, interleaved with the kernel (one warm-up call of
 // each, then rounds of baseline sample, kernel sample; medians of the samples; a sample is enough
 // calls to last ≳ 10 ms; at least 5 rounds, more (up to 9) while a case stays under ~0.5 s; a call
-// of ≥ 1 s is its own warm-up and gets 3 rounds, so the slowest cases cost 3 calls). ratio = throughput / baseline_throughput.
+// of ≥ 1 s is its own warm-up and gets 3 rounds, so the slowest cases cost 3 calls).
+// ratio = throughput / baseline_throughput.
 //
 // Elementwise kernels (unit GB/s = 10⁹ bytes/s): bytes = every byte read + every byte written, counted
 // from the tensors' sizes (RoPE q+k: q, k read and written; learned add: x and the table read, y

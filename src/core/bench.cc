@@ -570,11 +570,11 @@ constexpr double kSampleSeconds = 0.01;  // a sample lasts at least this long
 constexpr double kCaseSeconds = 0.5;     // more rounds while a case stays under this
 constexpr double kSlowCall = 1.0;        // a call this long is its own warm-up
 // At least 5 rounds. A median of 3 is decided by two slow rounds, and a two-thread attention row at
-// L = 4096 takes ~1.3 s a round (sgemm, the wait below, the kernel and nope on two threads, then the
-// kernel and sgemm on one), so two or three seconds of load on the shared second vCPU could decide
-// it: each full run with 3 rounds that the README quotes (the sixth to the fifteenth) had one to nine
-// of its 26 such rows under 1.8×, mostly where sgemm's own speed-up dipped in the same rounds. A
-// call of ≥ kSlowCall keeps 3 rounds.
+// L = 4096 takes ~1.5–2 s a round (sgemm, the wait below, the kernel and nope on two threads, then
+// the kernel and sgemm on one: `nope` forward's five rounds and warm-up took 8.6 s, backward 12.2 s),
+// so a few seconds of load on the shared second vCPU could decide it: each full run with 3 rounds
+// that the README quotes (the sixth to the fifteenth) had one to nine of its 26 such rows under 1.8×,
+// mostly where sgemm's own speed-up dipped in the same rounds. A call of ≥ kSlowCall keeps 3 rounds.
 constexpr int kMinRounds = 5, kSlowRounds = 3, kMaxRounds = 9;
 // After a multi-thread sgemm sample, OpenBLAS's pthread workers keep spinning for 2^28 TSC cycles
 // (its THREAD_TIMEOUT default; ~0.1 s at this machine's 2.6 GHz TSC) before they sleep, and a
