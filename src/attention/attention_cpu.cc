@@ -26,8 +26,8 @@
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
 // place: the GEMM gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
-// encoding, rows are converted into per-thread scratch and rotated by a·ρ·R(φ) (SIMD; float32 rows
-// with unit inner stride rotated on their way in, one pass, others converted first), from
+// encoding, rows are converted into per-thread scratch and rotated by a·ρ·R(φ) (SIMD; rows that could be
+// read in place rotated on their way in, one pass, others converted first), from
 // per-token tables built once per call for the queries and for the keys (RotTab: a·ρ·cos φ,
 // a·ρ·sin φ of every token and pair, from the call's rotary::Plan — RoPE's frequencies in either
 // angle mode, 2D axial / mixed, M-RoPE's sections, xPos's ζ^(±(p − c)/s) — angles formed in double,
@@ -805,18 +805,16 @@ class Fused {
     }
   }
 
-  // Rows [r0, r0 + n) of head `head` of x [B, L, H, D]: in place when `dir` and no rotation, else
-  // converted into buf [n, D] and, with a rotation table, rotated as query head th sees them.
+  // Rows [r0, r0 + n) of head `head` of x [B, L, H, D]: in place when `dir` and no rotation; with a
+  // rotation table, rotated as query head th sees them into buf [n, D] (when `dir`, straight from x:
+  // one pass); else converted into buf first.
   Tile rows(const View& x, bool dir, I b, I r0, I n, I head, float* buf, const RotTab* tab,
             I th) const {
-    if (dir && !tab)
-      return Tile{static_cast<const float*>(x.data) + b * x.strides[0] + r0 * x.strides[1] +
-                      head * x.strides[2],
-                  n == 1 ? d_.D : x.strides[1]};
     const I D = d_.D;
-    if (tab && x.dtype == DType::kF32 && x.strides[3] == 1) {  // rotated on the way in: one pass
+    if (dir) {
       const float* src = static_cast<const float*>(x.data) + b * x.strides[0] + r0 * x.strides[1] +
                          head * x.strides[2];
+      if (!tab) return Tile{src, n == 1 ? D : x.strides[1]};
       xs_.rot_rows(src, x.strides[1], buf, n, D, tab->cos_at(b, th, r0), tab->sin_at(b, th, r0), tab->half,
                    interleaved_, false);
       if (const I rd = 2 * tab->half; rd < D)  // partial rotary: the rest as it is
