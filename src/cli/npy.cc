@@ -178,11 +178,28 @@ std::string parent_dir(const std::string& path) {
 
 std::atomic<unsigned> g_tmp_counter{0};
 
-// Creates a fresh temporary file next to `path` and writes `bytes` into it. On success *tmp names it.
-Status write_temp(const std::string& path, const std::string& bytes, const std::string& flag,
-                  std::string* tmp) {
-  const std::filesystem::path p(path);
-  const std::string dir = parent_dir(path);
+// Writes all of `bytes` to an open descriptor; false with errno set on failure.
+bool write_all(int fd, const std::string& bytes) {
+  const char* data = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Creates a fresh temporary file next to `dest` and writes `bytes` into it. On success *tmp names it.
+// Errors name `shown` (the path as the user gave it).
+Status write_temp(const std::string& dest, const std::string& shown, const std::string& bytes,
+                  const std::string& flag, std::string* tmp) {
+  const std::filesystem::path p(dest);
+  const std::string dir = parent_dir(dest);
   int fd = -1;
   std::string name;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
@@ -191,25 +208,17 @@ Status write_temp(const std::string& path, const std::string& bytes, const std::
     fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0) return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(errno));
-  const char* data = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, data, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      ::unlink(name.c_str());
-      return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(e));
-    }
-    data += n;
-    left -= static_cast<std::size_t>(n);
+  if (fd < 0) return Status::Io(flag, "cannot write " + q(shown) + ": " + errno_text(errno));
+  if (!write_all(fd, bytes)) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(name.c_str());
+    return Status::Io(flag, "cannot write " + q(shown) + ": " + errno_text(e));
   }
   if (::close(fd) != 0) {
     const int e = errno;
     ::unlink(name.c_str());
-    return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(e));
+    return Status::Io(flag, "cannot write " + q(shown) + ": " + errno_text(e));
   }
   *tmp = name;
   return Status::Ok();
@@ -354,23 +363,48 @@ Status write_npy(const std::string& path, const Tensor& t, const std::string& fl
 Status OutputSet::reserve(const std::string& flag, const std::string& path) {
   if (path.empty()) return Status::Invalid(flag, "expected an output path, got an empty string");
   std::error_code ec;
-  const std::string key = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
+  // links resolved: a symbolic link's target is the file replaced, not the link
+  namespace fs = std::filesystem;
+  fs::path resolved = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  struct stat lb;
+  for (int hops = 0; !ec && ::lstat(resolved.c_str(), &lb) == 0 && S_ISLNK(lb.st_mode); ++hops) {
+    if (hops == 40) return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(ELOOP));
+    const fs::path target = fs::read_symlink(resolved, ec);  // a link to a file not there yet
+    resolved = fs::weakly_canonical(target.is_absolute() ? target : resolved.parent_path() / target, ec);
+  }
+  const std::string key = resolved.string();
+  if (ec || key.empty()) return Status::Io(flag, "cannot write " + q(path) + ": " + ec.message());
   for (const Entry& e : entries_)
     if (e.key == key) return Status::Invalid(flag, "names the same file as " + e.flag + " (" + q(path) + ")");
-  if (std::filesystem::is_directory(path, ec))
-    return Status::Io(flag, "cannot write " + q(path) + ": is a directory");
-  const std::string dir = parent_dir(path);
+  struct stat sb;
+  const bool exists = ::stat(key.c_str(), &sb) == 0;
+  if (exists && S_ISDIR(sb.st_mode)) return Status::Io(flag, "cannot write " + q(path) + ": is a directory");
+  if (exists && !S_ISREG(sb.st_mode)) {  // a device, a FIFO: written in place
+    if (::access(key.c_str(), W_OK) != 0)
+      return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(errno));
+    entries_.push_back({flag, path, key, true, nullptr, {}, false});
+    return Status::Ok();
+  }
+  const std::string dir = parent_dir(key);
   if (!std::filesystem::is_directory(dir, ec))
     return Status::Io(flag, "cannot write " + q(path) + ": directory " + q(dir) + " does not exist");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return Status::Io(flag, "cannot write " + q(path) + ": directory " + q(dir) + " is not writable");
-  entries_.push_back({flag, path, key, nullptr});
+  entries_.push_back({flag, path, key, false, nullptr, {}, false});
   return Status::Ok();
 }
 
 void OutputSet::attach(const std::string& flag, const Tensor* t) {
   for (Entry& e : entries_)
     if (e.flag == flag) e.tensor = t;
+}
+
+void OutputSet::attach_bytes(const std::string& flag, std::string bytes) {
+  for (Entry& e : entries_)
+    if (e.flag == flag) {
+      e.bytes = std::move(bytes);
+      e.has_bytes = true;
+    }
 }
 
 Status OutputSet::commit() {
@@ -382,43 +416,72 @@ Status OutputSet::commit() {
   std::vector<Step> steps;
   auto cleanup = [&steps]() {
     for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-      if (it->placed) ::unlink(it->entry->path.c_str());
-      if (it->displaced) ::rename(it->backup.c_str(), it->entry->path.c_str());
+      if (it->placed) ::unlink(it->entry->key.c_str());
+      if (it->displaced) ::rename(it->backup.c_str(), it->entry->key.c_str());
       if (!it->placed && !it->tmp.empty()) ::unlink(it->tmp.c_str());
     }
   };
-  // 1. every temporary
-  for (const Entry& e : entries_) {
-    if (e.tensor == nullptr) continue;
-    if (npy_descr(e.tensor->dtype()) == nullptr) {
-      cleanup();
-      return Status::Invalid(e.flag, std::string(dtype_name(e.tensor->dtype())) + " has no .npy dtype");
+  auto bytes_of = [](const Entry& e, std::string* out) -> Status {
+    if (e.has_bytes) {
+      *out = e.bytes;
+      return Status::Ok();
     }
+    if (npy_descr(e.tensor->dtype()) == nullptr)
+      return Status::Invalid(e.flag, std::string(dtype_name(e.tensor->dtype())) + " has no .npy dtype");
+    *out = npy_bytes(*e.tensor);
+    return Status::Ok();
+  };
+  // 1. every temporary (regular destinations)
+  std::string bytes;
+  for (const Entry& e : entries_) {
+    if ((e.tensor == nullptr && !e.has_bytes) || e.in_place) continue;
     Step s{&e, "", "", false, false};
-    const Status st = write_temp(e.path, npy_bytes(*e.tensor), e.flag, &s.tmp);
+    Status st = bytes_of(e, &bytes);
+    if (st.ok()) st = write_temp(e.key, e.path, bytes, e.flag, &s.tmp);
     if (!st.ok()) {
       cleanup();
       return st;
     }
     steps.push_back(std::move(s));
   }
-  // 2. the renames; a file already at a destination is moved aside first so that it can be put back
+  // 2. devices and FIFOs, written in place
+  for (const Entry& e : entries_) {
+    if ((e.tensor == nullptr && !e.has_bytes) || !e.in_place) continue;
+    Status st = bytes_of(e, &bytes);
+    if (!st.ok()) {
+      cleanup();
+      return st;
+    }
+    const int fd = ::open(e.key.c_str(), O_WRONLY | O_CLOEXEC);
+    const bool ok = fd >= 0 && write_all(fd, bytes);
+    const int err = errno;
+    if (fd >= 0 && ::close(fd) != 0 && ok) {
+      const int e2 = errno;
+      cleanup();
+      return Status::Io(e.flag, "cannot write " + q(e.path) + ": " + errno_text(e2));
+    }
+    if (!ok) {
+      cleanup();
+      return Status::Io(e.flag, "cannot write " + q(e.path) + ": " + errno_text(err));
+    }
+  }
+  // 3. the renames; a file already at a destination is moved aside first so that it can be put back
   for (Step& s : steps) {
-    const std::string& path = s.entry->path;
+    const std::string& path = s.entry->key;
     struct stat sb;
     if (::lstat(path.c_str(), &sb) == 0) {
       s.backup = s.tmp + ".old";
       if (::rename(path.c_str(), s.backup.c_str()) != 0) {
         const int e = errno;
         cleanup();
-        return Status::Io(s.entry->flag, "cannot replace " + q(path) + ": " + errno_text(e));
+        return Status::Io(s.entry->flag, "cannot replace " + q(s.entry->path) + ": " + errno_text(e));
       }
       s.displaced = true;
     }
     if (::rename(s.tmp.c_str(), path.c_str()) != 0) {
       const int e = errno;
       cleanup();
-      return Status::Io(s.entry->flag, "cannot write " + q(path) + ": " + errno_text(e));
+      return Status::Io(s.entry->flag, "cannot write " + q(s.entry->path) + ": " + errno_text(e));
     }
     s.placed = true;
   }

@@ -7,8 +7,9 @@
 // does. Every error is a Status whose arg is the command-line flag the file came from ("--q").
 //
 // Outputs are written all-or-nothing: OutputSet writes every tensor to a temporary file beside its
-// destination, then renames them all into place; on any failure it removes its temporaries, puts back
-// any file it had displaced, and leaves no new output behind.
+// destination (the target of a symbolic link), then renames them all into place; on any failure it
+// removes its temporaries, puts back any file it had displaced, and leaves no new output behind.
+// A destination that exists and is not a regular file (/dev/null, a FIFO) is written in place.
 #pragma once
 
 #include <cstdint>
@@ -60,17 +61,26 @@ Status write_npy(const std::string& path, const Tensor& t, const std::string& fl
 class OutputSet {
  public:
   // Checks the destination before any work is done: a distinct path (two flags naming the same file
-  // is an error), an existing writable directory, not itself a directory.
+  // is an error), an existing writable directory, not itself a directory. A symbolic link is followed:
+  // the file it names is what gets replaced. An existing destination that is not a regular file (a
+  // device such as /dev/null, a FIFO) is written in place instead, since a rename would replace the
+  // node itself; it must be writable.
   Status reserve(const std::string& flag, const std::string& path);
   // Attaches the tensor to write for a reserved flag (the tensor must outlive commit()).
   void attach(const std::string& flag, const Tensor* t);
-  // Writes every attached tensor: all temporaries first, then the renames; on failure, nothing.
+  // Attaches ready bytes (a PNG, a checkpoint) to write for a reserved flag.
+  void attach_bytes(const std::string& flag, std::string bytes);
+  // Writes every attached output: all temporaries first, then the in-place writes, then the renames;
+  // on failure, nothing new is left (what was already written into a device cannot be taken back).
   Status commit();
 
  private:
   struct Entry {
-    std::string flag, path, key;
+    std::string flag, path, key;  // key: the absolute path with links resolved (the file written)
+    bool in_place = false;        // an existing non-regular file: written directly
     const Tensor* tensor = nullptr;
+    std::string bytes;
+    bool has_bytes = false;
   };
   std::vector<Entry> entries_;
 };
