@@ -13,8 +13,11 @@
 #include <cmath>
 #include <complex>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <utility>
+#include <iterator>
 #include <sstream>
 
 #include "cli/cli_common.h"
@@ -150,26 +153,56 @@ std::string script(const PlotState& st, const std::string& png) {
   return s.str();
 }
 
-void run_plot(const PlotState& st) {
+// The options each picture reads; any other one given is an error rather than silently ignored.
+void check_options(const PlotState& st, const CLI::App& app) {
+  static const std::pair<const char*, const char*> kReads[] = {
+      {"sinusoid-matrix", "--len --dim --base"}, {"sine-waves", "--dim --base"},
+      {"rope-decay", "--len --dim --base"},      {"alibi-bias", "--len --heads"},
+      {"t5-buckets", "--len"},                   {"cope-positions", "--text"}};
+  for (const auto& [kind, reads] : kReads) {
+    if (st.what != kind) continue;
+    for (const char* flag : {"--len", "--dim", "--heads", "--base", "--text"}) {
+      const std::string list = std::string(" ") + reads + " ";
+      if (app.count(flag) > 0 && list.find(std::string(" ") + flag + " ") == std::string::npos)
+        fail(Status::Invalid(flag, std::string(kind) + " does not read it (it reads " + reads + ")"));
+    }
+  }
+}
+
+void run_plot(const PlotState& st, const CLI::App& app) {
   if (st.out.empty()) fail(Status::Invalid("--out", "expected a .png path"));
+  check_options(st, app);
   if (system("command -v gnuplot >/dev/null 2>&1") != 0)
     fail(Status::Io("--out", "plots need gnuplot (apt-get install gnuplot-nox)"));
-  OutputSet check_dest;
-  check(check_dest.reserve("--out", st.out));
-  const std::string tmp = st.out + ".tmp-" + std::to_string(getpid());
+  OutputSet outs;
+  check(outs.reserve("--out", st.out));
+  // gnuplot draws into the temporary folder; the picture is read back and written like any output
+  std::error_code ec;
+  const std::filesystem::path tmpdir = std::filesystem::temp_directory_path(ec);
+  const std::string tmp = (ec ? std::filesystem::path("/tmp") : tmpdir) /
+                          ("posenc-plot-" + std::to_string(getpid()) + ".png");
   const std::string gp = script(st, tmp);
   const std::string gpfile = tmp + ".gp";
   {
     std::ofstream f(gpfile);
     f << gp;
-    if (!f.good()) fail(Status::Io("--out", "cannot write beside " + st.out));
+    if (!f.good()) {
+      std::remove(gpfile.c_str());
+      fail(Status::Io("--out", "cannot write the gnuplot script " + gpfile));
+    }
   }
   const int rc = system(("gnuplot " + quoted(gpfile) + " 2>/dev/null").c_str());
   std::remove(gpfile.c_str());
-  if (rc != 0 || std::rename(tmp.c_str(), st.out.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail(Status::Io("--out", "gnuplot failed to draw " + st.out));
+  std::string png;
+  if (rc == 0) {
+    std::ifstream f(tmp, std::ios::binary);
+    png.assign(std::istreambuf_iterator<char>(f), {});
   }
+  std::remove(tmp.c_str());
+  if (rc != 0 || png.empty()) fail(Status::Io("--out", "gnuplot failed to draw " + st.out));
+  // written as every output is (cli/npy.h): replaced by a rename, a link's target, a device in place
+  outs.attach_bytes("--out", std::move(png));
+  check(outs.commit());
   std::printf("wrote %s\n", st.out.c_str());
 }
 
@@ -185,7 +218,7 @@ Command add_plot_command(CLI::App& root) {
   add_text(app, "--heads", &st->heads, "alibi-bias: heads (default 8)", "INT");
   add_text(app, "--base", &st->base, "sinusoid n or RoPE theta (default 10000)", "FLOAT");
   add_text(app, "--text", &st->text, "cope-positions: the sentence", "TEXT");
-  return {app, [st] { run_plot(*st); }};
+  return {app, [st, app] { run_plot(*st, *app); }};
 }
 
 }  // namespace posenc::cli
