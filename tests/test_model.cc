@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <string>
@@ -406,6 +407,22 @@ TEST(Model, Refusals) {
   EXPECT_FALSE(validate_config(odd).ok());
 }
 
+// The memory a step needs, counted independently from what the model sizes (model.cc's prepare and
+// prepare_backward), and the refusal that names the batch.
+TEST(Model, TrainingBytes) {
+  ModelConfig c = tiny(Encoding::kRope);
+  const double C = double(c.d_model), F = double(c.d_ff), V = double(c.vocab), H = double(c.n_heads);
+  const double floats = double(c.n_layers) * (5 * C + 4 + 3 * C + 2 * H + 2 * F)  // acts (lse: H doubles)
+                        + 2 * C + 2 + V + 2 + 2                                   // xf, lnf, stats, probs, nll, ids
+                        + 2 * C + F + 3 * C + C;                                 // dy, dx, dh, dqkv, datt
+  EXPECT_DOUBLE_EQ(training_bytes(c, 3, 5), 4 * floats * 15);
+  EXPECT_TRUE(training_fits(c, 16, 64).ok());
+  const Status s = training_fits(c, std::int64_t{1} << 40, std::int64_t{1} << 20);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.arg(), "batch");
+  EXPECT_NE(s.what().find("GB"), std::string::npos) << s.what();
+}
+
 TEST(Model, CheckpointRoundTrip) {
   for (Encoding e : all_encodings()) {
     const ModelConfig c = tiny(e);
@@ -427,6 +444,12 @@ TEST(Model, CheckpointRoundTrip) {
     float first = 0;
     f.read(reinterpret_cast<char*>(&first), 4);
     EXPECT_EQ(first, m.params()[0]);
+    // checkpoint_bytes is the file's content (what the CLI writes with its other outputs)
+    std::ifstream whole(path, std::ios::binary);
+    const std::string file((std::istreambuf_iterator<char>(whole)), {});
+    Expected<std::string> bytes = checkpoint_bytes(c, m.params());
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_EQ(bytes.value(), file);
     std::remove(path.c_str());
   }
   EXPECT_FALSE(load_checkpoint("/nonexistent/ckpt.safetensors").ok());

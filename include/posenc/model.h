@@ -82,6 +82,12 @@ struct ParamInfo {
 
 // The layout of a model's parameters, and checks on a config ("d_model": must be a multiple of …).
 Status validate_config(const ModelConfig& c);
+// The bytes a float32 training step of B sequences of length L holds in activations and their
+// gradients (what Model<float> sizes in its forward and backward), as a double so that any B, L fit:
+// for a caller to refuse a size that cannot fit before allocating it.
+double training_bytes(const ModelConfig& c, std::int64_t B, std::int64_t L);
+// An error naming "batch" when training_bytes exceeds this machine's physical memory.
+Status training_fits(const ModelConfig& c, std::int64_t B, std::int64_t L);
 std::vector<ParamInfo> param_layout(const ModelConfig& c);
 
 // The result of one forward pass.
@@ -161,11 +167,13 @@ class Model {
 };
 
 // Checkpoints: safetensors files (float32 tensors named as in param_layout, the config as JSON in the
-// header's __metadata__["posenc.config"]), written to a temporary and renamed into place.
+// header's __metadata__["posenc.config"]), written to a temporary and renamed into place;
+// checkpoint_bytes is the file's content, for a caller that writes it with other outputs.
 struct Checkpoint {
   ModelConfig config;
   std::vector<float> params;
 };
+Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<float>& params);
 Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params);
 Expected<Checkpoint> load_checkpoint(const std::string& path);
 

@@ -5,9 +5,11 @@
 // PyTorch's rate too. --save writes the trained checkpoint, --init-out the initial one,
 // --dump-batches the token windows as an int32 .npy [steps, batch, len + 1]: what an independent
 // implementation needs to replay the same run (scripts/train_speed.py, tests/e2e/test_train_torch.py).
+// The three are written together once training has succeeded (cli/npy.h's OutputSet), none otherwise.
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
@@ -29,7 +31,11 @@ std::int64_t positive(const std::string& flag, const std::string& text) {
   return v;
 }
 
-void run_train(const TrainState& st) {
+void run_train(const TrainState& st, const CLI::App& app) {
+  const std::pair<const char*, const std::string*> paths[] = {
+      {"--save", &st.save}, {"--init-out", &st.init_out}, {"--dump-batches", &st.dump}, {"--corpus", &st.corpus}};
+  for (const auto& [flag, value] : paths)  // given, but empty (an empty --corpus is not the built-in one)
+    if (app.count(flag) > 0 && value->empty()) fail(Status::Invalid(flag, "expected a path, got an empty string"));
   Expected<EncodingInfo> info = find_encoding(st.encoding);
   if (!info.ok()) fail(Status::Invalid("--encoding", "unknown encoding '" + st.encoding + "' (see posenc list)"));
   ModelConfig mc;
@@ -62,14 +68,17 @@ void run_train(const TrainState& st) {
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
     set_num_threads(int(t));
   }
-  OutputSet outs;  // destinations checked (distinct, writable) before any work
+  if (Status s = training_fits(mc, B, L); !s.ok()) fail(Status::OutOfRange("--batch", s.what() + " (--batch × --train-len)"));
+  // destinations checked (distinct, writable) before any work; all written together at the end, or
+  // none if training fails
+  OutputSet outs;
   if (!st.save.empty()) check(outs.reserve("--save", st.save));
   if (!st.init_out.empty()) check(outs.reserve("--init-out", st.init_out));
   if (!st.dump.empty()) check(outs.reserve("--dump-batches", st.dump));
   const Corpus corpus = corpus_or_fail(st.corpus);
 
   Model<float> model(mc, std::uint64_t(seed));
-  if (!st.init_out.empty()) check(save_checkpoint(st.init_out, mc, model.params()));
+  if (!st.init_out.empty()) outs.attach_bytes("--init-out", take(checkpoint_bytes(mc, model.params())));
   AdamW opt(oc, model.layout(), model.params().size());
   Batcher batches(corpus, L, B, std::uint64_t(seed));
   std::vector<std::int32_t> tok(std::size_t(B * L)), tgt(std::size_t(B * L));
@@ -94,11 +103,9 @@ void run_train(const TrainState& st) {
     if ((s + 1) % every == 0 || s + 1 == steps)
       std::printf("%s\n", nlohmann::json{{"step", s + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}}.dump().c_str());
   }
-  if (!st.save.empty()) check(save_checkpoint(st.save, mc, model.params()));
-  if (!st.dump.empty()) {
-    outs.attach("--dump-batches", &dump);
-    check(outs.commit());
-  }
+  if (!st.save.empty()) outs.attach_bytes("--save", take(checkpoint_bytes(mc, model.params())));
+  if (!st.dump.empty()) outs.attach("--dump-batches", &dump);
+  check(outs.commit());
   std::printf("%s\n", nlohmann::json{{"encoding", info.value().name},
                                      {"steps", steps},
                                      {"batch", B},
@@ -134,7 +141,7 @@ Command add_train_command(CLI::App& root) {
   add_text(app, "--save", &st->save, "write the trained model (safetensors)", "FILE");
   add_text(app, "--init-out", &st->init_out, "write the initial model (safetensors)", "FILE");
   add_text(app, "--dump-batches", &st->dump, "write the windows as int32 .npy [steps, batch, len+1]", "FILE");
-  return {app, [st] { run_train(*st); }};
+  return {app, [st, app] { run_train(*st, *app); }};
 }
 
 }  // namespace posenc::cli

@@ -102,7 +102,7 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
 
 }  // namespace
 
-Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params) {
+Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<float>& params) {
   const std::vector<ParamInfo> layout = param_layout(c);
   nlohmann::json h;
   h["__metadata__"] = {{"format", "posenc"}, {"posenc.config", config_json(c).dump()}};
@@ -114,16 +114,23 @@ Status save_checkpoint(const std::string& path, const ModelConfig& c, const std:
   if (params.size() * 4 != at) return Status::Invalid("params", "size does not match the config's layout");
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out;
+  out.reserve(8 + header.size() + at);
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += header;
+  for (const ParamInfo& p : layout)  // x86-64 and every target here are little-endian
+    out.append(reinterpret_cast<const char*>(params.data() + p.offset), p.size * 4);
+  return out;
+}
+
+Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params) {
+  Expected<std::string> bytes = checkpoint_bytes(c, params);
+  if (!bytes.ok()) return bytes.status();
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary);
-    std::uint64_t n = header.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(header.data(), std::streamsize(header.size()));
-    for (const ParamInfo& p : layout)  // x86-64 and every target here are little-endian
-      f.write(reinterpret_cast<const char*>(params.data() + p.offset), std::streamsize(p.size * 4));
+    f.write(bytes.value().data(), std::streamsize(bytes.value().size()));
     if (!f.good()) {
       std::remove(tmp.c_str());
       return Status::Io("checkpoint", "cannot write " + path);

@@ -26,15 +26,18 @@
 #include "posenc/model.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "model/model_kernels.h"
 #include "attention/attention_fused.h"
+
 #include "attention/tile_gemm.h"
 #include "model/shard_pool.h"
 #include "posenc/absolute.h"
@@ -279,6 +282,29 @@ std::vector<std::int64_t> ModelConfig::mrope_section() const {
   return {t, h, pairs - t - h};
 }
 
+double training_bytes(const ModelConfig& c, std::int64_t B, std::int64_t L) {
+  const double C = double(c.d_model), F = double(c.d_ff), V = double(c.vocab), H = double(c.n_heads);
+  // per token: each layer's x_in, a, att, x_mid, m, qkv (8C), h and gel (2F), four row statistics and
+  // H doubles of lse; then xf, lnf, two statistics, V probabilities, one double of NLL, two token ids;
+  // the backward's dy, dx, dqkv, datt (6C) and dh (F)
+  const double layer = 8 * C + 2 * F + 4 + 2 * H;
+  const double per_token = double(c.n_layers) * layer + 2 * C + 2 + V + 2 + 2 + 6 * C + F;
+  return 4.0 * per_token * double(B) * double(L);
+}
+
+Status training_fits(const ModelConfig& c, std::int64_t B, std::int64_t L) {
+  const double need = training_bytes(c, B, L);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const double have = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+  if (have > 0 && need > have) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "%lld × %lld tokens need %.3g GB of activations, more than this "
+                  "machine's %.3g GB", (long long)B, (long long)L, need / 1e9, have / 1e9);
+    return Status::OutOfRange("batch", msg);
+  }
+  return Status::Ok();
+}
+
 Status validate_config(const ModelConfig& c) {
   if (c.vocab < 2) return Status::Invalid("vocab", "must be at least 2");
   if (c.d_model < 2) return Status::Invalid("d_model", "must be at least 2");
@@ -293,6 +319,9 @@ Status validate_config(const ModelConfig& c) {
       if (c.d_model % 2) return Status::Invalid("d_model", "must be even for sinusoidal");
       break;
     case Encoding::kRope: {
+      if (c.rope.rotary_dim == 0 && (D < 2 || D % 2))  // the default rotates the whole head
+        return Status::Invalid("n_heads", "rope needs an even head dim (d_model / n_heads = " +
+                                              std::to_string(D) + ")");
       const I r = c.rope.rotary_dim ? c.rope.rotary_dim : D;
       if (r < 2 || r % 2 || r > D)
         return Status::Invalid("rotary_dim", "must be even and in [2, head dim " + std::to_string(D) + "]");
@@ -304,7 +333,10 @@ Status validate_config(const ModelConfig& c) {
     }
     case Encoding::kXL: {
       const I R = c.xl_dim ? c.xl_dim : D;
-      if (R < 2 || R % 2) return Status::Invalid("xl_dim", "must be even and at least 2");
+      if (R < 2 || R % 2)
+        return c.xl_dim ? Status::Invalid("xl_dim", "must be even and at least 2")
+                        : Status::Invalid("n_heads", "xl needs an even head dim (d_model / n_heads = " +
+                                                         std::to_string(D) + ")");
       break;
     }
     case Encoding::kCope:
@@ -324,6 +356,9 @@ Status validate_config(const ModelConfig& c) {
       if (!(c.mrope == plain))
         return Status::Invalid("mrope", "the study's model takes M-RoPE's variant and mrope_section, the "
                                         "fields its checkpoints store");
+      if (c.mrope.mrope_section.empty() && (D < 2 || D % 2))
+        return Status::Invalid("n_heads", "mrope needs an even head dim (d_model / n_heads = " +
+                                              std::to_string(D) + ")");
       const std::vector<I> sec = c.mrope_section();
       if (sec.size() != 3 || sec[0] + sec[1] + sec[2] != D / 2 || D % 2)
         return Status::Invalid("mrope_section", "expected three sections summing to head dim / 2 = " +
@@ -339,6 +374,9 @@ Status validate_config(const ModelConfig& c) {
                                        "checkpoints store");
       if (!(c.xpos.scale_base > 0) || !(c.xpos.gamma > 0))
         return Status::Invalid("xpos", "scale_base and gamma must be > 0");
+      if (D < 2 || D % 2)
+        return Status::Invalid("n_heads", "xpos needs an even head dim (d_model / n_heads = " +
+                                              std::to_string(D) + ")");
       break;
     }
     case Encoding::kKerple:
