@@ -114,6 +114,9 @@ struct Extra {
   // hold zeros), 0 on a row whose lse is −inf
   void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse, I band);
   void (*affine_add)(float* y, const float* x, I n, float a, float g);  // y += a + g·x (fire)
+  // fire, a tile off the diagonal whose segments lie in [lo, hi] (FireSpan below)
+  void (*fire_span)(float* S, I nq, I nk, I ld, const float* ps0, I base, bool before, const I* th0, I nb,
+                    I lo, I hi, const float* alpha, const double* beta, const double* inv);
   void (*moments)(const float* w, const float* x, const float* z, I n, float* out3);  // Σw, Σw·x, Σw·z
 };
 }  // namespace posenc::attn_fast
@@ -341,13 +344,40 @@ void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT 
 }
 
 // y[j] += a + g·x[j] (a FIRE run: one linear piece of the MLP over a slice of the ψ table).
-void AffineAdd(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, I n, float a, float g) {
+HWY_INLINE void AffineAddRun(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, I n, float a, float g) {
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
   const auto va = hn::Set(d, a), vg = hn::Set(d, g);
   I j = 0;
   for (; j + L <= n; j += L) hn::StoreU(hn::Add(hn::LoadU(d, y + j), hn::MulAdd(vg, hn::LoadU(d, x + j), va)), d, y + j);
   for (; j < n; ++j) y[j] += a + g * x[j];
+}
+
+void AffineAdd(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, I n, float a, float g) {
+  AffineAddRun(y, x, n, a, g);
+}
+
+// A FIRE tile wholly before its queries (before) or wholly after them, whose segments all lie in
+// [lo, hi]: row i (key 0 at kp − qp = base − i, ψ from ps0 − i, thresholds th0[i·nb ..]) is the runs
+// of segments hi, hi − 1, …, lo (before: the distance falls along the row) or lo, …, hi (after),
+// each cut at the row's threshold between it and the next; a segment the row does not reach is an
+// empty run. S[i, run] += α[s] + (float)(β[s]·inv[i])·ψ: the runs of the general walk, no search.
+void FireSpan(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* ps0, I base, bool before, const I* th0,
+              I nb, I lo, I hi, const float* alpha, const double* beta, const double* inv) {
+  for (I i = 0; i < nq; ++i) {
+    float* Si = S + i * ld;
+    const float* ps = ps0 - i;
+    const I r0 = base - i;
+    const I* th = th0 + i * nb;
+    I j = 0;
+    for (I k = 0; k <= hi - lo; ++k) {
+      const I sg = before ? hi - k : lo + k;
+      I e = nk;
+      if (k < hi - lo) e = std::clamp<I>(before ? -r0 - th[sg - 1] + 1 : th[sg] - r0, j, nk);
+      AffineAddRun(Si + j, ps + j, e - j, alpha[sg], static_cast<float>(beta[sg] * inv[i]));
+      j = e;
+    }
+  }
 }
 
 // out3 = (Σ w, Σ w·x, Σ w·z) over n entries (a FIRE run's moments of dS).
@@ -372,7 +402,7 @@ void Moments(const float* HWY_RESTRICT w, const float* HWY_RESTRICT x, const flo
 }
 
 Extra GetExtra() {
-  return Extra{&TrigRows, &RotRows, &AddDiag, &SumDiag, &ExpRows, &AffineAdd, &Moments};
+  return Extra{&TrigRows, &RotRows, &AddDiag, &SumDiag, &ExpRows, &AffineAdd, &FireSpan, &Moments};
 }
 
 }  // namespace HWY_NAMESPACE
@@ -1167,6 +1197,9 @@ class Fused {
     }
   }
 
+  // fire: tiles off the diagonal spanning at most this many segment boundaries take fire_span.
+  static constexpr I kFireSpan = 3;
+
   // fire: the MLP's pieces, ψ per distance, the normaliser per query row.
   void build_fire(const EncodingTensors& t) {
     bias_ = Bias::kFire;
@@ -1225,6 +1258,29 @@ class Fused {
     const fire::Pieces& P = fire_p_;
     const I segs = P.segs(), nb = P.S;
     const float* alpha = &fire_a_[ix(h * segs)];
+    // The segment of distance d ≥ 1 rises with d and, the thresholds rising with the query position,
+    // falls from row to row. So the segments of a tile wholly before its queries (or wholly after
+    // them) lie between its last row's at its smallest distance and its first row's at its largest:
+    // one segment for most tiles off the diagonal, a few for the rest. There each row is those
+    // segments' runs in order, cut at its thresholds with no search (the same runs, the same bits).
+    I lo = -1, hi = -1;
+    const bool before = base + nk - 1 < 0;
+    if (before || base - (nq - 1) > 0) {
+      const I dmax = before ? nq - 1 - base : base + nk - 1, dmin = before ? -(base + nk - 1) : base - (nq - 1);
+      const auto seg = [nb](const I* th, I d) {
+        I sg = 0;
+        while (sg < nb && d >= th[sg]) ++sg;
+        return sg;
+      };
+      hi = seg(fire_th_.data() + q0 * nb, dmax);
+      lo = seg(fire_th_.data() + (q0 + nq - 1) * nb, dmin);
+    }
+    if (lo >= 0 && S && hi - lo <= kFireSpan) {
+      xs_.fire_span(S, nq, nk, kBk, &fire_psi_[ix(base - rel_lo_)], base, before, fire_th_.data() + q0 * nb, nb,
+                    lo, hi, alpha, &P.beta[ix(h * segs)], &fire_inv_[ix(q0)]);
+      return;
+    }
+    const I one = lo >= 0 && lo == hi ? lo : -1;
     I hint = 0;
     for (I i = 0; i < nq; ++i) {
       const I row = q0 + i, r0 = base - i;  // kp − qp of the row's key 0
@@ -1245,6 +1301,10 @@ class Fused {
         gwh[2 * segs] += beta * inv * (m[2] - static_cast<double>(m[1]) * fire_cf_[ix(row)]);
         gwh[2 * segs + 1] += beta * m[1] * fire_lf_[ix(row)];
       };
+      if (one >= 0) {
+        run(0, nk, one);
+        continue;
+      }
       // segment of distance d ≥ 1: the number of thresholds ≤ d, walked from the last one found
       auto seg = [&](I d) {
         I sg = hint > nb ? 0 : hint;
