@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""The CLI's error messages: each names the flag the user gave, the one that is wrong, in the user's
+terms (no library argument names, no source files).
+
+    /usr/bin/python3 tests/e2e/test_cli_messages.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+
+Every bad input must give exit 2, exactly one stderr line "posenc: FLAG: ...", nothing on stdout and
+no output file (harness.expect_error); here the line must also START with the flag that is wrong
+(expect_error only asks that the flag appear somewhere, and a product of sizes names several): sizes
+too large name the factor out of range, a NaN or ±inf in a learned tensor names its flag, an option
+of another encoding says which encodings take it, a --study folder that is not there is an error.
+The inputs just inside the new bounds still run, and their values are checked against numpy here.
+Each posenc run may take 60 s.
+
+Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
+case failed, 77 (skip) when numpy is missing (tests/e2e/harness.py).
+"""
+import os
+import subprocess
+import sys
+
+from harness import POSENC, case, close, expect_error, load, main, run, skip
+
+try:
+    import numpy as np
+except ImportError:
+    skip("numpy is not importable by this python")
+
+RNG = np.random.default_rng(20250311)
+BIG = 100000000000  # 1e11: any single size this large is a typo
+
+
+def randn(*shape, dtype=np.float64):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def names_first(args, flag, outputs=(), also=(), never=()):
+    """expect_error, and the line is 'posenc: FLAG: ...' (FLAG first), holds every string of `also`
+    and none of `never`. Returns the line."""
+    line = expect_error(args, flag, outputs)
+    assert line.startswith(f"posenc: {flag}: "), f"does not name {flag} first: {line!r}"
+    for s in also:
+        assert s in line, f"{s!r} missing from {line!r}"
+    for s in never:
+        assert s not in line, f"{s!r} in {line!r}"
+    return line
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. NaN and ±inf in learned tensors are refused, naming the flag
+# ------------------------------------------------------------------------------------------------
+
+def with_bad(a, at, bad):
+    a = a.copy()
+    a[at] = bad
+    return a
+
+
+@case
+def bias_learned_tensors_must_be_finite(d):
+    o, H = d.out("o.npy"), 2
+    geo = ["--heads", H, "--q-len", 3, "--k-len", 4, "--out", o]
+    for bad in [np.nan, np.inf, -np.inf]:
+        for dtype in [np.float64, np.float32]:
+            w = d.save("w.npy", with_bad(randn(2, H, dtype=dtype), (1, 0), bad))
+            names_first(["bias", "alibi", "--variant", "learned", "--weights", w, *geo], "--weights", [o],
+                        also=["finite", "[1, 0]"])
+            t = d.save("t.npy", with_bad(randn(32, H, dtype=dtype), (17, 1), bad))
+            names_first(["bias", "t5", "--weights", t, *geo], "--weights", [o], also=["finite", "[17, 1]"])
+        # the gradient run refuses them too (and writes neither output)
+        g, dw = d.save("g.npy", randn(H, 3, 4)), d.out("dw.npy")
+        w = d.save("w.npy", with_bad(randn(2, H), (0, 1), bad))
+        names_first(["bias", "alibi", "--variant", "learned", "--weights", w, *geo, "--grad-out", g,
+                     "--grad-weights", dw], "--weights", [o, dw])
+        # kerple and fire refused them before; they still do
+        r1, r2 = d.save("r1.npy", np.array([0.5, bad])), d.save("r2.npy", np.array([0.5, 0.5]))
+        names_first(["bias", "kerple", "--r1", r1, "--r2", r2, *geo], "--r1", [o])
+        fire = {n: d.save(f"{n}.npy", a) for n, a in [("mlp-w1", randn(4)), ("mlp-b1", with_bad(randn(4), 2, bad)),
+                                                      ("mlp-w2", randn(H, 4)), ("mlp-b2", randn(H)),
+                                                      ("c", np.array([0.1])), ("threshold", np.array([16.0]))]}
+        names_first(["bias", "fire", *[x for n, p in fire.items() for x in (f"--{n}", p)], *geo], "--mlp-b1", [o])
+    # finite weights, however large, still run: σ saturates (numpy: the bias −σ(w)·|r|)
+    w = np.array([[800.0, -800.0], [-5.0, 1e300]])
+    run("bias", "alibi", "--variant", "learned", "--weights", d.save("w.npy", w), *geo)
+    r = (np.arange(4)[None, :] - np.arange(3)[:, None]).astype(np.float64)
+    sig = 1 / (1 + np.exp(-np.clip(w, -700, 700)))
+    want = np.stack([np.where(r < 0, sig[0, h] * r, -sig[1, h] * r) for h in range(H)])
+    close(load(o, "float64"), want, "alibi learned with saturated weights")
+
+
+@case
+def attention_learned_tensors_must_be_finite(d):
+    o = d.out("o.npy")
+    B, M, H, D, R = 1, 3, 2, 4, 4
+    x = d.save("x.npy", randn(B, M, H, D))
+    qkv = ["--q", x, "--k", x, "--v", x, "--out", o]
+    for bad in [np.nan, np.inf, -np.inf]:
+        w = d.save("w.npy", with_bad(randn(2, H), (1, 1), bad))
+        names_first(["attention", "alibi", "--variant", "learned", "--weights", w, *qkv], "--weights", [o],
+                    also=["finite"])
+        t = d.save("t.npy", with_bad(randn(32, H), (0, 0), bad))
+        names_first(["attention", "t5", "--weights", t, *qkv], "--weights", [o])
+        u, vb, W = randn(H, D), randn(H, D), randn(H, D, R)
+        for flag, arrs in [("--u", (with_bad(u, (1, 2), bad), vb, W)), ("--v-bias", (u, with_bad(vb, (0, 3), bad), W)),
+                           ("--rel-proj", (u, vb, with_bad(W, (1, 0, 2), bad)))]:
+            files = [d.save(f"xl{i}.npy", a) for i, a in enumerate(arrs)]
+            names_first(["attention", "xl", "--u", files[0], "--v-bias", files[1], "--rel-proj", files[2], *qkv],
+                        flag, [o], also=["finite"])
+        e = d.save("e.npy", with_bad(randn(6, D), (5, 1), bad))
+        names_first(["attention", "cope", "--table", e, *qkv], "--table", [o], also=["[5, 1]"])
+        # and their gradients are never computed from them
+        g, dq = d.save("g.npy", randn(B, M, H, D)), d.out("dq.npy")
+        names_first(["attention", "cope", "--table", e, *qkv, "--grad-out", g, "--grad-q", dq], "--table", [o, dq])
+
+
+if __name__ == "__main__":
+    sys.exit(main(folder="dir", prefix="posenc-msg-", timeout=60))
