@@ -106,7 +106,7 @@ Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const 
 // Parameter-free: no backward. (The per-head factor and the offset as in NVIDIA NeMo's
 // SandwichRelativePositionEmbedding, which implements the paper.)
 struct SandwichParams {
-  std::int64_t sinusoid_dim = 128;  // d̄, even ≥ 2
+  std::int64_t sinusoid_dim = 128;  // d̄, even, 2 … 65536 (d̄/2 terms per distance; beyond is a typo)
   double base = 10000.0;            // finite, > 0
 };
 

@@ -69,6 +69,7 @@ void run_bias(BiasState& st) {
       fail(Status::Invalid("--weights", "is required for the learned variant: raw slopes [2, H]"));
   } else if (e.id == Encoding::kT5) {
     t5 = t5_params(st.params);
+    check_lib(t5_validate(t5));
     if (!st.params.given("weights"))
       fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, H]"));
   } else {
@@ -80,7 +81,10 @@ void run_bias(BiasState& st) {
   KerpleParams kerple;
   SandwichParams sandwich;
   if (e.id == Encoding::kKerple) kerple = kerple_params(st.params);
-  if (e.id == Encoding::kSandwich) sandwich = sandwich_params(st.params);
+  if (e.id == Encoding::kSandwich) {
+    sandwich = sandwich_params(st.params);
+    check_lib(sandwich_validate(sandwich));  // before anything is allocated (--sinusoid-dim is bounded)
+  }
 
   OutputSet outs;
   check(outs.reserve("--out", st.out));
@@ -122,7 +126,6 @@ void run_bias(BiasState& st) {
                   names);
       break;
     case Encoding::kT5:
-      check_lib(t5_validate(t5), names);
       check_lib(t5_bias(t5, g, st.params.view("weights"), out.view()), names);
       if (want_grads) check_lib(t5_bias_backward(t5, g, dbias.view(), st.params.grad_view("weights")), names);
       break;

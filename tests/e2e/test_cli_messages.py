@@ -47,6 +47,32 @@ def names_first(args, flag, outputs=(), also=(), never=()):
 
 
 # ------------------------------------------------------------------------------------------------
+# 2. sizes that make an allocation explode are bounded and named
+# ------------------------------------------------------------------------------------------------
+
+def sandwich_ref(H, M, N, dim, base=10000.0):
+    """Σ_{k=1}^{d/2} cos(r·base^(−2k/d)) − d/2, times H/(8(h+1)), r = key − query."""
+    r = (np.arange(N)[None, :] - np.arange(M)[:, None]).astype(np.float64)
+    w = base ** (-2.0 * np.arange(1, dim // 2 + 1) / dim)
+    s = np.cos(r[..., None] * w).sum(-1) - dim / 2
+    return np.stack([s * H / (8.0 * (h + 1)) for h in range(H)])
+
+
+@case
+def sandwich_sinusoid_dim_is_bounded(d):
+    o = d.out("o.npy")
+    for dim in [BIG, 2 ** 16 + 2]:
+        names_first(["bias", "sandwich", "--sinusoid-dim", dim, "--heads", 2, "--q-len", 3, "--k-len", 4,
+                     "--out", o], "--sinusoid-dim", [o], also=["65536"], never=["memory"])
+    x = d.save("x.npy", randn(1, 3, 2, 4))
+    names_first(["attention", "sandwich", "--q", x, "--k", x, "--v", x, "--sinusoid-dim", BIG, "--out", o],
+                "--sinusoid-dim", [o])
+    # the bound itself still runs, and is right
+    run("bias", "sandwich", "--sinusoid-dim", 2 ** 16, "--heads", 2, "--q-len", 2, "--k-len", 3, "--out", o)
+    close(load(o, "float64"), sandwich_ref(2, 2, 3, 2 ** 16), "sandwich at d = 2^16", atol=1e-9, rtol=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------
 # 4. NaN and ±inf in learned tensors are refused, naming the flag
 # ------------------------------------------------------------------------------------------------
 
