@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -136,14 +137,49 @@ void require_float_tensor(const std::string& flag, const Tensor& t) {
         Status::Invalid(flag, std::string("expected float32 or float64 data, got ") + dtype_name(t.dtype())));
 }
 
-void check_size(const std::string& flag, const std::vector<std::int64_t>& shape) {
-  constexpr std::int64_t kMaxElems = std::int64_t{1} << 34;  // 128 GiB of float64: surely a typo
-  std::int64_t n = 1;
-  for (std::int64_t s : shape) {
-    if (s < 0) fail(Status::Invalid(flag, "expected a non-negative extent, got " + std::to_string(s)));
-    if (s != 0 && n > kMaxElems / s) fail(Status::Invalid(flag, "the result would be too large"));
-    n *= s;
+namespace {
+
+constexpr std::int64_t kMaxValues = std::int64_t{1} << 34;  // 128 GiB of float64: surely a typo
+
+// "--heads × --q-len × --k-len = 100000000000 × 3 × 4 = 1.2e+12 values", and the largest factor.
+std::string product_text(const std::vector<SizeFactor>& factors, const SizeFactor** largest) {
+  std::string names, values;
+  double n = 1;
+  *largest = nullptr;
+  for (const SizeFactor& f : factors) {
+    names += (names.empty() ? "" : " × ") + (f.label.empty() ? f.flag : f.label);
+    values += (values.empty() ? "" : " × ") + std::to_string(f.value);
+    n *= static_cast<double>(f.value);
+    if (*largest == nullptr || f.value > (*largest)->value) *largest = &f;
   }
+  char total[32];
+  std::snprintf(total, sizeof total, "%.3g", n);
+  return factors.size() == 1 ? names + " = " + values + " values"
+                             : names + " = " + values + " = " + total + " values";
+}
+
+}  // namespace
+
+void check_product(const std::vector<SizeFactor>& factors) {
+  std::int64_t n = 1;
+  bool over = false;
+  for (const SizeFactor& f : factors) {
+    if (f.value < 1) fail(Status::Internal("check_product: factor " + f.flag + " < 1"));
+    if (n > kMaxValues / f.value) over = true;
+    else n *= f.value;
+  }
+  if (!over) return;
+  const SizeFactor* largest = nullptr;
+  const std::string text = product_text(factors, &largest);
+  fail(Status::OutOfRange(largest->flag, "the result would be too large: " + text +
+                                             ", more than the 2^34 (17179869184) a result may hold"));
+}
+
+void fail_memory(const std::vector<SizeFactor>& factors) {
+  const SizeFactor* largest = nullptr;
+  const std::string text = product_text(factors, &largest);
+  fail(Status::OutOfRange(largest ? largest->flag : std::string("--out"),
+                          "not enough memory for the result: " + text));
 }
 
 // ---- registry parameters as flags -------------------------------------------------------------

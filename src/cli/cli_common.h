@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -73,8 +74,29 @@ CLI::Option* add_path(CLI::App* app, const std::string& flag, std::string* dest,
 Tensor read_input(const std::string& flag, const std::string& path);
 // Requires a float tensor (data inputs: q, k, v, x, tables, gradients).
 void require_float_tensor(const std::string& flag, const Tensor& t);
-// Refuses tensors whose size would exceed what the command is willing to allocate.
-void check_size(const std::string& flag, const std::vector<std::int64_t>& shape);
+// One factor of a result's size: the flag the user set it with, its value, and how it enters the
+// product when that is not the flag itself ("--dim/2").
+struct SizeFactor {
+  std::string flag;
+  std::int64_t value = 0;
+  std::string label = {};  // default: flag
+};
+// Refuses a result of more than 2^34 values (128 GiB of float64: surely a typo) before anything is
+// allocated. The failure names the flag of the largest factor, the one out of range, and shows the
+// product: "--heads: --heads × --q-len × --k-len = 100000000000 × 3 × 4 = 1.2e+12 values, more than
+// the 2^34 ...". Every factor must be >= 1 (checked before).
+void check_product(const std::vector<SizeFactor>& factors);
+// The same failure for a result within that bound that this machine cannot allocate.
+[[noreturn]] void fail_memory(const std::vector<SizeFactor>& factors);
+// Runs fn(); an allocation failing inside it is fail_memory(factors) (exit 2, naming the flag).
+template <class F>
+decltype(auto) within_memory(const std::vector<SizeFactor>& factors, F&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    fail_memory(factors);
+  }
+}
 
 // ---- the registry's parameters as flags -------------------------------------------------------
 class ParamFlags {

@@ -43,7 +43,9 @@ void run_bias(BiasState& st) {
     fail(Status::Invalid("--q-len", "expected a positive integer, got " + std::to_string(g.q_len)));
   if (g.k_len < 1)
     fail(Status::Invalid("--k-len", "expected a positive integer, got " + std::to_string(g.k_len)));
-  check_size("--q-len", {g.heads, g.q_len, g.k_len});
+  // B [H, M, N]: a product too large names the factor out of range, not always the same flag.
+  const std::vector<SizeFactor> size = {{"--heads", g.heads}, {"--q-len", g.q_len}, {"--k-len", g.k_len}};
+  check_product(size);
 
   const bool want_grads = st.grad_out_opt->count() > 0;
   const std::vector<std::string> param_grads = st.params.grad_flags_given();
@@ -115,7 +117,8 @@ void run_bias(BiasState& st) {
 
   // ---- compute, then write
   const FlagMap names = {{"heads", "--heads"}, {"q_len", "--q-len"}, {"k_len", "--k-len"}};
-  Tensor out(dtype, {g.heads, g.q_len, g.k_len});
+  Tensor out;
+  within_memory(size, [&] { out = Tensor(dtype, {g.heads, g.q_len, g.k_len}); });
   st.params.alloc_grads();
   switch (e.id) {
     case Encoding::kAlibi:

@@ -47,6 +47,65 @@ def names_first(args, flag, outputs=(), also=(), never=()):
 
 
 # ------------------------------------------------------------------------------------------------
+# 1. a product of sizes too large names the factor out of range
+# ------------------------------------------------------------------------------------------------
+
+@case
+def bias_size_names_the_factor_out_of_range(d):
+    o = d.out("o.npy")
+    base = ["bias", "alibi", "--out", o]
+    names_first(base + ["--heads", BIG, "--q-len", 3, "--k-len", 4], "--heads", [o],
+                also=["--heads × --q-len × --k-len", f"{BIG} × 3 × 4"])
+    names_first(base + ["--heads", 2, "--q-len", BIG, "--k-len", 4], "--q-len", [o])
+    names_first(base + ["--heads", 2, "--q-len", 3, "--k-len", BIG], "--k-len", [o])
+    # no factor alone is absurd, their product is (2^36 > 2^34): all three are shown
+    names_first(base + ["--heads", 4096, "--q-len", 4096, "--k-len", 4096], "--heads", [o],
+                also=["--heads × --q-len × --k-len = 4096 × 4096 × 4096"])
+    for enc, extra in [("sandwich", []), ("t5", ["--weights", d.save("w.npy", randn(32, 2))])]:
+        names_first(["bias", enc, "--heads", 2, "--q-len", BIG, "--k-len", 4, "--out", o, *extra], "--q-len", [o])
+
+
+@case
+def table_size_names_the_factor_out_of_range(d):
+    o = d.out("o.npy")
+    # sinusoidal: --dim alone is out of range (a dimension beyond 2^20), and --length in the product
+    names_first(["table", "sinusoidal", "--length", 4, "--dim", BIG, "--out", o], "--dim", [o], also=["2^20"])
+    names_first(["table", "sinusoidal", "--length", BIG, "--dim", 4, "--out", o], "--length", [o],
+                also=["--length × --dim"])
+    names_first(["table", "sinusoidal", "--length", 2 ** 25, "--dim", 1024, "--out", o], "--length", [o],
+                also=[f"--length × --dim = {2 ** 25} × 1024"])
+    # rope: the head dimension is bounded before its frequencies are allocated
+    names_first(["table", "rope", "--length", 4, "--dim", BIG, "--out", o], "--dim", [o])
+    names_first(["table", "rope", "--length", BIG, "--dim", 8, "--out", o], "--length", [o],
+                also=["--length × --dim/2"])
+    names_first(["table", "rope", "--length", BIG, "--dim", 8, "--rotary-dim", 4, "--out", o], "--length", [o],
+                also=["--length × --rotary-dim/2"])
+    # rope2d, mrope, xpos: refused before the library allocates positions and angles for BIG rows
+    names_first(["table", "xpos", "--length", BIG, "--dim", 8, "--out", o], "--length", [o])
+    names_first(["table", "mrope", "--length", BIG, "--dim", 8, "--mrope-section", "2,1,1", "--out", o],
+                "--length", [o])
+    names_first(["table", "rope2d", "--length", BIG, "--dim", 8, "--out", o], "--length", [o])
+    names_first(["table", "xpos", "--length", 4, "--dim", BIG, "--out", o], "--dim", [o])
+    # rope2d mixed's initialisation: H × r/2 frequencies
+    names_first(["table", "rope2d", "--variant", "mixed", "--part", "init", "--heads", 2 ** 20, "--dim", 2 ** 20,
+                 "--out", o], "--heads", [o], also=["--heads × --dim/2"])
+
+
+@case
+def sizes_just_inside_still_run(d):
+    """The bounds refuse typos, not real sizes: a sinusoidal table at D = 2^20 (one row) and a long
+    one, against numpy's sinusoid."""
+    o = d.out("t.npy")
+    for L, D in [(1, 2 ** 20), (3, 2 ** 20), (5000, 16)]:
+        run("table", "sinusoidal", "--length", L, "--dim", D, "--offset", 7, "--out", o)
+        pos = 7 + np.arange(L, dtype=np.float64)
+        ang = pos[:, None] / 10000.0 ** (2.0 * np.arange(D // 2) / D)
+        want = np.empty((L, D))
+        want[:, 0::2], want[:, 1::2] = np.sin(ang), np.cos(ang)
+        close(load(o, "float64"), want, f"sinusoidal L={L} D={D}")
+
+
+# ------------------------------------------------------------------------------------------------
 # 2. sizes that make an allocation explode are bounded and named
 # ------------------------------------------------------------------------------------------------
 
