@@ -83,9 +83,11 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   if (is_init && !(e.id == Encoding::kRope2d && st.params.choice("variant") == "mixed"))
     fail(Status::Invalid("--part", "init is rope2d mixed's initialisation of its frequencies (--variant mixed)"));
   if (!is_init && (st.heads_opt->count() > 0 || st.seed_opt->count() > 0))
-    fail(Status::Invalid(st.heads_opt->count() > 0 ? "--heads" : "--seed", "only --part init reads it"));
+    fail(Status::Invalid(st.heads_opt->count() > 0 ? "--heads" : "--seed",
+                         "only rope2d --variant mixed --part init takes it (the initial frequencies of H heads)"));
   if (st.role_opt->count() > 0 && e.id != Encoding::kXpos)
-    fail(Status::Invalid("--role", "only xpos scales queries and keys differently (got " + e.name + ")"));
+    fail(Status::Invalid("--role", "only xpos takes it (its scale differs between queries and keys); " + e.name +
+                                       "'s table is the same for both"));
   if (st.dim_opt->count() == 0) fail(Status::Invalid("--dim", "is required for " + e.name + ": the head dimension D"));
   const std::int64_t D = parse_dim(st.dim);
   if (D < 1) fail(Status::Invalid("--dim", "expected a head dimension >= 1, got " + std::to_string(D)));
@@ -196,9 +198,18 @@ void run_table(TableState& st) {
     check(outs.commit());
     return;
   }
-  for (auto [flag, opt] : {std::pair{"--positions", st.positions_opt}, std::pair{"--role", st.role_opt},
-                           std::pair{"--heads", st.heads_opt}, std::pair{"--seed", st.seed_opt}})
-    if (opt->count() > 0) fail(Status::Invalid(flag, "only the rotary encodings of rotary.h read it (got " + e.name + ")"));
+  // The options of the rotary tables, said in the user's terms: which encodings take them, and why
+  // this one does not.
+  if (st.positions_opt->count() > 0)
+    fail(Status::Invalid("--positions", "only rope2d, mrope and xpos take it; " + e.name +
+                                            "'s rows are the positions --offset .. --offset + --length - 1"));
+  if (st.role_opt->count() > 0)
+    fail(Status::Invalid("--role", "only xpos takes it (its scale differs between queries and keys); " + e.name +
+                                       "'s table does not depend on it"));
+  for (auto [flag, opt] : {std::pair{"--heads", st.heads_opt}, std::pair{"--seed", st.seed_opt}})
+    if (opt->count() > 0)
+      fail(Status::Invalid(flag, "only rope2d --variant mixed --part init takes it (the initial frequencies of "
+                                 "H heads); " + e.name + "'s table has no heads"));
   if (st.length_opt->count() == 0) fail(Status::Invalid("--length", "is required: the number of positions L"));
   const std::int64_t L = parse_int("--length", st.length);
   const std::int64_t offset = parse_int("--offset", st.offset);
@@ -207,7 +218,7 @@ void run_table(TableState& st) {
   if (offset < 0)
     fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
   if (e.id != Encoding::kRope && st.part_opt->count() > 0)
-    fail(Status::Invalid("--part", "only rope's table has parts (angle, cos, sin)"));
+    fail(Status::Invalid("--part", e.name + "'s table has no parts (rope, rope2d, mrope and xpos take it)"));
   const bool have_dim = st.dim_opt->count() > 0;
   std::int64_t D = have_dim ? parse_dim(st.dim) : 0;
 

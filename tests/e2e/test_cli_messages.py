@@ -132,6 +132,37 @@ def sandwich_sinusoid_dim_is_bounded(d):
 
 
 # ------------------------------------------------------------------------------------------------
+# 3. table's rotary options say which encodings take them
+# ------------------------------------------------------------------------------------------------
+
+@case
+def table_options_of_other_encodings(d):
+    o = d.out("o.npy")
+    p = d.save("p.npy", np.arange(4))
+    no_source = ["rotary.h", ".cc", ".h)"]
+    for enc, extra in [("rope", ["--dim", 8]), ("sinusoidal", ["--dim", 8])]:
+        base = ["table", enc, "--length", 4, *extra, "--out", o]
+        names_first(base + ["--role", "key"], "--role", [o], also=["xpos", f"{enc}'s table"], never=no_source)
+        names_first(["table", enc, *extra, "--positions", p, "--out", o], "--positions", [o],
+                    also=["rope2d, mrope and xpos"], never=no_source)
+        names_first(base + ["--heads", 2], "--heads", [o], also=["rope2d --variant mixed --part init"],
+                    never=no_source)
+        names_first(base + ["--seed", 3], "--seed", [o], also=["--part init"], never=no_source)
+    names_first(["table", "sinusoidal", "--length", 4, "--dim", 8, "--part", "cos", "--out", o], "--part", [o],
+                also=["sinusoidal"], never=["only rope's"])
+    # within the rotary tables: --role is xpos's, --heads is --part init's
+    names_first(["table", "rope2d", "--length", 4, "--dim", 8, "--role", "key", "--out", o], "--role", [o],
+                also=["xpos", "rope2d's table"])
+    names_first(["table", "mrope", "--length", 4, "--dim", 8, "--mrope-section", "2,1,1", "--heads", 2,
+                 "--out", o], "--heads", [o], also=["--part init"])
+    # and xpos does take --role: the key's scale is the query's inverse (ρ^(−n/γ) vs ρ^(n/γ))
+    q, k = d.out("q.npy"), d.out("k.npy")
+    run("table", "xpos", "--length", 5, "--dim", 8, "--part", "scale", "--out", q)
+    run("table", "xpos", "--length", 5, "--dim", 8, "--part", "scale", "--role", "key", "--out", k)
+    close(load(q) * load(k), np.ones((5, 4)), "xpos query scale × key scale")
+
+
+# ------------------------------------------------------------------------------------------------
 # 4. NaN and ±inf in learned tensors are refused, naming the flag
 # ------------------------------------------------------------------------------------------------
 
