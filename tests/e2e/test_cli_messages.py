@@ -229,5 +229,30 @@ def attention_learned_tensors_must_be_finite(d):
         names_first(["attention", "cope", "--table", e, *qkv, "--grad-out", g, "--grad-q", dq], "--table", [o, dq])
 
 
+# ------------------------------------------------------------------------------------------------
+# 5. check --study: a folder the user names must be there
+# ------------------------------------------------------------------------------------------------
+
+@case
+def check_study_must_exist_when_given(d):
+    missing = os.path.join(d.path, "nonexist")
+    names_first(["check", "--study", missing, "--len", 40, "--dim", 8], "--study", also=["no such directory"])
+    f = d.save("f.npy", np.zeros(3))
+    names_first(["check", "--study", f, "--len", 40, "--dim", 8], "--study", also=["not a directory"])
+    # an existing folder without a study: the column says so (exit 0)
+    empty = os.path.join(d.path, "empty")
+    os.mkdir(empty)
+    r = run("check", "--study", empty, "--len", 40, "--dim", 8)
+    assert f"no study in {empty}" in r.stdout, r.stdout
+    # no --study, no study-out in the working folder: the default, as before (exit 0)
+    r = subprocess.run([POSENC, "check", "--len", "40", "--dim", "8"], cwd=d.path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr)
+    assert "no study in study-out" in r.stdout, r.stdout
+    # and check's ranges say what they got
+    names_first(["check", "--len", 5], "--len", also=["got 5"])
+    names_first(["check", "--dim", 7], "--dim", also=["got 7"])
+
+
 if __name__ == "__main__":
     sys.exit(main(folder="dir", prefix="posenc-msg-", timeout=60))
