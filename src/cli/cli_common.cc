@@ -1,6 +1,7 @@
 #include "cli/cli_common.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -71,13 +72,32 @@ std::string flag_for(const std::string& arg, const FlagMap& extra) {
   return "--" + a;
 }
 
+namespace {
+
+// require_same_dtype's "expected float64 like r1, got float32" names a second library argument in its
+// text: rename it too ("like --r1").
+std::string rename_like(const std::string& what, const FlagMap& extra) {
+  static const std::string kLike = " like ";
+  const std::size_t at = what.find(kLike);
+  if (at == std::string::npos) return what;
+  const std::size_t start = at + kLike.size();
+  std::size_t end = start;
+  while (end < what.size() && (std::islower(static_cast<unsigned char>(what[end])) ||
+                               std::isdigit(static_cast<unsigned char>(what[end])) || what[end] == '_'))
+    ++end;
+  if (end == start || (end < what.size() && what[end] != ',' && what[end] != ' ')) return what;
+  return what.substr(0, start) + flag_for(what.substr(start, end - start), extra) + what.substr(end);
+}
+
+}  // namespace
+
 void check_lib(const Status& s, const FlagMap& extra) {
   if (s.ok()) return;
   switch (s.code()) {
     case Code::kInvalidArgument:
-      fail(Status::Invalid(flag_for(s.arg(), extra), s.what()));
+      fail(Status::Invalid(flag_for(s.arg(), extra), rename_like(s.what(), extra)));
     case Code::kOutOfRange:
-      fail(Status::OutOfRange(flag_for(s.arg(), extra), s.what()));
+      fail(Status::OutOfRange(flag_for(s.arg(), extra), rename_like(s.what(), extra)));
     case Code::kIo:
       fail(Status::Io(flag_for(s.arg(), extra), s.what()));
     case Code::kInternal:
@@ -460,6 +480,21 @@ RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim) {
   p.angles = take(parse_rope_angles(f.choice("angles")));
   p.seq_len = f.i64("seq-len");
   return p;
+}
+
+FlagMap rope_names(const ParamFlags& f, const std::string& dim_flag) {
+  FlagMap names;
+  if (f.given("config")) {
+    // Every parameter the config sets (rope_params refuses these flags beside --config).
+    for (const char* name : {"rotary_dim", "theta", "rope_type", "factor", "original_max_position", "beta_fast",
+                             "beta_slow", "truncate", "mscale", "mscale_all_dim", "low_freq_factor",
+                             "high_freq_factor", "short_factor", "long_factor", "attention_factor",
+                             "freq_factors", "inv_freq"})
+      names.emplace_back(name, "--config");
+  } else if (!f.given("rotary-dim")) {
+    names.emplace_back("rotary_dim", dim_flag);
+  }
+  return names;
 }
 
 std::vector<std::int64_t> parse_ints(const std::string& flag, const std::string& text) {

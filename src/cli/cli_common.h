@@ -43,7 +43,8 @@ T take(Expected<T> e) {
 // ("rotary_dim" → "--rotary-dim", "v_bias" → "--v-bias").
 using FlagMap = std::vector<std::pair<std::string, std::string>>;
 std::string flag_for(const std::string& arg, const FlagMap& extra = {});
-// Throws a failing library Status with its argument renamed to the flag.
+// Throws a failing library Status with its argument renamed to the flag (and the argument a dtype
+// message compares it with, "expected float64 like r1", renamed the same way).
 void check_lib(const Status& s, const FlagMap& extra = {});
 // The value, or check_lib's failure.
 template <class T>
@@ -162,6 +163,11 @@ std::string encoding_names(const ParamFlags::Accept& accept);
 // sets the parameters (the flags it sets are then errors), *config_head_dim gets its head dimension
 // (0 without --config) for the command to check its tensors against.
 RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim = nullptr);
+// The flags behind the library's names for RoPE's parameters where they are not RoPE's own flags:
+// with --config, every parameter the config sets ("theta", "factor", ...) is --config's; without it,
+// an unset --rotary-dim means the whole head dimension, so "rotary_dim" is `dim_flag` (the flag that
+// gave D: "--dim", "--in", "--q").
+FlagMap rope_names(const ParamFlags& f, const std::string& dim_flag);
 // Reads a Hugging Face config.json (failures name `flag`, then the config field).
 RopeModelConfig read_rope_config(const std::string& flag, const std::string& path);
 // rope2d: --variant, --layout, --rotary-dim, --theta (default 100 axial, 10 mixed).

@@ -73,7 +73,7 @@ void run_bias(BiasState& st) {
     t5 = t5_params(st.params);
     check_lib(t5_validate(t5));
     if (!st.params.given("weights"))
-      fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, H]"));
+      fail(Status::Invalid("--weights", "is required for t5: the bias table [--num-buckets, --heads]"));
   } else {
     // kerple, fire: every tensor parameter is required (sandwich has none)
     for (const ParamSpec& ps : e.params)
@@ -113,6 +113,13 @@ void run_bias(BiasState& st) {
   if (want_grads) {
     dbias = read_input("--grad-out", st.grad_out);
     require_float_tensor("--grad-out", dbias);
+    // alibi, t5 and kerple take dB in their parameters' dtype (the library would name its own
+    // arguments, "dweights ... like dbias"); fire takes any float dB.
+    if (e.id != Encoding::kFire && dbias.dtype() != dtype)
+      fail(Status::Invalid("--grad-out", std::string("expected ") + dtype_name(dtype) + " like the bias (" +
+                                             (dtype_from ? std::string("the dtype of --") + dtype_from
+                                                         : std::string("--dtype")) +
+                                             "), got " + dtype_name(dbias.dtype())));
   }
 
   // ---- compute, then write

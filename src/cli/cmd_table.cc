@@ -91,7 +91,8 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   if (st.dim_opt->count() == 0) fail(Status::Invalid("--dim", "is required for " + e.name + ": the head dimension D"));
   const std::int64_t D = parse_dim(st.dim);
   if (D < 1) fail(Status::Invalid("--dim", "expected a head dimension >= 1, got " + std::to_string(D)));
-  const FlagMap names = {{"head_dim", "--dim"}, {"length", "--length"}, {"heads", "--heads"}};
+  FlagMap names = {{"head_dim", "--dim"}, {"length", "--length"}, {"heads", "--heads"}};
+  for (auto& n : rope_names(st.params, "--dim")) names.push_back(n);
   if (is_init) {
     if (have_pos || have_len || st.offset_opt->count() > 0)
       fail(Status::Invalid(have_pos ? "--positions" : have_len ? "--length" : "--offset",
@@ -222,7 +223,9 @@ void run_table(TableState& st) {
   const bool have_dim = st.dim_opt->count() > 0;
   std::int64_t D = have_dim ? parse_dim(st.dim) : 0;
 
-  const FlagMap names = {{"out", "--out"}, {"offset", "--offset"}, {"positions", "--offset"}, {"head_dim", "--dim"}};
+  FlagMap names = {{"out", "--out"}, {"offset", "--offset"}, {"positions", "--offset"},
+                   {"head_dim", have_dim ? "--dim" : "--config"}};
+  for (auto& n : rope_names(st.params, have_dim ? "--dim" : "--config")) names.push_back(n);
   OutputSet outs;
   Tensor table;
   switch (e.id) {

@@ -254,5 +254,35 @@ def check_study_must_exist_when_given(d):
     names_first(["check", "--dim", 7], "--dim", also=["got 7"])
 
 
+# ------------------------------------------------------------------------------------------------
+# 6. flags, not library names
+# ------------------------------------------------------------------------------------------------
+
+@case
+def messages_name_flags_not_library_arguments(d):
+    o = d.out("o.npy")
+    # r2's dtype is compared with --r1, not with the library's "r1"
+    r1, r2 = d.save("r1.npy", np.array([0.5, 1.0])), d.save("r2.npy", np.array([0.5, 1.0], np.float32))
+    geo = ["--heads", 2, "--q-len", 3, "--k-len", 4, "--out", o]
+    names_first(["bias", "kerple", "--r1", r1, "--r2", r2, *geo], "--r2", [o], also=["like --r1"])
+    # --grad-out in another dtype than the bias: named, with the flag the dtype came from
+    g32, dw = d.save("g32.npy", randn(2, 3, 4, dtype=np.float32)), d.out("dw.npy")
+    w = d.save("w.npy", randn(32, 2))
+    names_first(["bias", "t5", "--weights", w, *geo, "--grad-out", g32, "--grad-weights", dw], "--grad-out",
+                [o, dw], also=["--weights"], never=["dbias", "dweights"])
+    # q, k in different dtypes: "--k: expected float64 like --q"
+    x, x32 = d.save("x.npy", randn(1, 3, 2, 4)), d.save("x32.npy", randn(1, 3, 2, 4, dtype=np.float32))
+    names_first(["attention", "nope", "--q", x, "--k", x32, "--v", x, "--out", o], "--k", [o], also=["like --q"])
+    # an odd head dimension without --rotary-dim: D is what the user gave, not --rotary-dim
+    names_first(["table", "rope", "--length", 4, "--dim", 5, "--out", o], "--dim", [o], never=["--rotary-dim"])
+    names_first(["table", "xpos", "--length", 4, "--dim", 5, "--out", o], "--dim", [o], never=["--rotary-dim"])
+    names_first(["table", "rope2d", "--length", 4, "--dim", 6, "--out", o], "--dim", [o], never=["--rotary-dim"])
+    x5 = d.save("x5.npy", randn(1, 3, 2, 5))
+    names_first(["attention", "rope", "--q", x5, "--k", x5, "--v", x5, "--out", o], "--q", [o],
+                never=["--rotary-dim"])
+    # when the user does give --rotary-dim, it is the one named
+    names_first(["table", "rope", "--length", 4, "--dim", 8, "--rotary-dim", 3, "--out", o], "--rotary-dim", [o])
+
+
 if __name__ == "__main__":
     sys.exit(main(folder="dir", prefix="posenc-msg-", timeout=60))
