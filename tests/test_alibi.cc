@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "posenc/bias.h"
+#include "posenc/reference.h"
 #include "testing.h"
 
 namespace posenc {
@@ -237,6 +238,46 @@ TEST(Alibi, BadInputsNameTheArgument) {
   EXPECT_EQ(alibi_bias_backward(learned, g, V(w, {2, 4}), V(out, {4, 5, 3}), V(dw, {2, 4})).arg(), "dbias");
   EXPECT_EQ(alibi_bias_backward(learned, g, V(w, {2, 4}), ov, V(dw, {4, 2})).arg(), "dweights");
   EXPECT_EQ(alibi_bias_backward(learned, g, V(w3, {2, 3}), ov, V(dw, {2, 4})).arg(), "weights");
+}
+
+// The learned variant's weights must be finite, like caller slopes: σ(NaN) would be a NaN bias (and
+// ±inf a slope of exactly 0 or 1, a diverged parameter). The public (fast) path and the reference
+// refuse them alike, forward and backward, before writing anything; the error gives the index.
+TEST(Alibi, LearnedWeightsMustBeFinite) {
+  const BiasGeometry g{2, 3, 4, 1, 0};
+  const AlibiParams learned{.variant = AlibiVariant::kLearned};
+  using Fwd = Status (*)(const AlibiParams&, const BiasGeometry&, const View&, const View&, const View&);
+  using Bwd = Status (*)(const AlibiParams&, const BiasGeometry&, const View&, const View&, const View&);
+  const std::pair<Fwd, Bwd> impls[] = {{&alibi_bias, &alibi_bias_backward},
+                                       {&reference::alibi_bias, &reference::alibi_bias_backward}};
+  for (const auto& [fwd, bwd] : impls) {
+    for (double bad : {std::nan(""), kInf, -kInf}) {
+      SCOPED_TRACE(bad);
+      Vec w = {0.5, -1.0, 2.0, 0.25};  // [2, H]
+      w[3] = bad;                      // w[1, 1]: head 1's future slope
+      Vec out(24, 9.0), db(24, 1.0), dw(4, 5.0);
+      const Status f = fwd(learned, g, {}, V(w, {2, 2}), V(out, {2, 3, 4}));
+      EXPECT_EQ(f.arg(), "weights") << f.message();
+      EXPECT_NE(f.what().find("finite"), std::string::npos) << f.message();
+      EXPECT_NE(f.what().find("[1, 1]"), std::string::npos) << f.message();
+      EXPECT_EQ(out, Vec(24, 9.0)) << "written on error";
+      const Status b = bwd(learned, g, V(w, {2, 2}), V(db, {2, 3, 4}), V(dw, {2, 2}));
+      EXPECT_EQ(b.arg(), "weights") << b.message();
+      EXPECT_EQ(dw, Vec(4, 5.0)) << "written on error";
+    }
+    // Finite weights, however large, are fine: σ saturates to 1 (w ≥ 700) and 0 (w ≤ −700).
+    Vec w = {700.0, -700.0, 1e300, -1e300}, out(24, 9.0);  // w[0] = {700, −700}, w[1] = {1e300, −1e300}
+    ASSERT_TRUE(fwd(learned, g, {}, V(w, {2, 2}), V(out, {2, 3, 4})).ok());
+    // query i at 1 + i, key j at j: r = j − 1 − i; past (r < 0) −σ(w[0,h])·|r|, future −σ(w[1,h])·r.
+    const Vec sig_past = {1.0, 0.0}, sig_future = {1.0, 0.0};
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t i = 0; i < 3; ++i)
+        for (std::int64_t j = 0; j < 4; ++j) {
+          const double r = static_cast<double>(j - 1 - i);
+          const double want = r < 0 ? sig_past[static_cast<Sz>(h)] * r : -sig_future[static_cast<Sz>(h)] * r;
+          EXPECT_NEAR(out[static_cast<Sz>((h * 3 + i) * 4 + j)], want, 1e-12);
+        }
+  }
 }
 
 TEST(Alibi, VariantNamesRoundTrip) {

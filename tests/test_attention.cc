@@ -1250,6 +1250,24 @@ TEST(AttentionErrors, EveryBadForwardInputNamesItsArgument) {
          c.r2 = {0.5, 0.5};
          t->r2 = V(c.r2, {2});
        }},
+      // Every learned tensor must be finite, as slopes and kerple's and fire's tensors are: a NaN
+      // or ±inf would spread through the softmax to every output of its row.
+      {"learned weights not finite", "weights", Encoding::kAlibi,
+       [](Case& c, Fwd&, View*, View*, View*, View*, View*, E* t) {
+         c.p.alibi.variant = AlibiVariant::kLearned;
+         c.weights = {0.5, -0.5, std::nan(""), 1.0};
+         t->weights = V(c.weights, {2, 2});
+       }},
+      {"t5 weights not finite", "weights", Encoding::kT5,
+       [](Case& c, auto&&...) { c.weights.back() = -std::numeric_limits<double>::infinity(); }},
+      {"xl u not finite", "u", Encoding::kXL, [](Case& c, auto&&...) { c.u[3] = std::nan(""); }},
+      {"xl v_bias not finite", "v_bias", Encoding::kXL,
+       [](Case& c, auto&&...) { c.vb[0] = std::numeric_limits<double>::infinity(); }},
+      {"xl rel_proj not finite", "rel_proj", Encoding::kXL, [](Case& c, auto&&...) { c.W[5] = std::nan(""); }},
+      {"cope table not finite", "table", Encoding::kCope,
+       [](Case& c, auto&&...) { c.table[2] = std::numeric_limits<double>::infinity(); }},
+      {"kerple r2 not finite", "r2", Encoding::kKerple, [](Case& c, auto&&...) { c.r2[1] = std::nan(""); }},
+      {"fire mlp_b1 not finite", "mlp_b1", Encoding::kFire, [](Case& c, auto&&...) { c.fb1[0] = std::nan(""); }},
   };
   for (Bad& b : bad) {
     SCOPED_TRACE(b.name);

@@ -128,5 +128,31 @@ TEST(SandwichBias, BadInputsNameTheArgumentAndWriteNothing) {
   EXPECT_EQ(sandwich_validate({-2, 10000}).arg(), "sinusoid_dim");
 }
 
+// d̄ is bounded (2^16) so that a typo cannot ask for 2^40 frequencies; the bound itself still works.
+TEST(SandwichBias, SinusoidDimIsBounded) {
+  const BiasGeometry g{1, 1, 3, 0, 0};
+  for (const Impl& im : kImpls) {
+    SCOPED_TRACE(im.name);
+    Vec out(3, 7.0);
+    for (std::int64_t dim : {std::int64_t{65538}, std::int64_t{1} << 40, std::int64_t{100000000000}}) {
+      const Status s = im.bias({dim, 10000}, g, V(out, {1, 1, 3}));
+      EXPECT_EQ(s.arg(), "sinusoid_dim") << s.message();
+      EXPECT_NE(s.what().find("65536"), std::string::npos) << s.message();
+      EXPECT_EQ(out, Vec(3, 7.0));
+    }
+    // d̄ = 65536 is accepted: (Σ_{k=1}^{d̄/2} cos(r·10000^(−2k/d̄)) − d̄/2)·H/8 at r = 0, 1, 2, H = 1.
+    ASSERT_TRUE(im.bias({65536, 10000}, g, V(out, {1, 1, 3})).ok());
+    for (std::int64_t r = 0; r < 3; ++r) {
+      double want = 0;
+      for (std::int64_t k = 1; k <= 32768; ++k)
+        want += std::cos(static_cast<double>(r) * std::pow(10000.0, -2.0 * static_cast<double>(k) / 65536.0)) - 1.0;
+      want /= 8.0;
+      EXPECT_NEAR(out[static_cast<Sz>(r)], want, 1e-9 * (1 + std::fabs(want))) << "r = " << r;
+    }
+  }
+  EXPECT_TRUE(sandwich_validate({65536, 10000}).ok());
+  EXPECT_EQ(sandwich_validate({65538, 10000}).arg(), "sinusoid_dim");
+}
+
 }  // namespace
 }  // namespace posenc

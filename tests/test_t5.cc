@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "posenc/bias.h"
+#include "posenc/reference.h"
 #include "testing.h"
 
 namespace posenc {
@@ -196,6 +197,26 @@ TEST(T5, ValidateNamesTheParameter) {
   EXPECT_TRUE(t5_validate({.bidirectional = true, .num_buckets = 32, .max_distance = 9}).ok());
   EXPECT_EQ(t5_validate({.bidirectional = false, .num_buckets = 32, .max_distance = 16}).arg(), "max_distance");
   EXPECT_EQ(t5_bucket(3, {.bidirectional = true, .num_buckets = 2}), -1);
+}
+
+// A NaN or ±inf in the bias table would be copied into the logits: refused by the public (fast)
+// path and the reference alike, naming weights and the first bad entry, before anything is written.
+TEST(T5, WeightsMustBeFinite) {
+  const T5Params p{.bidirectional = true, .num_buckets = 4, .max_distance = 8};
+  const BiasGeometry g{2, 3, 4, 0, 0};
+  using Fwd = Status (*)(const T5Params&, const BiasGeometry&, const View&, const View&);
+  for (Fwd fwd : {static_cast<Fwd>(&t5_bias), static_cast<Fwd>(&reference::t5_bias)}) {
+    for (double bad : {std::nan(""), double{INFINITY}, -double{INFINITY}}) {
+      SCOPED_TRACE(bad);
+      Vec w = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};  // [4, 2]
+      w[5] = bad;                                        // w[2, 1]
+      Vec out(24, 7.0);
+      const Status s = fwd(p, g, V(w, {4, 2}), V(out, {2, 3, 4}));
+      EXPECT_EQ(s.arg(), "weights") << s.message();
+      EXPECT_NE(s.what().find("[2, 1]"), std::string::npos) << s.message();
+      EXPECT_EQ(out, Vec(24, 7.0)) << "written on error";
+    }
+  }
 }
 
 TEST(T5, BadInputsNameTheArgumentAndWriteNothing) {

@@ -97,6 +97,7 @@ struct AttentionParams {
 };
 
 // The learned or caller-given tensors an encoding reads (absent unless the encoding needs them).
+// Every one of them must be finite: a NaN or ±inf is an error naming the tensor (positions aside).
 struct EncodingTensors {
   View slopes;    // alibi: optional [Hq]
   View weights;   // alibi learned: [2, Hq]; t5: [num_buckets, Hq]

@@ -40,7 +40,8 @@ Expected<AlibiVariant> parse_alibi_variant(const std::string& s);
 std::vector<double> alibi_slopes(std::int64_t heads);
 
 // slopes: optional [H] (caller-given, e.g. a tensor-parallel shard's heads; symmetric and
-// nonsymmetric); weights: [2, H] for the learned variant. out: [H, M, N].
+// nonsymmetric); weights: [2, H] for the learned variant. Both must be finite (a NaN or ±inf is an
+// error naming them). out: [H, M, N].
 Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slopes, const View& weights,
                   const View& out);
 // Learned variant only: dweights [2, H] = ∂L/∂w given dbias [H, M, N] (overwritten).
@@ -61,7 +62,7 @@ struct T5Params {
 Status t5_validate(const T5Params& p);
 std::int64_t t5_bucket(std::int64_t relative_position, const T5Params& p);
 
-// weights: [num_buckets, H]; out: [H, M, N], out[h,i,j] = weights[bucket(j − i), h].
+// weights: [num_buckets, H], finite; out: [H, M, N], out[h,i,j] = weights[bucket(j − i), h].
 Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out);
 // dweights [num_buckets, H] (overwritten) = Σ over (i, j) in the bucket of dbias[h, i, j].
 Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& dbias, const View& dweights);
@@ -105,7 +106,7 @@ Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const 
 // Parameter-free: no backward. (The per-head factor and the offset as in NVIDIA NeMo's
 // SandwichRelativePositionEmbedding, which implements the paper.)
 struct SandwichParams {
-  std::int64_t sinusoid_dim = 128;  // d̄, even ≥ 2
+  std::int64_t sinusoid_dim = 128;  // d̄, even, 2 … 65536 (d̄/2 terms per distance; beyond is a typo)
   double base = 10000.0;            // finite, > 0
 };
 

@@ -72,6 +72,9 @@ Status require_float(const char* arg, const View& v, int ndim);
 Status require_shape(const char* arg, const View& v, std::initializer_list<std::int64_t> want);
 // Require two views to hold the same dtype (outputs keep the input's dtype).
 Status require_same_dtype(const char* arg, const View& v, const View& ref, const char* ref_arg);
+// Require every element to be finite (no NaN, no ±inf); the error gives the first bad value and its
+// index. A scan of the whole view: meant for parameter tensors, not for activations.
+Status require_finite(const char* arg, const View& v);
 
 // ---- copies between views and contiguous double buffers (the reference works on the latter) -----
 std::vector<double> to_doubles(const View& v);

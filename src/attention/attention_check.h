@@ -190,6 +190,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
                                     "future: expected an even number of query heads, got " + str(d->Hq));
       if (var == AlibiVariant::kLearned) {
         POSENC_RETURN_IF_ERROR(require_tensor("weights", t.weights, {2, d->Hq}));
+        POSENC_RETURN_IF_ERROR(require_finite("weights", t.weights));
       } else if (t.slopes.present()) {
         POSENC_RETURN_IF_ERROR(require_tensor("slopes", t.slopes, {d->Hq}));
         const std::vector<double> m = to_doubles(t.slopes);
@@ -212,6 +213,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
         return Status::Invalid("max_distance", "expected > " + str(max_exact) +
                                                    " (the exact buckets), got " + str(p.t5.max_distance));
       POSENC_RETURN_IF_ERROR(require_tensor("weights", t.weights, {nb, d->Hq}));
+      POSENC_RETURN_IF_ERROR(require_finite("weights", t.weights));
       break;
     }
     case Encoding::kXL: {
@@ -222,6 +224,9 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
       if (d->R < 2 || d->R % 2 != 0)
         return Status::Invalid("rel_proj", "expected an even sinusoid dimension R >= 2 in [Hq, D, R], "
                                            "got shape " + t.rel_proj.shape_str());
+      POSENC_RETURN_IF_ERROR(require_finite("u", t.u));
+      POSENC_RETURN_IF_ERROR(require_finite("v_bias", t.v));
+      POSENC_RETURN_IF_ERROR(require_finite("rel_proj", t.rel_proj));
       break;
     }
     case Encoding::kCope: {
@@ -230,6 +235,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
       if (d->npos < 1)
         return Status::Invalid("table", "expected at least one row in [npos, D], got shape " +
                                             t.table.shape_str());
+      POSENC_RETURN_IF_ERROR(require_finite("table", t.table));
       break;
     }
     case Encoding::kKerple:

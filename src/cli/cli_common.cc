@@ -1,8 +1,10 @@
 #include "cli/cli_common.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -70,13 +72,32 @@ std::string flag_for(const std::string& arg, const FlagMap& extra) {
   return "--" + a;
 }
 
+namespace {
+
+// require_same_dtype's "expected float64 like r1, got float32" names a second library argument in its
+// text: rename it too ("like --r1").
+std::string rename_like(const std::string& what, const FlagMap& extra) {
+  static const std::string kLike = " like ";
+  const std::size_t at = what.find(kLike);
+  if (at == std::string::npos) return what;
+  const std::size_t start = at + kLike.size();
+  std::size_t end = start;
+  while (end < what.size() && (std::islower(static_cast<unsigned char>(what[end])) ||
+                               std::isdigit(static_cast<unsigned char>(what[end])) || what[end] == '_'))
+    ++end;
+  if (end == start || (end < what.size() && what[end] != ',' && what[end] != ' ')) return what;
+  return what.substr(0, start) + flag_for(what.substr(start, end - start), extra) + what.substr(end);
+}
+
+}  // namespace
+
 void check_lib(const Status& s, const FlagMap& extra) {
   if (s.ok()) return;
   switch (s.code()) {
     case Code::kInvalidArgument:
-      fail(Status::Invalid(flag_for(s.arg(), extra), s.what()));
+      fail(Status::Invalid(flag_for(s.arg(), extra), rename_like(s.what(), extra)));
     case Code::kOutOfRange:
-      fail(Status::OutOfRange(flag_for(s.arg(), extra), s.what()));
+      fail(Status::OutOfRange(flag_for(s.arg(), extra), rename_like(s.what(), extra)));
     case Code::kIo:
       fail(Status::Io(flag_for(s.arg(), extra), s.what()));
     case Code::kInternal:
@@ -136,14 +157,49 @@ void require_float_tensor(const std::string& flag, const Tensor& t) {
         Status::Invalid(flag, std::string("expected float32 or float64 data, got ") + dtype_name(t.dtype())));
 }
 
-void check_size(const std::string& flag, const std::vector<std::int64_t>& shape) {
-  constexpr std::int64_t kMaxElems = std::int64_t{1} << 34;  // 128 GiB of float64: surely a typo
-  std::int64_t n = 1;
-  for (std::int64_t s : shape) {
-    if (s < 0) fail(Status::Invalid(flag, "expected a non-negative extent, got " + std::to_string(s)));
-    if (s != 0 && n > kMaxElems / s) fail(Status::Invalid(flag, "the result would be too large"));
-    n *= s;
+namespace {
+
+constexpr std::int64_t kMaxValues = std::int64_t{1} << 34;  // 128 GiB of float64: surely a typo
+
+// "--heads × --q-len × --k-len = 100000000000 × 3 × 4 = 1.2e+12 values", and the largest factor.
+std::string product_text(const std::vector<SizeFactor>& factors, const SizeFactor** largest) {
+  std::string names, values;
+  double n = 1;
+  *largest = nullptr;
+  for (const SizeFactor& f : factors) {
+    names += (names.empty() ? "" : " × ") + (f.label.empty() ? f.flag : f.label);
+    values += (values.empty() ? "" : " × ") + std::to_string(f.value);
+    n *= static_cast<double>(f.value);
+    if (*largest == nullptr || f.value > (*largest)->value) *largest = &f;
   }
+  char total[32];
+  std::snprintf(total, sizeof total, "%.3g", n);
+  return factors.size() == 1 ? names + " = " + values + " values"
+                             : names + " = " + values + " = " + total + " values";
+}
+
+}  // namespace
+
+void check_product(const std::vector<SizeFactor>& factors) {
+  std::int64_t n = 1;
+  bool over = false;
+  for (const SizeFactor& f : factors) {
+    if (f.value < 1) fail(Status::Internal("check_product: factor " + f.flag + " < 1"));
+    if (n > kMaxValues / f.value) over = true;
+    else n *= f.value;
+  }
+  if (!over) return;
+  const SizeFactor* largest = nullptr;
+  const std::string text = product_text(factors, &largest);
+  fail(Status::OutOfRange(largest->flag, "the result would be too large: " + text +
+                                             ", more than the 2^34 (17179869184) a result may hold"));
+}
+
+void fail_memory(const std::vector<SizeFactor>& factors) {
+  const SizeFactor* largest = nullptr;
+  const std::string text = product_text(factors, &largest);
+  fail(Status::OutOfRange(largest ? largest->flag : std::string("--out"),
+                          "not enough memory for the result: " + text));
 }
 
 // ---- registry parameters as flags -------------------------------------------------------------
@@ -424,6 +480,21 @@ RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim) {
   p.angles = take(parse_rope_angles(f.choice("angles")));
   p.seq_len = f.i64("seq-len");
   return p;
+}
+
+FlagMap rope_names(const ParamFlags& f, const std::string& dim_flag) {
+  FlagMap names;
+  if (f.given("config")) {
+    // Every parameter the config sets (rope_params refuses these flags beside --config).
+    for (const char* name : {"rotary_dim", "theta", "rope_type", "factor", "original_max_position", "beta_fast",
+                             "beta_slow", "truncate", "mscale", "mscale_all_dim", "low_freq_factor",
+                             "high_freq_factor", "short_factor", "long_factor", "attention_factor",
+                             "freq_factors", "inv_freq"})
+      names.emplace_back(name, "--config");
+  } else if (!f.given("rotary-dim")) {
+    names.emplace_back("rotary_dim", dim_flag);
+  }
+  return names;
 }
 
 std::vector<std::int64_t> parse_ints(const std::string& flag, const std::string& text) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -42,7 +43,8 @@ T take(Expected<T> e) {
 // ("rotary_dim" → "--rotary-dim", "v_bias" → "--v-bias").
 using FlagMap = std::vector<std::pair<std::string, std::string>>;
 std::string flag_for(const std::string& arg, const FlagMap& extra = {});
-// Throws a failing library Status with its argument renamed to the flag.
+// Throws a failing library Status with its argument renamed to the flag (and the argument a dtype
+// message compares it with, "expected float64 like r1", renamed the same way).
 void check_lib(const Status& s, const FlagMap& extra = {});
 // The value, or check_lib's failure.
 template <class T>
@@ -73,8 +75,29 @@ CLI::Option* add_path(CLI::App* app, const std::string& flag, std::string* dest,
 Tensor read_input(const std::string& flag, const std::string& path);
 // Requires a float tensor (data inputs: q, k, v, x, tables, gradients).
 void require_float_tensor(const std::string& flag, const Tensor& t);
-// Refuses tensors whose size would exceed what the command is willing to allocate.
-void check_size(const std::string& flag, const std::vector<std::int64_t>& shape);
+// One factor of a result's size: the flag the user set it with, its value, and how it enters the
+// product when that is not the flag itself ("--dim/2").
+struct SizeFactor {
+  std::string flag;
+  std::int64_t value = 0;
+  std::string label = {};  // default: flag
+};
+// Refuses a result of more than 2^34 values (128 GiB of float64: surely a typo) before anything is
+// allocated. The failure names the flag of the largest factor, the one out of range, and shows the
+// product: "--heads: --heads × --q-len × --k-len = 100000000000 × 3 × 4 = 1.2e+12 values, more than
+// the 2^34 ...". Every factor must be >= 1 (checked before).
+void check_product(const std::vector<SizeFactor>& factors);
+// The same failure for a result within that bound that this machine cannot allocate.
+[[noreturn]] void fail_memory(const std::vector<SizeFactor>& factors);
+// Runs fn(); an allocation failing inside it is fail_memory(factors) (exit 2, naming the flag).
+template <class F>
+decltype(auto) within_memory(const std::vector<SizeFactor>& factors, F&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    fail_memory(factors);
+  }
+}
 
 // ---- the registry's parameters as flags -------------------------------------------------------
 class ParamFlags {
@@ -140,6 +163,11 @@ std::string encoding_names(const ParamFlags::Accept& accept);
 // sets the parameters (the flags it sets are then errors), *config_head_dim gets its head dimension
 // (0 without --config) for the command to check its tensors against.
 RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim = nullptr);
+// The flags behind the library's names for RoPE's parameters where they are not RoPE's own flags:
+// with --config, every parameter the config sets ("theta", "factor", ...) is --config's; without it,
+// an unset --rotary-dim means the whole head dimension, so "rotary_dim" is `dim_flag` (the flag that
+// gave D: "--dim", "--in", "--q").
+FlagMap rope_names(const ParamFlags& f, const std::string& dim_flag);
 // Reads a Hugging Face config.json (failures name `flag`, then the config field).
 RopeModelConfig read_rope_config(const std::string& flag, const std::string& path);
 // rope2d: --variant, --layout, --rotary-dim, --theta (default 100 axial, 10 mixed).

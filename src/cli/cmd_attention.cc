@@ -80,7 +80,7 @@ void run_attention(AttentionState& st) {
     case Encoding::kT5:
       p.t5 = t5_params(st.params);
       if (!st.params.given("weights"))
-        fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, Hq]"));
+        fail(Status::Invalid("--weights", "is required for t5: the bias table [--num-buckets, Hq]"));
       break;
     default:
       if (e.id == Encoding::kKerple) p.kerple = kerple_params(st.params);
@@ -135,8 +135,10 @@ void run_attention(AttentionState& st) {
   }
 
   // ---- compute everything, then write
-  const FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}, {"q_positions", "--q-positions"},
-                         {"k_positions", "--k-positions"}};
+  FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}, {"q_positions", "--q-positions"},
+                   {"k_positions", "--k-positions"}};
+  // RoPE's parameters from --config name it; an unset --rotary-dim is q's head dimension D.
+  for (auto& n : rope_names(st.params, "--q")) names.push_back(n);
   Tensor out(q.dtype(), q.shape());
   Tensor lse;
   if (st.lse_opt->count() > 0) lse = Tensor(DType::kF64, {q.shape()[0], q.shape()[2], q.shape()[1]});

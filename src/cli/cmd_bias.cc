@@ -43,7 +43,9 @@ void run_bias(BiasState& st) {
     fail(Status::Invalid("--q-len", "expected a positive integer, got " + std::to_string(g.q_len)));
   if (g.k_len < 1)
     fail(Status::Invalid("--k-len", "expected a positive integer, got " + std::to_string(g.k_len)));
-  check_size("--q-len", {g.heads, g.q_len, g.k_len});
+  // B [H, M, N]: a product too large names the factor out of range, not always the same flag.
+  const std::vector<SizeFactor> size = {{"--heads", g.heads}, {"--q-len", g.q_len}, {"--k-len", g.k_len}};
+  check_product(size);
 
   const bool want_grads = st.grad_out_opt->count() > 0;
   const std::vector<std::string> param_grads = st.params.grad_flags_given();
@@ -69,8 +71,9 @@ void run_bias(BiasState& st) {
       fail(Status::Invalid("--weights", "is required for the learned variant: raw slopes [2, H]"));
   } else if (e.id == Encoding::kT5) {
     t5 = t5_params(st.params);
+    check_lib(t5_validate(t5));
     if (!st.params.given("weights"))
-      fail(Status::Invalid("--weights", "is required for t5: the bias table [num_buckets, H]"));
+      fail(Status::Invalid("--weights", "is required for t5: the bias table [--num-buckets, --heads]"));
   } else {
     // kerple, fire: every tensor parameter is required (sandwich has none)
     for (const ParamSpec& ps : e.params)
@@ -80,7 +83,10 @@ void run_bias(BiasState& st) {
   KerpleParams kerple;
   SandwichParams sandwich;
   if (e.id == Encoding::kKerple) kerple = kerple_params(st.params);
-  if (e.id == Encoding::kSandwich) sandwich = sandwich_params(st.params);
+  if (e.id == Encoding::kSandwich) {
+    sandwich = sandwich_params(st.params);
+    check_lib(sandwich_validate(sandwich));  // before anything is allocated (--sinusoid-dim is bounded)
+  }
 
   OutputSet outs;
   check(outs.reserve("--out", st.out));
@@ -107,11 +113,19 @@ void run_bias(BiasState& st) {
   if (want_grads) {
     dbias = read_input("--grad-out", st.grad_out);
     require_float_tensor("--grad-out", dbias);
+    // alibi, t5 and kerple take dB in their parameters' dtype (the library would name its own
+    // arguments, "dweights ... like dbias"); fire takes any float dB.
+    if (e.id != Encoding::kFire && dbias.dtype() != dtype)
+      fail(Status::Invalid("--grad-out", std::string("expected ") + dtype_name(dtype) + " like the bias (" +
+                                             (dtype_from ? std::string("the dtype of --") + dtype_from
+                                                         : std::string("--dtype")) +
+                                             "), got " + dtype_name(dbias.dtype())));
   }
 
   // ---- compute, then write
   const FlagMap names = {{"heads", "--heads"}, {"q_len", "--q-len"}, {"k_len", "--k-len"}};
-  Tensor out(dtype, {g.heads, g.q_len, g.k_len});
+  Tensor out;
+  within_memory(size, [&] { out = Tensor(dtype, {g.heads, g.q_len, g.k_len}); });
   st.params.alloc_grads();
   switch (e.id) {
     case Encoding::kAlibi:
@@ -122,7 +136,6 @@ void run_bias(BiasState& st) {
                   names);
       break;
     case Encoding::kT5:
-      check_lib(t5_validate(t5), names);
       check_lib(t5_bias(t5, g, st.params.view("weights"), out.view()), names);
       if (want_grads) check_lib(t5_bias_backward(t5, g, dbias.view(), st.params.grad_view("weights")), names);
       break;

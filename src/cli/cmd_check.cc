@@ -9,10 +9,12 @@
 //              inside attention: does the output depend on offsets only? max |Δout| when every position
 //              shifts by 1000 (random q, k, v; 0 up to rounding means yes).
 //   extrapolate  from the last study (--study DIR, default study-out): perplexity at the longest
-//              evaluated length over perplexity at the training length.
+//              evaluated length over perplexity at the training length. A missing default folder
+//              prints "no study in study-out"; a --study DIR that is missing or not a folder is an error.
 //   dims       the position dimensions the encoding takes here (rope2d: 2D (x, y); mrope: 3D (t, h, w)).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,6 +29,7 @@ using I = std::int64_t;
 
 struct CheckState {
   std::string len, dim, study = "study-out";
+  CLI::Option* study_opt = nullptr;
 };
 
 std::vector<double> randn(std::size_t n, std::uint64_t seed, double sd = 1.0) {
@@ -163,9 +166,19 @@ std::string num(double x) {
 
 void run_check(const CheckState& st) {
   const I N = st.len.empty() ? 256 : parse_int("--len", st.len);
-  if (N < 40 || N > 4096) fail(Status::Invalid("--len", "expected 40 .. 4096"));
+  if (N < 40 || N > 4096) fail(Status::Invalid("--len", "expected 40 .. 4096, got " + std::to_string(N)));
   const I D = st.dim.empty() ? 64 : parse_int("--dim", st.dim);
-  if (D < 2 || D > 512 || D % 2) fail(Status::Invalid("--dim", "expected an even number in 2 .. 512"));
+  if (D < 2 || D > 512 || D % 2)
+    fail(Status::Invalid("--dim", "expected an even number in 2 .. 512, got " + std::to_string(D)));
+  // The default folder may well not exist yet (no study run): the column says so. A folder the user
+  // names must exist.
+  if (st.study_opt->count() > 0) {
+    std::error_code ec;
+    if (!std::filesystem::exists(st.study, ec))
+      fail(Status::Io("--study", "no such directory: '" + st.study + "' (expected posenc study's output directory)"));
+    if (!std::filesystem::is_directory(st.study, ec))
+      fail(Status::Io("--study", "'" + st.study + "' is not a directory (expected posenc study's output directory)"));
+  }
   nlohmann::json study;
   {
     std::ifstream f(st.study + "/results.json");
@@ -254,7 +267,7 @@ Command add_check_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand("check", "measure the articles' four properties for every encoding");
   add_text(app, "--len", &st->len, "positions compared (default 256)", "INT");
   add_text(app, "--dim", &st->dim, "code dimension (default 64)", "INT");
-  add_text(app, "--study", &st->study, "the study's output directory (default study-out)", "DIR");
+  st->study_opt = add_text(app, "--study", &st->study, "the study's output directory (default study-out)", "DIR");
   return {app, [st] { run_check(*st); }};
 }
 

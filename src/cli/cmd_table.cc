@@ -11,6 +11,8 @@
 //         scale (a·ρ; xpos: --role query (default) or key). rope2d --variant mixed --part init
 //         --heads H [--seed S]: the authors' initialisation of the frequencies [2, H, r/2], its
 //         per-head angles uniform in [0, 2π) from std::mt19937_64(S) (53-bit uniforms).
+// D is at most 2^20 and a table at most 2^34 values; a failure names the flag out of range.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -42,6 +44,35 @@ struct TableState {
   ParamFlags params;
 };
 
+// A head dimension (or sinusoidal's model dimension) beyond 2^20 is a typo; refused before the
+// library allocates its frequencies (D/2 of them) or a table.
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 20;
+
+std::int64_t parse_dim(const std::string& text) {
+  const std::int64_t D = parse_int("--dim", text);
+  if (D > kMaxDim)
+    fail(Status::OutOfRange("--dim", "expected a dimension <= 2^20 (1048576), got " + std::to_string(D)));
+  return D;
+}
+
+// The flag that sets the rotary dimension r (for messages): --rotary-dim, else --config's, else D.
+std::string rotary_flag(const ParamFlags& f) {
+  return f.given("rotary-dim") ? "--rotary-dim" : f.given("config") ? "--config" : "--dim";
+}
+
+// The table's r/2 pairs per position as a factor of its size, named by the flag that set r.
+SizeFactor pairs_factor(const ParamFlags& f, std::int64_t pairs) {
+  const std::string flag = rotary_flag(f);
+  return {flag, std::max<std::int64_t>(1, pairs), flag == "--config" ? "r/2 (r from --config)" : flag + "/2"};
+}
+
+// r/2, the pairs a rotary table has per position, as far as the flags tell before the library checks
+// them (it refuses an r outside [2, D] itself).
+std::int64_t pairs_of(const RopeParams& rope, std::int64_t D) {
+  const std::int64_t r = rope.rotary_dim == 0 ? D : std::min(rope.rotary_dim, D);
+  return std::max<std::int64_t>(1, r / 2);
+}
+
 // rope2d, mrope, xpos: the table of the plan (rotary.h), or rope2d mixed's initialisation.
 void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet* outs, Tensor* table) {
   const bool have_pos = st.positions_opt->count() > 0, have_len = st.length_opt->count() > 0;
@@ -52,13 +83,16 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   if (is_init && !(e.id == Encoding::kRope2d && st.params.choice("variant") == "mixed"))
     fail(Status::Invalid("--part", "init is rope2d mixed's initialisation of its frequencies (--variant mixed)"));
   if (!is_init && (st.heads_opt->count() > 0 || st.seed_opt->count() > 0))
-    fail(Status::Invalid(st.heads_opt->count() > 0 ? "--heads" : "--seed", "only --part init reads it"));
+    fail(Status::Invalid(st.heads_opt->count() > 0 ? "--heads" : "--seed",
+                         "only rope2d --variant mixed --part init takes it (the initial frequencies of H heads)"));
   if (st.role_opt->count() > 0 && e.id != Encoding::kXpos)
-    fail(Status::Invalid("--role", "only xpos scales queries and keys differently (got " + e.name + ")"));
+    fail(Status::Invalid("--role", "only xpos takes it (its scale differs between queries and keys); " + e.name +
+                                       "'s table is the same for both"));
   if (st.dim_opt->count() == 0) fail(Status::Invalid("--dim", "is required for " + e.name + ": the head dimension D"));
-  const std::int64_t D = parse_int("--dim", st.dim);
+  const std::int64_t D = parse_dim(st.dim);
   if (D < 1) fail(Status::Invalid("--dim", "expected a head dimension >= 1, got " + std::to_string(D)));
-  const FlagMap names = {{"head_dim", "--dim"}, {"length", "--length"}, {"heads", "--heads"}};
+  FlagMap names = {{"head_dim", "--dim"}, {"length", "--length"}, {"heads", "--heads"}};
+  for (auto& n : rope_names(st.params, "--dim")) names.push_back(n);
   if (is_init) {
     if (have_pos || have_len || st.offset_opt->count() > 0)
       fail(Status::Invalid(have_pos ? "--positions" : have_len ? "--length" : "--offset",
@@ -73,13 +107,17 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
     const std::int64_t r = p.rope.rotary_dim == 0 ? D : p.rope.rotary_dim;
     if (r > D)
       fail(Status::Invalid("--rotary-dim", "expected at most D = " + std::to_string(D) + ", got " + std::to_string(r)));
+    const std::vector<SizeFactor> size = {{"--heads", H}, pairs_factor(st.params, r / 2)};
+    check_product(size);
     std::mt19937_64 gen(static_cast<std::uint64_t>(seed));
     std::vector<double> angles(static_cast<std::size_t>(H));
     for (double& a : angles) a = 2 * M_PI * (static_cast<double>(gen() >> 11) * 0x1.0p-53);
-    const std::vector<double> f = take_lib(rope2d_mixed_init(H, r, p.rope.theta, angles), names);
-    check(outs->reserve("--out", st.out));
-    *table = Tensor(dtype, {2, H, r / 2});
-    from_doubles(f, table->view());
+    within_memory(size, [&] {
+      const std::vector<double> f = take_lib(rope2d_mixed_init(H, r, p.rope.theta, angles), names);
+      check(outs->reserve("--out", st.out));
+      *table = Tensor(dtype, {2, H, r / 2});
+      from_doubles(f, table->view());
+    });
     return;
   }
   if (have_pos && have_len) fail(Status::Invalid("--length", "cannot be combined with --positions (L is theirs)"));
@@ -107,26 +145,47 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   const Positions pos{have_pos ? ids.view() : View{}, have_pos ? 0 : offset};
   FlagMap pnames = names;
   pnames.push_back({"positions", have_pos ? "--positions" : "--offset"});
-  RotaryTable t;
+  // The parameters first, so that the table's size [H,] L, r/2 is checked before the library
+  // allocates positions, angles and scales for it.
+  Rope2dParams p2;
+  MropeParams pm;
+  XposParams px;
+  XposRole role = XposRole::kQuery;
+  std::vector<SizeFactor> size;
   if (e.id == Encoding::kRope2d) {
-    const Rope2dParams p = rope2d_params(st.params);
-    if (p.variant == Rope2dVariant::kMixed && !st.params.given("freqs"))
+    p2 = rope2d_params(st.params);
+    if (p2.variant == Rope2dVariant::kMixed && !st.params.given("freqs"))
       fail(Status::Invalid("--freqs", "is required for rope2d mixed's table: its frequencies [2, H, r/2]"));
-    t = take_lib(rope2d_table(p, D, L, pos, st.params.view("freqs")), pnames);
+    const Tensor* fr = st.params.tensor("freqs");
+    if (fr != nullptr && fr->shape().size() == 3 && fr->shape()[1] > 1)
+      size.push_back({"--freqs", fr->shape()[1], "H (from --freqs)"});
   } else if (e.id == Encoding::kMrope) {
-    t = take_lib(mrope_table(mrope_params(st.params), D, L, pos), pnames);
+    pm = mrope_params(st.params);
   } else {
-    t = take_lib(xpos_table(xpos_params(st.params), take_lib(parse_xpos_role(st.role)), D, L, pos), pnames);
+    px = xpos_params(st.params);
+    role = take_lib(parse_xpos_role(st.role));
   }
-  check_size("--length", {t.heads, t.length, t.pairs});
-  std::vector<double> v(t.angle.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const double a = t.angle[i], sc = t.scale[i];
-    v[i] = part == "angle" ? a : part == "cos" ? sc * std::cos(a) : part == "sin" ? sc * std::sin(a) : sc;
-  }
-  const bool per_head = e.id == Encoding::kRope2d && st.params.choice("variant") == "mixed";
-  *table = per_head ? Tensor(dtype, {t.heads, t.length, t.pairs}) : Tensor(dtype, {t.length, t.pairs});
-  from_doubles(v, table->view());
+  const RopeParams& rope = e.id == Encoding::kRope2d ? p2.rope : e.id == Encoding::kMrope ? pm.rope : px.rope;
+  size.push_back({have_pos ? "--positions" : "--length", std::max<std::int64_t>(1, L)});
+  size.push_back(pairs_factor(st.params, pairs_of(rope, D)));
+  check_product(size);
+  within_memory(size, [&] {
+    RotaryTable t;
+    if (e.id == Encoding::kRope2d)
+      t = take_lib(rope2d_table(p2, D, L, pos, st.params.view("freqs")), pnames);
+    else if (e.id == Encoding::kMrope)
+      t = take_lib(mrope_table(pm, D, L, pos), pnames);
+    else
+      t = take_lib(xpos_table(px, role, D, L, pos), pnames);
+    std::vector<double> v(t.angle.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double a = t.angle[i], sc = t.scale[i];
+      v[i] = part == "angle" ? a : part == "cos" ? sc * std::cos(a) : part == "sin" ? sc * std::sin(a) : sc;
+    }
+    const bool per_head = e.id == Encoding::kRope2d && p2.variant == Rope2dVariant::kMixed;
+    *table = per_head ? Tensor(dtype, {t.heads, t.length, t.pairs}) : Tensor(dtype, {t.length, t.pairs});
+    from_doubles(v, table->view());
+  });
 }
 
 void run_table(TableState& st) {
@@ -140,9 +199,18 @@ void run_table(TableState& st) {
     check(outs.commit());
     return;
   }
-  for (auto [flag, opt] : {std::pair{"--positions", st.positions_opt}, std::pair{"--role", st.role_opt},
-                           std::pair{"--heads", st.heads_opt}, std::pair{"--seed", st.seed_opt}})
-    if (opt->count() > 0) fail(Status::Invalid(flag, "only the rotary encodings of rotary.h read it (got " + e.name + ")"));
+  // The options of the rotary tables, said in the user's terms: which encodings take them, and why
+  // this one does not.
+  if (st.positions_opt->count() > 0)
+    fail(Status::Invalid("--positions", "only rope2d, mrope and xpos take it; " + e.name +
+                                            "'s rows are the positions --offset .. --offset + --length - 1"));
+  if (st.role_opt->count() > 0)
+    fail(Status::Invalid("--role", "only xpos takes it (its scale differs between queries and keys); " + e.name +
+                                       "'s table does not depend on it"));
+  for (auto [flag, opt] : {std::pair{"--heads", st.heads_opt}, std::pair{"--seed", st.seed_opt}})
+    if (opt->count() > 0)
+      fail(Status::Invalid(flag, "only rope2d --variant mixed --part init takes it (the initial frequencies of "
+                                 "H heads); " + e.name + "'s table has no heads"));
   if (st.length_opt->count() == 0) fail(Status::Invalid("--length", "is required: the number of positions L"));
   const std::int64_t L = parse_int("--length", st.length);
   const std::int64_t offset = parse_int("--offset", st.offset);
@@ -151,23 +219,27 @@ void run_table(TableState& st) {
   if (offset < 0)
     fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
   if (e.id != Encoding::kRope && st.part_opt->count() > 0)
-    fail(Status::Invalid("--part", "only rope's table has parts (angle, cos, sin)"));
+    fail(Status::Invalid("--part", e.name + "'s table has no parts (rope, rope2d, mrope and xpos take it)"));
   const bool have_dim = st.dim_opt->count() > 0;
-  std::int64_t D = have_dim ? parse_int("--dim", st.dim) : 0;
+  std::int64_t D = have_dim ? parse_dim(st.dim) : 0;
 
-  const FlagMap names = {{"out", "--out"}, {"offset", "--offset"}, {"positions", "--offset"}, {"head_dim", "--dim"}};
+  FlagMap names = {{"out", "--out"}, {"offset", "--offset"}, {"positions", "--offset"},
+                   {"head_dim", have_dim ? "--dim" : "--config"}};
+  for (auto& n : rope_names(st.params, have_dim ? "--dim" : "--config")) names.push_back(n);
   OutputSet outs;
   Tensor table;
   switch (e.id) {
-    case Encoding::kSinusoidal:
+    case Encoding::kSinusoidal: {
       if (!have_dim) fail(Status::Invalid("--dim", "is required for sinusoidal: the model dimension D"));
       if (D < 2 || D % 2 != 0)
         fail(Status::Invalid("--dim", "expected a positive even integer, got " + std::to_string(D)));
-      check_size("--length", {L, D});
+      const std::vector<SizeFactor> size = {{"--length", L}, {"--dim", D}};
+      check_product(size);
       check(outs.reserve("--out", st.out));
-      table = Tensor(dtype, {L, D});
+      within_memory(size, [&] { table = Tensor(dtype, {L, D}); });
       check_lib(sinusoidal_table(sinusoidal_params(st.params), Positions{View{}, offset}, table.view()), names);
       break;
+    }
     case Encoding::kRope: {
       if (st.part != "angle" && st.part != "cos" && st.part != "sin")
         fail(Status::Invalid("--part", "expected angle, cos or sin, got '" + st.part + "'"));
@@ -184,14 +256,17 @@ void run_table(TableState& st) {
       if (!have_dim) {
         if (config_D == 0) fail(Status::Invalid("--dim", "is required for rope: the head dimension D"));
         D = config_D;
+        if (D > kMaxDim)
+          fail(Status::OutOfRange("--config", "expected a head dimension <= 2^20 (1048576), got " + std::to_string(D)));
       }
       if (D < 2) fail(Status::Invalid("--dim", "expected a head dimension >= 2, got " + std::to_string(D)));
       auto fr = rope_frequencies(p, D, offset + L);
       check_lib(fr.status(), names);
       const RopeFrequencies& f = *fr;
       const std::int64_t half = f.rotary_dim / 2;
-      check_size("--length", {L, half});
-      table = Tensor(dtype, {L, half});
+      const std::vector<SizeFactor> size = {{"--length", L}, pairs_factor(st.params, half)};
+      check_product(size);
+      within_memory(size, [&] { table = Tensor(dtype, {L, half}); });
       const View v = table.view();
       for (std::int64_t l = 0; l < L; ++l)
         for (std::int64_t k = 0; k < half; ++k) {

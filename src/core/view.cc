@@ -1,5 +1,6 @@
 #include "posenc/view.h"
 
+#include <cmath>
 #include <sstream>
 
 #include "posenc/half.h"
@@ -145,6 +146,26 @@ Status require_same_dtype(const char* arg, const View& v, const View& ref, const
   if (v.dtype != ref.dtype)
     return Status::Invalid(arg, std::string("expected ") + dtype_name(ref.dtype) + " like " + ref_arg +
                                     ", got " + dtype_name(v.dtype));
+  return Status::Ok();
+}
+
+Status require_finite(const char* arg, const View& v) {
+  if (!v.present() || !is_float(v.dtype)) return Status::Ok();  // nothing to scan (shape checks come first)
+  const std::int64_t n = v.numel();
+  for (std::int64_t flat = 0; flat < n; ++flat) {
+    const double x = v.get(flat);
+    if (std::isfinite(x)) continue;
+    // The C-order index of the first bad value, as [i, j, ...].
+    std::string at;
+    std::int64_t rest = flat;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      const std::int64_t e = v.shape[d] > 0 ? v.shape[d] : 1;
+      at = std::to_string(rest % e) + (at.empty() ? "" : ", ") + at;
+      rest /= e;
+    }
+    return Status::Invalid(arg, std::string("expected finite values, got ") +
+                                    (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") + " at [" + at + "]");
+  }
   return Status::Ok();
 }
 

@@ -132,6 +132,7 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
       return Status::Invalid("slopes", "not used by the learned variant (its slopes are σ(weights)); "
                                        "expected an absent view");
     POSENC_RETURN_IF_ERROR(alibi::check_weights("weights", weights, H));
+    POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
     POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
     if (fast::partial_alias(weights, out) || (weights.data == out.data))
       return reference::alibi_bias(p, g, slopes, weights, out);
@@ -179,6 +180,7 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(alibi::check_weights("weights", weights, H));
+  POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dbias", dbias, weights, "weights"));
   POSENC_RETURN_IF_ERROR(alibi::check_weights("dweights", dweights, H));

@@ -97,6 +97,7 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
       return Status::Invalid("slopes", "not used by the learned variant (its slopes are σ(weights)); "
                                        "expected an absent view");
     POSENC_RETURN_IF_ERROR(check_weights("weights", weights, H));
+    POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
     POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
     const std::vector<double> w = to_doubles(weights);  // [2, H]
     for (std::int64_t h = 0; h < H; ++h) {
@@ -144,6 +145,7 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(check_weights("weights", weights, H));
+  POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dbias", dbias, weights, "weights"));
   POSENC_RETURN_IF_ERROR(check_weights("dweights", dweights, H));

@@ -18,10 +18,15 @@
 
 namespace posenc {
 
+// d̄ is a sinusoid embedding's width (a model dimension, in the thousands at most); the bias sums
+// d̄/2 terms per distance and keeps d̄/2 frequencies, so a d̄ beyond 2^16 is a typo, refused before
+// anything is allocated.
+constexpr std::int64_t kMaxSinusoidDim = std::int64_t{1} << 16;
+
 Status sandwich_validate(const SandwichParams& p) {
-  if (p.sinusoid_dim < 2 || p.sinusoid_dim % 2 != 0)
-    return Status::Invalid("sinusoid_dim", "expected an even number >= 2 (d/2 frequencies), got " +
-                                               std::to_string(p.sinusoid_dim));
+  if (p.sinusoid_dim < 2 || p.sinusoid_dim % 2 != 0 || p.sinusoid_dim > kMaxSinusoidDim)
+    return Status::Invalid("sinusoid_dim", "expected an even number in 2 .. " + std::to_string(kMaxSinusoidDim) +
+                                               " (d/2 frequencies), got " + std::to_string(p.sinusoid_dim));
   if (!std::isfinite(p.base) || !(p.base > 0))
     return Status::Invalid("base", "expected a finite value > 0, got " + std::to_string(p.base));
   return Status::Ok();

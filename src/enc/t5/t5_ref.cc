@@ -65,6 +65,7 @@ Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, co
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(check_weights("weights", weights, p, H));
+  POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
 

@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""The CLI's error messages: each names the flag the user gave, the one that is wrong, in the user's
+terms (no library argument names, no source files).
+
+    /usr/bin/python3 tests/e2e/test_cli_messages.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+
+Every bad input must give exit 2, exactly one stderr line "posenc: FLAG: ...", nothing on stdout and
+no output file (harness.expect_error); here the line must also START with the flag that is wrong
+(expect_error only asks that the flag appear somewhere, and a product of sizes names several): sizes
+too large name the factor out of range, a NaN or ±inf in a learned tensor names its flag, an option
+of another encoding says which encodings take it, a --study folder that is not there is an error.
+The inputs just inside the new bounds still run, and their values are checked against numpy here.
+Each posenc run may take 60 s.
+
+Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M failed"; exit 1 if any
+case failed, 77 (skip) when numpy is missing (tests/e2e/harness.py).
+"""
+import os
+import subprocess
+import sys
+
+from harness import POSENC, case, close, expect_error, load, main, run, skip
+
+try:
+    import numpy as np
+except ImportError:
+    skip("numpy is not importable by this python")
+
+RNG = np.random.default_rng(20250311)
+BIG = 100000000000  # 1e11: any single size this large is a typo
+
+
+def randn(*shape, dtype=np.float64):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def names_first(args, flag, outputs=(), also=(), never=()):
+    """expect_error, and the line is 'posenc: FLAG: ...' (FLAG first), holds every string of `also`
+    and none of `never`. Returns the line."""
+    line = expect_error(args, flag, outputs)
+    assert line.startswith(f"posenc: {flag}: "), f"does not name {flag} first: {line!r}"
+    for s in also:
+        assert s in line, f"{s!r} missing from {line!r}"
+    for s in never:
+        assert s not in line, f"{s!r} in {line!r}"
+    return line
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. a product of sizes too large names the factor out of range
+# ------------------------------------------------------------------------------------------------
+
+@case
+def bias_size_names_the_factor_out_of_range(d):
+    o = d.out("o.npy")
+    base = ["bias", "alibi", "--out", o]
+    names_first(base + ["--heads", BIG, "--q-len", 3, "--k-len", 4], "--heads", [o],
+                also=["--heads × --q-len × --k-len", f"{BIG} × 3 × 4"])
+    names_first(base + ["--heads", 2, "--q-len", BIG, "--k-len", 4], "--q-len", [o])
+    names_first(base + ["--heads", 2, "--q-len", 3, "--k-len", BIG], "--k-len", [o])
+    # no factor alone is absurd, their product is (2^36 > 2^34): all three are shown
+    names_first(base + ["--heads", 4096, "--q-len", 4096, "--k-len", 4096], "--heads", [o],
+                also=["--heads × --q-len × --k-len = 4096 × 4096 × 4096"])
+    for enc, extra in [("sandwich", []), ("t5", ["--weights", d.save("w.npy", randn(32, 2))])]:
+        names_first(["bias", enc, "--heads", 2, "--q-len", BIG, "--k-len", 4, "--out", o, *extra], "--q-len", [o])
+
+
+@case
+def table_size_names_the_factor_out_of_range(d):
+    o = d.out("o.npy")
+    # sinusoidal: --dim alone is out of range (a dimension beyond 2^20), and --length in the product
+    names_first(["table", "sinusoidal", "--length", 4, "--dim", BIG, "--out", o], "--dim", [o], also=["2^20"])
+    names_first(["table", "sinusoidal", "--length", BIG, "--dim", 4, "--out", o], "--length", [o],
+                also=["--length × --dim"])
+    names_first(["table", "sinusoidal", "--length", 2 ** 25, "--dim", 1024, "--out", o], "--length", [o],
+                also=[f"--length × --dim = {2 ** 25} × 1024"])
+    # rope: the head dimension is bounded before its frequencies are allocated
+    names_first(["table", "rope", "--length", 4, "--dim", BIG, "--out", o], "--dim", [o])
+    names_first(["table", "rope", "--length", BIG, "--dim", 8, "--out", o], "--length", [o],
+                also=["--length × --dim/2"])
+    names_first(["table", "rope", "--length", BIG, "--dim", 8, "--rotary-dim", 4, "--out", o], "--length", [o],
+                also=["--length × --rotary-dim/2"])
+    # rope2d, mrope, xpos: refused before the library allocates positions and angles for BIG rows
+    names_first(["table", "xpos", "--length", BIG, "--dim", 8, "--out", o], "--length", [o])
+    names_first(["table", "mrope", "--length", BIG, "--dim", 8, "--mrope-section", "2,1,1", "--out", o],
+                "--length", [o])
+    names_first(["table", "rope2d", "--length", BIG, "--dim", 8, "--out", o], "--length", [o])
+    names_first(["table", "xpos", "--length", 4, "--dim", BIG, "--out", o], "--dim", [o])
+    # rope2d mixed's initialisation: H × r/2 frequencies
+    names_first(["table", "rope2d", "--variant", "mixed", "--part", "init", "--heads", 2 ** 20, "--dim", 2 ** 20,
+                 "--out", o], "--heads", [o], also=["--heads × --dim/2"])
+
+
+@case
+def sizes_just_inside_still_run(d):
+    """The bounds refuse typos, not real sizes: a sinusoidal table at D = 2^20 (one row) and a long
+    one, against numpy's sinusoid."""
+    o = d.out("t.npy")
+    for L, D in [(1, 2 ** 20), (3, 2 ** 20), (5000, 16)]:
+        run("table", "sinusoidal", "--length", L, "--dim", D, "--offset", 7, "--out", o)
+        pos = 7 + np.arange(L, dtype=np.float64)
+        ang = pos[:, None] / 10000.0 ** (2.0 * np.arange(D // 2) / D)
+        want = np.empty((L, D))
+        want[:, 0::2], want[:, 1::2] = np.sin(ang), np.cos(ang)
+        close(load(o, "float64"), want, f"sinusoidal L={L} D={D}")
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. sizes that make an allocation explode are bounded and named
+# ------------------------------------------------------------------------------------------------
+
+def sandwich_ref(H, M, N, dim, base=10000.0):
+    """Σ_{k=1}^{d/2} cos(r·base^(−2k/d)) − d/2, times H/(8(h+1)), r = key − query."""
+    r = (np.arange(N)[None, :] - np.arange(M)[:, None]).astype(np.float64)
+    w = base ** (-2.0 * np.arange(1, dim // 2 + 1) / dim)
+    s = np.cos(r[..., None] * w).sum(-1) - dim / 2
+    return np.stack([s * H / (8.0 * (h + 1)) for h in range(H)])
+
+
+@case
+def sandwich_sinusoid_dim_is_bounded(d):
+    o = d.out("o.npy")
+    for dim in [BIG, 2 ** 16 + 2]:
+        names_first(["bias", "sandwich", "--sinusoid-dim", dim, "--heads", 2, "--q-len", 3, "--k-len", 4,
+                     "--out", o], "--sinusoid-dim", [o], also=["65536"], never=["memory"])
+    x = d.save("x.npy", randn(1, 3, 2, 4))
+    names_first(["attention", "sandwich", "--q", x, "--k", x, "--v", x, "--sinusoid-dim", BIG, "--out", o],
+                "--sinusoid-dim", [o])
+    # the bound itself still runs, and is right
+    run("bias", "sandwich", "--sinusoid-dim", 2 ** 16, "--heads", 2, "--q-len", 2, "--k-len", 3, "--out", o)
+    close(load(o, "float64"), sandwich_ref(2, 2, 3, 2 ** 16), "sandwich at d = 2^16", atol=1e-9, rtol=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. table's rotary options say which encodings take them
+# ------------------------------------------------------------------------------------------------
+
+@case
+def table_options_of_other_encodings(d):
+    o = d.out("o.npy")
+    p = d.save("p.npy", np.arange(4))
+    no_source = ["rotary.h", ".cc", ".h)"]
+    for enc, extra in [("rope", ["--dim", 8]), ("sinusoidal", ["--dim", 8])]:
+        base = ["table", enc, "--length", 4, *extra, "--out", o]
+        names_first(base + ["--role", "key"], "--role", [o], also=["xpos", f"{enc}'s table"], never=no_source)
+        names_first(["table", enc, *extra, "--positions", p, "--out", o], "--positions", [o],
+                    also=["rope2d, mrope and xpos"], never=no_source)
+        names_first(base + ["--heads", 2], "--heads", [o], also=["rope2d --variant mixed --part init"],
+                    never=no_source)
+        names_first(base + ["--seed", 3], "--seed", [o], also=["--part init"], never=no_source)
+    names_first(["table", "sinusoidal", "--length", 4, "--dim", 8, "--part", "cos", "--out", o], "--part", [o],
+                also=["sinusoidal"], never=["only rope's"])
+    # within the rotary tables: --role is xpos's, --heads is --part init's
+    names_first(["table", "rope2d", "--length", 4, "--dim", 8, "--role", "key", "--out", o], "--role", [o],
+                also=["xpos", "rope2d's table"])
+    names_first(["table", "mrope", "--length", 4, "--dim", 8, "--mrope-section", "2,1,1", "--heads", 2,
+                 "--out", o], "--heads", [o], also=["--part init"])
+    # and xpos does take --role: the key's scale is the query's inverse (ρ^(−n/γ) vs ρ^(n/γ))
+    q, k = d.out("q.npy"), d.out("k.npy")
+    run("table", "xpos", "--length", 5, "--dim", 8, "--part", "scale", "--out", q)
+    run("table", "xpos", "--length", 5, "--dim", 8, "--part", "scale", "--role", "key", "--out", k)
+    close(load(q) * load(k), np.ones((5, 4)), "xpos query scale × key scale")
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. NaN and ±inf in learned tensors are refused, naming the flag
+# ------------------------------------------------------------------------------------------------
+
+def with_bad(a, at, bad):
+    a = a.copy()
+    a[at] = bad
+    return a
+
+
+@case
+def bias_learned_tensors_must_be_finite(d):
+    o, H = d.out("o.npy"), 2
+    geo = ["--heads", H, "--q-len", 3, "--k-len", 4, "--out", o]
+    for bad in [np.nan, np.inf, -np.inf]:
+        for dtype in [np.float64, np.float32]:
+            w = d.save("w.npy", with_bad(randn(2, H, dtype=dtype), (1, 0), bad))
+            names_first(["bias", "alibi", "--variant", "learned", "--weights", w, *geo], "--weights", [o],
+                        also=["finite", "[1, 0]"])
+            t = d.save("t.npy", with_bad(randn(32, H, dtype=dtype), (17, 1), bad))
+            names_first(["bias", "t5", "--weights", t, *geo], "--weights", [o], also=["finite", "[17, 1]"])
+        # the gradient run refuses them too (and writes neither output)
+        g, dw = d.save("g.npy", randn(H, 3, 4)), d.out("dw.npy")
+        w = d.save("w.npy", with_bad(randn(2, H), (0, 1), bad))
+        names_first(["bias", "alibi", "--variant", "learned", "--weights", w, *geo, "--grad-out", g,
+                     "--grad-weights", dw], "--weights", [o, dw])
+        # kerple and fire refused them before; they still do
+        r1, r2 = d.save("r1.npy", np.array([0.5, bad])), d.save("r2.npy", np.array([0.5, 0.5]))
+        names_first(["bias", "kerple", "--r1", r1, "--r2", r2, *geo], "--r1", [o])
+        fire = {n: d.save(f"{n}.npy", a) for n, a in [("mlp-w1", randn(4)), ("mlp-b1", with_bad(randn(4), 2, bad)),
+                                                      ("mlp-w2", randn(H, 4)), ("mlp-b2", randn(H)),
+                                                      ("c", np.array([0.1])), ("threshold", np.array([16.0]))]}
+        names_first(["bias", "fire", *[x for n, p in fire.items() for x in (f"--{n}", p)], *geo], "--mlp-b1", [o])
+    # finite weights, however large, still run: σ saturates (numpy: the bias −σ(w)·|r|)
+    w = np.array([[800.0, -800.0], [-5.0, 1e300]])
+    run("bias", "alibi", "--variant", "learned", "--weights", d.save("w.npy", w), *geo)
+    r = (np.arange(4)[None, :] - np.arange(3)[:, None]).astype(np.float64)
+    sig = 1 / (1 + np.exp(-np.clip(w, -700, 700)))
+    want = np.stack([np.where(r < 0, sig[0, h] * r, -sig[1, h] * r) for h in range(H)])
+    close(load(o, "float64"), want, "alibi learned with saturated weights")
+
+
+@case
+def attention_learned_tensors_must_be_finite(d):
+    o = d.out("o.npy")
+    B, M, H, D, R = 1, 3, 2, 4, 4
+    x = d.save("x.npy", randn(B, M, H, D))
+    qkv = ["--q", x, "--k", x, "--v", x, "--out", o]
+    for bad in [np.nan, np.inf, -np.inf]:
+        w = d.save("w.npy", with_bad(randn(2, H), (1, 1), bad))
+        names_first(["attention", "alibi", "--variant", "learned", "--weights", w, *qkv], "--weights", [o],
+                    also=["finite"])
+        t = d.save("t.npy", with_bad(randn(32, H), (0, 0), bad))
+        names_first(["attention", "t5", "--weights", t, *qkv], "--weights", [o])
+        u, vb, W = randn(H, D), randn(H, D), randn(H, D, R)
+        for flag, arrs in [("--u", (with_bad(u, (1, 2), bad), vb, W)), ("--v-bias", (u, with_bad(vb, (0, 3), bad), W)),
+                           ("--rel-proj", (u, vb, with_bad(W, (1, 0, 2), bad)))]:
+            files = [d.save(f"xl{i}.npy", a) for i, a in enumerate(arrs)]
+            names_first(["attention", "xl", "--u", files[0], "--v-bias", files[1], "--rel-proj", files[2], *qkv],
+                        flag, [o], also=["finite"])
+        e = d.save("e.npy", with_bad(randn(6, D), (5, 1), bad))
+        names_first(["attention", "cope", "--table", e, *qkv], "--table", [o], also=["[5, 1]"])
+        # and their gradients are never computed from them
+        g, dq = d.save("g.npy", randn(B, M, H, D)), d.out("dq.npy")
+        names_first(["attention", "cope", "--table", e, *qkv, "--grad-out", g, "--grad-q", dq], "--table", [o, dq])
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. check --study: a folder the user names must be there
+# ------------------------------------------------------------------------------------------------
+
+@case
+def check_study_must_exist_when_given(d):
+    missing = os.path.join(d.path, "nonexist")
+    names_first(["check", "--study", missing, "--len", 40, "--dim", 8], "--study", also=["no such directory"])
+    f = d.save("f.npy", np.zeros(3))
+    names_first(["check", "--study", f, "--len", 40, "--dim", 8], "--study", also=["not a directory"])
+    # an existing folder without a study: the column says so (exit 0)
+    empty = os.path.join(d.path, "empty")
+    os.mkdir(empty)
+    r = run("check", "--study", empty, "--len", 40, "--dim", 8)
+    assert f"no study in {empty}" in r.stdout, r.stdout
+    # no --study, no study-out in the working folder: the default, as before (exit 0)
+    r = subprocess.run([POSENC, "check", "--len", "40", "--dim", "8"], cwd=d.path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr)
+    assert "no study in study-out" in r.stdout, r.stdout
+    # and check's ranges say what they got
+    names_first(["check", "--len", 5], "--len", also=["got 5"])
+    names_first(["check", "--dim", 7], "--dim", also=["got 7"])
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. flags, not library names
+# ------------------------------------------------------------------------------------------------
+
+@case
+def messages_name_flags_not_library_arguments(d):
+    o = d.out("o.npy")
+    # r2's dtype is compared with --r1, not with the library's "r1"
+    r1, r2 = d.save("r1.npy", np.array([0.5, 1.0])), d.save("r2.npy", np.array([0.5, 1.0], np.float32))
+    geo = ["--heads", 2, "--q-len", 3, "--k-len", 4, "--out", o]
+    names_first(["bias", "kerple", "--r1", r1, "--r2", r2, *geo], "--r2", [o], also=["like --r1"])
+    # --grad-out in another dtype than the bias: named, with the flag the dtype came from
+    g32, dw = d.save("g32.npy", randn(2, 3, 4, dtype=np.float32)), d.out("dw.npy")
+    w = d.save("w.npy", randn(32, 2))
+    names_first(["bias", "t5", "--weights", w, *geo, "--grad-out", g32, "--grad-weights", dw], "--grad-out",
+                [o, dw], also=["--weights"], never=["dbias", "dweights"])
+    # q, k in different dtypes: "--k: expected float64 like --q"
+    x, x32 = d.save("x.npy", randn(1, 3, 2, 4)), d.save("x32.npy", randn(1, 3, 2, 4, dtype=np.float32))
+    names_first(["attention", "nope", "--q", x, "--k", x32, "--v", x, "--out", o], "--k", [o], also=["like --q"])
+    # an odd head dimension without --rotary-dim: D is what the user gave, not --rotary-dim
+    names_first(["table", "rope", "--length", 4, "--dim", 5, "--out", o], "--dim", [o], never=["--rotary-dim"])
+    names_first(["table", "xpos", "--length", 4, "--dim", 5, "--out", o], "--dim", [o], never=["--rotary-dim"])
+    names_first(["table", "rope2d", "--length", 4, "--dim", 6, "--out", o], "--dim", [o], never=["--rotary-dim"])
+    x5 = d.save("x5.npy", randn(1, 3, 2, 5))
+    names_first(["attention", "rope", "--q", x5, "--k", x5, "--v", x5, "--out", o], "--q", [o],
+                never=["--rotary-dim"])
+    # when the user does give --rotary-dim, it is the one named
+    names_first(["table", "rope", "--length", 4, "--dim", 8, "--rotary-dim", 3, "--out", o], "--rotary-dim", [o])
+
+
+if __name__ == "__main__":
+    sys.exit(main(folder="dir", prefix="posenc-msg-", timeout=60))

@@ -1,0 +1,64 @@
+// require_finite (posenc/view.h): the check the bias and attention entry points run on their learned
+// tensors. Finite views pass whatever their dtype; the first NaN or ±inf, in the view's own C order
+// (strides followed), is reported with its index.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "posenc/half.h"
+#include "posenc/view.h"
+#include "testing.h"
+
+namespace posenc {
+namespace {
+
+using testing::V;
+
+std::string what_of(const Status& s) { return s.ok() ? std::string("ok") : s.what(); }
+
+TEST(RequireFinite, FiniteViewsPass) {
+  std::vector<double> d = {0.0, -1.0, 1e308, -1e-308, 5.0, 6.0};
+  std::vector<float> f = {0.0f, 3.4e38f, -3.4e38f, 1e-45f};
+  EXPECT_TRUE(require_finite("w", V(d, {2, 3})).ok());
+  EXPECT_TRUE(require_finite("w", V(f, {4})).ok());
+  EXPECT_TRUE(require_finite("w", View{}).ok());  // absent: nothing to scan (shape checks name it)
+  std::vector<double> empty;
+  EXPECT_TRUE(require_finite("w", View::contiguous(empty.data(), DType::kF64, {0, 3})).ok());
+}
+
+TEST(RequireFinite, NamesTheArgumentTheValueAndItsIndex) {
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    double bad;
+    const char* shown;
+  };
+  for (const Case& c : {Case{std::nan(""), "nan"}, Case{inf, "inf"}, Case{-inf, "-inf"}}) {
+    std::vector<double> d(24, 0.5);
+    d[1 * 12 + 0 * 4 + 2] = c.bad;  // [1, 0, 2] of [2, 3, 4]
+    d[23] = std::nan("");           // [1, 2, 3], later: not the first
+    const Status s = require_finite("rel_proj", V(d, {2, 3, 4}));
+    EXPECT_EQ(s.arg(), "rel_proj");
+    EXPECT_EQ(what_of(s), std::string("expected finite values, got ") + c.shown + " at [1, 0, 2]");
+    std::vector<float> f(6, 1.0f);
+    f[4] = static_cast<float>(c.bad);
+    EXPECT_EQ(what_of(require_finite("u", V(f, {2, 3}))),
+              std::string("expected finite values, got ") + c.shown + " at [1, 1]");
+  }
+}
+
+TEST(RequireFinite, FollowsStridesAndHalfTypes) {
+  // A transposed view of a [3, 2] buffer: view element [i, j] is buffer [j, i].
+  std::vector<double> buf = {1, 2, 3, 4, std::nan(""), 6};  // buffer [2, 0] is NaN
+  View t = View::contiguous(buf.data(), DType::kF64, {2, 3});
+  t.strides = {1, 2};  // [i, j] at i + 2j: view [0, 2] is buf[4]
+  EXPECT_EQ(what_of(require_finite("table", t)), "expected finite values, got nan at [0, 2]");
+  // bfloat16 storage of +inf.
+  std::vector<bf16> h = {to_bf16(1.0f), to_bf16(std::numeric_limits<float>::infinity())};
+  EXPECT_EQ(what_of(require_finite("weights", View::contiguous(h.data(), DType::kBF16, {2}))),
+            "expected finite values, got inf at [1]");
+}
+
+}  // namespace
+}  // namespace posenc
