@@ -98,7 +98,6 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
     L = parse_int("--length", st.length);
     if (L < 1) fail(Status::Invalid("--length", "expected a positive integer, got " + std::to_string(L)));
     if (offset < 0) fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
-    constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;
     if (offset > kMaxPosition - L)
       fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
   }
@@ -171,8 +170,7 @@ void run_table(TableState& st) {
     case Encoding::kRope: {
       if (st.part != "angle" && st.part != "cos" && st.part != "sin")
         fail(Status::Invalid("--part", "expected angle, cos or sin, got '" + st.part + "'"));
-      constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;  // exact in double
-      if (offset > kMaxPosition - L)
+      if (offset > kMaxPosition - L)  // view.h's bound (exact in double)
         fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
       check(outs.reserve("--out", st.out));
       st.params.load_tensors();
