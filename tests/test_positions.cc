@@ -36,6 +36,22 @@ using Sz = std::size_t;
 
 constexpr I kTwo53 = I{1} << 53;
 
+Vec as_doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// Interleaved rotation of x [T, D] (T tokens, one head) by angles ang [T, D/2] in long double:
+// cos and sin of the given (double) angle, reduced exactly by the long double library.
+Vec rotate_ld(const Vec& x, const Vec& ang, I T, I D) {
+  Vec y(x.size());
+  for (I t = 0; t < T; ++t)
+    for (I k = 0; k < D / 2; ++k) {
+      const long double a = ang[static_cast<Sz>(t * (D / 2) + k)];
+      const long double x0 = x[static_cast<Sz>(t * D + 2 * k)], x1 = x[static_cast<Sz>(t * D + 2 * k + 1)];
+      y[static_cast<Sz>(t * D + 2 * k)] = static_cast<double>(x0 * cosl(a) - x1 * sinl(a));
+      y[static_cast<Sz>(t * D + 2 * k + 1)] = static_cast<double>(x0 * sinl(a) + x1 * cosl(a));
+    }
+  return y;
+}
+
 // ---- positions -----------------------------------------------------------------------------------
 
 // Every forward and backward of the position-taking encodings, on [1, 2, 1, 8] float32 inputs (the
@@ -132,6 +148,165 @@ TEST(Positions, IdsBeyond2To53AreErrorsForEveryEncoding) {
       rope_forward({}, V(x, {1, 2, 1, 8}), {View::contiguous(neg.data(), DType::kI64, {2}), 0}, V(y, {1, 2, 1, 8}));
   EXPECT_EQ(s.arg(), "positions");
   EXPECT_EQ(s.code(), Code::kOutOfRange);
+}
+
+TEST(Positions, RopeUpTo2To53IsExactInEveryPath) {
+  // theta = 256, D = 8: ω_k = 4^−k, exact powers of two, so m·ω_k is exact in double and long double
+  // gives the true rotation; positions 2^53 − 1 and 2^53 (angles far beyond the fast reduction's
+  // range) in float32 (fast path), float64 (reference) and through explicit ids.
+  const I L = 2, D = 8;
+  const Vec x = randn(static_cast<Sz>(L * D), 2);
+  Vec ang(static_cast<Sz>(L * D / 2));
+  for (I l = 0; l < L; ++l)
+    for (I k = 0; k < D / 2; ++k)
+      ang[static_cast<Sz>(l * D / 2 + k)] = std::ldexp(static_cast<double>(kTwo53 - 1 + l), static_cast<int>(-2 * k));
+  const RopeParams p{.theta = 256.0};
+  std::vector<float> xf = to_float(x), yf(x.size());
+  const Vec want_f = rotate_ld(as_doubles(xf), ang, L, D), want = rotate_ld(x, ang, L, D);
+  ASSERT_TRUE(rope_forward(p, V(xf, {1, L, 1, D}), {View{}, kTwo53 - 1}, V(yf, {1, L, 1, D})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(yf), want_f, 1e-6, 1e-6));
+  std::vector<I> ids = {kTwo53 - 1, kTwo53};
+  std::fill(yf.begin(), yf.end(), 0.0f);
+  ASSERT_TRUE(rope_forward(p, V(xf, {1, L, 1, D}), {View::contiguous(ids.data(), DType::kI64, {L}), 0},
+                           V(yf, {1, L, 1, D})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(yf), want_f, 1e-6, 1e-6));
+  Vec xd = x, yd(x.size());
+  ASSERT_TRUE(rope_forward(p, V(xd, {1, L, 1, D}), {View{}, kTwo53 - 1}, V(yd, {1, L, 1, D})).ok());
+  EXPECT_TRUE(AllClose(yd, want, 1e-12, 1e-12));
+  // The backward undoes it.
+  std::vector<float> back(x.size());
+  ASSERT_TRUE(rope_backward(p, V(yf, {1, L, 1, D}), {View{}, kTwo53 - 1}, V(back, {1, L, 1, D})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(back), as_doubles(xf), 1e-6, 1e-6));
+}
+
+// ---- frequencies ------------------------------------------------------------------------------------
+
+TEST(Frequencies, TinyThetaRotatesAsTheDoubleReference) {
+  // theta = 1e-300: ω_k = 1/theta^(2k/D) up to 1e262 (finite), angles m·ω_k up to ~1e263. The fast
+  // float32 path must give cos, sin of those double angles (norms kept, no NaN), like the reference.
+  const I L = 8, H = 2, D = 16;
+  const double theta = 1e-300;
+  const Vec x = randn(static_cast<Sz>(L * H * D), 3);
+  Vec ang(static_cast<Sz>(L * H * D / 2));
+  for (I t = 0; t < L * H; ++t)
+    for (I k = 0; k < D / 2; ++k) {
+      const double w = 1.0 / std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(D));
+      ang[static_cast<Sz>(t * D / 2 + k)] = static_cast<double>(t / H) * w;
+    }
+  std::vector<float> xf = to_float(x), yf(x.size());
+  ASSERT_TRUE(rope_forward({.theta = theta}, V(xf, {1, L, H, D}), {}, V(yf, {1, L, H, D})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(yf), rotate_ld(as_doubles(xf), ang, L * H, D), 1e-6, 1e-6));
+  Vec xd = x, yd(x.size());
+  ASSERT_TRUE(rope_forward({.theta = theta}, V(xd, {1, L, H, D}), {}, V(yd, {1, L, H, D})).ok());
+  EXPECT_TRUE(AllClose(yd, rotate_ld(x, ang, L * H, D), 1e-12, 1e-12));
+}
+
+TEST(Frequencies, OverflowingFrequenciesNameTheirField) {
+  const I L = 2, D = 8;
+  Vec x = randn(static_cast<Sz>(L * D), 4), y(x.size(), 7.0);
+  const View xv = V(x, {1, L, 1, D}), yv = V(y, {1, L, 1, D});
+  auto expect_error = [&](const Status& s, const char* arg) {
+    EXPECT_FALSE(s.ok()) << arg;
+    EXPECT_EQ(s.arg(), arg) << s.message();
+    EXPECT_EQ(s.code(), Code::kOutOfRange) << s.message();
+    EXPECT_EQ(y, Vec(y.size(), 7.0)) << "output written on an error: " << s.message();
+  };
+  // hf: theta = 1e-300 is 0 in float32, so ω_k = 1/0^(2k/r) = inf.
+  expect_error(rope_forward({.theta = 1e-300, .angles = RopeAngles::kHf}, xv, {}, yv), "theta");
+  // A denormal theta with many pairs: ω_k = theta^(−2k/r) overflows double.
+  Vec xb(static_cast<Sz>(1024)), yb(xb.size(), 7.0);
+  const Status sb = rope_forward({.theta = 5e-324}, V(xb, {1, 1, 1, 1024}), {}, V(yb, {1, 1, 1, 1024}));
+  EXPECT_EQ(sb.arg(), "theta") << sb.message();
+  EXPECT_EQ(yb, Vec(yb.size(), 7.0));
+  expect_error(rope_forward({.inv_freq = {1.0, 1e300, 0.5, 0.25}}, xv, {}, yv), "inv_freq");
+  expect_error(rope_forward({.freq_factors = {1.0, 1e-300, 1.0, 1.0}}, xv, {}, yv), "freq_factors");
+  expect_error(rope_forward({.rope_type = RopeType::kLinear, .factor = 1e-300}, xv, {}, yv), "factor");
+  expect_error(rope_backward({.rope_type = RopeType::kLinear, .factor = 1e-300}, xv, {}, yv), "factor");
+  // The same bound through the public frequencies (posenc table) and the rotary encodings.
+  EXPECT_EQ(rope_frequencies({.theta = 1e-300, .angles = RopeAngles::kHf}, D, 4).status().arg(), "theta");
+  expect_error(xpos_forward({.rope = {.inv_freq = {1e300, 1, 1, 1}}}, XposRole::kQuery, xv, {}, yv), "inv_freq");
+  expect_error(mrope_forward({.mrope_section = {2, 1, 1}, .rope = {.inv_freq = {1e300, 1, 1, 1}}}, xv, {}, yv),
+               "inv_freq");
+  // Just inside the bound (2^969) is accepted and finite.
+  Vec yok(x.size());
+  ASSERT_TRUE(rope_forward({.inv_freq = {0x1p969, 1, 1, 1}}, xv, {}, V(yok, {1, L, 1, D})).ok());
+  for (double v : yok) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(Frequencies, SinusoidalTinyBaseMatchesTheDoubleAnglesAndHugeFrequenciesAreErrors) {
+  const I B = 1, L = 8, D = 16;
+  const double base = 1e-300;
+  const Vec x = randn(static_cast<Sz>(B * L * D), 5);
+  Vec want(x.size());
+  for (I l = 0; l < L; ++l)
+    for (I i = 0; i < D / 2; ++i) {
+      const double w = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      const long double a = static_cast<double>(l) * w;
+      want[static_cast<Sz>(l * D + 2 * i)] = x[static_cast<Sz>(l * D + 2 * i)] + static_cast<double>(sinl(a));
+      want[static_cast<Sz>(l * D + 2 * i + 1)] = x[static_cast<Sz>(l * D + 2 * i + 1)] + static_cast<double>(cosl(a));
+    }
+  std::vector<float> xf = to_float(x), yf(x.size());
+  ASSERT_TRUE(sinusoidal_forward({.base = base}, V(xf, {B, L, D}), {}, V(yf, {B, L, D})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(yf), want, 1e-5, 1e-6));
+  std::vector<float> tf(static_cast<Sz>(L * D));
+  ASSERT_TRUE(sinusoidal_table({.base = base}, {}, V(tf, {L, D})).ok());
+  for (I e = 0; e < L * D; ++e)
+    EXPECT_NEAR(tf[static_cast<Sz>(e)], want[static_cast<Sz>(e)] - x[static_cast<Sz>(e)], 1e-6) << e;
+
+  // base = 1e-310, D = 64: w_31 = base^(−62/64) ≈ 1e300 > 2^969.
+  Vec xb(64), yb(64, 7.0);
+  const Status s = sinusoidal_forward({.base = 1e-310}, V(xb, {1, 1, 64}), {}, V(yb, {1, 1, 64}));
+  EXPECT_EQ(s.arg(), "base") << s.message();
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_EQ(yb, Vec(64, 7.0));
+  EXPECT_EQ(sinusoidal_table({.base = 1e-310}, {}, V(yb, {1, 64})).arg(), "base");
+  EXPECT_EQ(sinusoidal_backward({.base = 1e-310}, V(xb, {1, 1, 64}), {}, V(yb, {1, 1, 64})).arg(), "base");
+}
+
+TEST(Frequencies, Rope2dMixedHugeFrequencyMatchesTheDoubleAngles) {
+  // One mixed frequency of 1e30: angles x·1e30 (the other component's frequency 0 there, so the
+  // double angle is one rounded product), computed as cos, sin of that angle in every path.
+  const I L = 4, H = 2, D = 8, half = D / 2;
+  std::vector<I> pos = {0, 1, 2, 3, 3, 2, 1, 0};  // [2, L]: x, y
+  Vec freqs(static_cast<Sz>(2 * H * half));
+  for (Sz i = 0; i < freqs.size(); ++i) freqs[i] = 0.1 * static_cast<double>(i % 5) - 0.2;
+  freqs[0] = 1e30;                          // θˣ of head 0, pair 0
+  freqs[static_cast<Sz>(H * half)] = 0.0;  // θʸ of head 0, pair 0
+  freqs[3] = -3e20;                         // θˣ of head 0, pair 3
+  freqs[static_cast<Sz>(H * half + 3)] = 0.0;
+  const Vec x = randn(static_cast<Sz>(L * H * D), 6);
+  Vec ang(static_cast<Sz>(L * H * half));
+  for (I l = 0; l < L; ++l)
+    for (I h = 0; h < H; ++h)
+      for (I k = 0; k < half; ++k)
+        ang[static_cast<Sz>((l * H + h) * half + k)] =
+            static_cast<double>(pos[static_cast<Sz>(l)]) * freqs[static_cast<Sz>(h * half + k)] +
+            static_cast<double>(pos[static_cast<Sz>(L + l)]) * freqs[static_cast<Sz>((H + h) * half + k)];
+  const Rope2dParams p{.variant = Rope2dVariant::kMixed, .rope = {.theta = 10.0}};
+  const Positions ps{View::contiguous(pos.data(), DType::kI64, {2, L}), 0};
+  std::vector<float> xf = to_float(x), yf(x.size());
+  ASSERT_TRUE(rope2d_forward(p, V(xf, {1, L, H, D}), ps, V(freqs, {2, H, half}), V(yf, {1, L, H, D})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(yf), rotate_ld(as_doubles(xf), ang, L * H, D), 1e-6, 1e-6));
+  Vec xd = x, yd(x.size());
+  ASSERT_TRUE(rope2d_forward(p, V(xd, {1, L, H, D}), ps, V(freqs, {2, H, half}), V(yd, {1, L, H, D})).ok());
+  EXPECT_TRUE(AllClose(yd, rotate_ld(x, ang, L * H, D), 1e-12, 1e-12));
+  // The backward (dx and dfreqs) agrees with the reference's.
+  std::vector<float> dxf(x.size()), dff(freqs.size()), dxr(x.size()), dfr(freqs.size());
+  ASSERT_TRUE(rope2d_backward(p, V(yf, {1, L, H, D}), ps, V(freqs, {2, H, half}), V(dxf, {1, L, H, D}),
+                              V(xf, {1, L, H, D}), V(dff, {2, H, half})).ok());
+  ASSERT_TRUE(reference::rope2d_backward(p, V(yf, {1, L, H, D}), ps, V(freqs, {2, H, half}), V(dxr, {1, L, H, D}),
+                                         V(xf, {1, L, H, D}), V(dfr, {2, H, half})).ok());
+  EXPECT_TRUE(AllClose(as_doubles(dxf), as_doubles(dxr), 0, 0));
+  EXPECT_TRUE(AllClose(as_doubles(dff), as_doubles(dfr), 0, 0));
+  EXPECT_TRUE(AllClose(as_doubles(dxf), as_doubles(xf), 1e-5, 1e-5));  // R(−φ)R(φ)x = x
+
+  // A frequency whose angle could overflow at |position| <= 2^53 is an error naming freqs.
+  Vec bad = freqs;
+  bad[1] = 1e300;
+  std::vector<float> yb(x.size(), 7.0f);
+  const Status s = rope2d_forward(p, V(xf, {1, L, H, D}), ps, V(bad, {2, H, half}), V(yb, {1, L, H, D}));
+  EXPECT_EQ(s.arg(), "freqs") << s.message();
+  EXPECT_EQ(yb, std::vector<float>(yb.size(), 7.0f));
 }
 
 }

@@ -65,7 +65,10 @@
 // and float32, in double for float64); y has x's dtype and may alias x. Angles are formed in double
 // (rope.h's accurate mode, or its hf mode where the params ask for it; mixed: x·θˣ + y·θʸ in double).
 // The public functions are fast paths (RoPE's Highway kernel, rope_cpu.cc; bound as rope.h's, ρ
-// computed in double and rounded once); posenc::reference (reference.h) holds the plain ones.
+// computed in double and rounded once; a call with an angle beyond 2^47 runs the reference, as
+// rope.h says); posenc::reference (reference.h) holds the plain ones. Positions are bounded as
+// view.h says (|position| ≤ 2^53); rope.h bounds the frequencies, and mixed's freqs must be finite
+// with |θ| ≤ 2^968, so that every angle is finite.
 // Errors name the argument ("x", "positions", "freqs", "dfreqs") or the params field
 // ("rotary_dim", "mrope_section", "scale_base", "gamma", "center", "theta", …).
 #pragma once

@@ -150,5 +150,105 @@ def table_refuses_offsets_beyond_2_53(d):
                      "--offset", [out])
 
 
+@case
+def rope_up_to_2_53_is_exact(d):
+    """Positions 2^53 − 7 .. 2^53 (the last allowed), theta 256, D = 8: ω_k = 4^−k, so the angles are
+    exact doubles; float32 (fast path) and float64 both give cos, sin of them, and norms are kept."""
+    x = randn(2, 8, 3, 8)
+    for dtype, tol in ((np.float32, dict(atol=2e-6, rtol=2e-6)), (np.float64, dict(atol=1e-12, rtol=1e-12))):
+        xin = d.save("x.npy", x.astype(dtype))
+        out = d.out("y.npy")
+        run("apply", "rope", "--in", xin, "--out", out, "--theta", 256, "--offset", TWO53 - 7)
+        pos = np.arange(TWO53 - 7, TWO53 + 1, dtype=np.float64)  # exact: integers below 2^53 + 1
+        phi = pos[:, None] * np.ldexp(1.0, -2 * np.arange(4))[None, :]  # [8, 4], exact
+        want = rotate(x.astype(dtype).astype(np.float64), phi[None, :, None, :])
+        close(load(out, np.dtype(dtype).name), want, "rope at 2^53", **tol)
+    # One more position is refused.
+    expect_error(["apply", "rope", "--in", xin, "--out", d.out("z.npy"), "--theta", 256, "--offset", TWO53 - 6],
+                 "--offset", [d.out("z.npy")])
+
+
+# ------------------------------------------------------------------------------------------------
+# tiny bases and huge frequencies
+# ------------------------------------------------------------------------------------------------
+
+@case
+def rope_tiny_theta_rotates_by_the_double_angles(d):
+    """--theta 1e-300: ω_k up to 1e262, angles up to 7e262 (finite): cos, sin of those doubles."""
+    x = randn(2, 8, 4, 16)
+    xin, out = d.save("x.npy", x), d.out("y.npy")
+    run("apply", "rope", "--in", xin, "--out", out, "--theta", "1e-300")
+    phi = np.arange(8, dtype=np.float64)[:, None] * rope_inv(1e-300, 16)[None, :]
+    got = load(out, "float32")
+    assert np.isfinite(got).all(), "non-finite output"
+    close(got, rotate(x, phi[None, :, None, :]), "rope theta 1e-300", atol=2e-6, rtol=2e-6)
+    close(pair_norms(got), pair_norms(x), "pair norms", atol=2e-6, rtol=2e-6)
+    return f"largest angle {phi.max():.3g}"
+
+
+@case
+def sinusoidal_tiny_base_adds_the_double_angles(d):
+    """--base 1e-300: w_i = base^(−2i/D) by math.pow, PE = sin, cos of p·w_i (doubles up to ~1e263)."""
+    x = randn(2, 8, 16)
+    xin, out = d.save("x.npy", x), d.out("y.npy")
+    run("apply", "sinusoidal", "--in", xin, "--out", out, "--base", "1e-300")
+    w = np.array([math.pow(1e-300, -2.0 * i / 16) for i in range(8)])
+    c, s = cos_sin(np.arange(8, dtype=np.float64)[:, None] * w[None, :])
+    pe = np.zeros((8, 16))
+    pe[:, 0::2], pe[:, 1::2] = s, c
+    got = load(out, "float32")
+    close(got, x.astype(np.float64) + pe[None], "sinusoidal base 1e-300", atol=2e-6, rtol=2e-6)
+    # The table writes the same rows, in float32 and float64.
+    for dtype in ("float32", "float64"):
+        t = d.out(f"t_{dtype}.npy")
+        run("table", "sinusoidal", "--dim", 16, "--length", 8, "--base", "1e-300", "--dtype", dtype, "--out", t)
+        close(load(t, dtype), pe, f"table {dtype}", atol=1e-6 if dtype == "float32" else 1e-12, rtol=0)
+
+
+@case
+def overflowing_frequencies_name_their_flag(d):
+    x4, e3 = inputs(d)
+    out = d.out("o.npy")
+    # hf computes ω_k in float32, where 1e-300 is 0: ω_k = inf.
+    expect_error(["apply", "rope", "--in", x4, "--out", out, "--theta", "1e-300", "--angles", "hf"], "--theta", [out])
+    expect_error(["table", "rope", "--dim", 16, "--length", 4, "--theta", "1e-300", "--angles", "hf", "--out", out],
+                 "--theta", [out])
+    inv = d.save("inv.npy", np.array([1.0, 1e300, 0.5, 0.25, 0.1, 0.1, 0.1, 0.1]))
+    expect_error(["apply", "rope", "--in", x4, "--out", out, "--inv-freq", inv], "--inv-freq", [out])
+    ff = d.save("ff.npy", np.array([1.0, 1e-300, 1, 1, 1, 1, 1, 1]))
+    expect_error(["apply", "rope", "--in", x4, "--out", out, "--freq-factors", ff], "--freq-factors", [out])
+    # base^(−62/64) at base 1e-310 is ~1e300 > 2^969.
+    e64 = d.save("e64.npy", randn(1, 4, 64))
+    line = expect_error(["apply", "sinusoidal", "--in", e64, "--out", out, "--base", "1e-310"], "--base", [out])
+    assert "2^969" in line, line
+    expect_error(["table", "sinusoidal", "--dim", 64, "--length", 4, "--base", "1e-310", "--out", out], "--base", [out])
+    return line
+
+
+@case
+def rope2d_mixed_huge_frequency_is_computed_or_refused(d):
+    """--freqs with θˣ = 1e30 (its θʸ 0, so each angle is one rounded product x·1e30) and −3e20."""
+    H, half = 4, 8
+    x = randn(2, 8, H, 16)
+    f = RNG.uniform(-0.5, 0.5, (2, H, half))
+    f[0, 0, 0], f[1, 0, 0] = 1e30, 0.0
+    f[0, 2, 5], f[1, 2, 5] = -3e20, 0.0
+    pos = np.stack([np.arange(8) % 3, np.arange(8) // 3]).astype(np.int64)  # [2, L]: x, y
+    xin, fin, pin, out = d.save("x.npy", x), d.save("f.npy", f), d.save("p.npy", pos), d.out("y.npy")
+    run("apply", "rope2d", "--variant", "mixed", "--freqs", fin, "--positions", pin, "--in", xin, "--out", out)
+    px, py = pos[0].astype(np.float64), pos[1].astype(np.float64)
+    phi = px[:, None, None] * f[0][None] + py[:, None, None] * f[1][None]  # [L, H, half]
+    got = load(out, "float32")
+    close(got, rotate(x, phi[None]), "rope2d mixed, freqs up to 1e30", atol=2e-6, rtol=2e-6)
+    close(pair_norms(got), pair_norms(x), "pair norms", atol=2e-6, rtol=2e-6)
+    # 1e300 could overflow x·θ at |x| <= 2^53: refused.
+    f[0, 1, 1] = 1e300
+    fbad = d.save("fbad.npy", f)
+    bad_out = d.out("bad.npy")
+    line = expect_error(["apply", "rope2d", "--variant", "mixed", "--freqs", fbad, "--positions", pin, "--in", xin,
+                         "--out", bad_out], "--freqs", [bad_out])
+    return line
+
+
 if __name__ == "__main__":
     sys.exit(main(folder="dir", prefix="posenc-pos-", timeout=60))

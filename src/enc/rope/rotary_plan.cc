@@ -151,10 +151,13 @@ Expected<Plan> rope2d_plan(const Rope2dParams& p, I D, I call_len, const View& f
   pl.axes = 2;
   pl.heads = heads;
   pl.mixed = to_doubles(freqs);
+  // |θ| <= 2^968 keeps x·θˣ + y·θʸ finite (<= 2^1022) for every |x|, |y| <= 2^53 (kMaxPosition).
+  constexpr double kMaxMixedFreq = 0x1p968;
   for (std::size_t i = 0; i < pl.mixed.size(); ++i)
-    if (!std::isfinite(pl.mixed[i]))
-      return Status::Invalid("freqs", "expected finite values, got " + format_number(pl.mixed[i]) + " at " +
-                                          std::to_string(i));
+    if (!(std::fabs(pl.mixed[i]) <= kMaxMixedFreq))
+      return Status::Invalid("freqs", "expected finite values with |value| <= 2^968 (angles x*fx + y*fy finite "
+                                      "for every |position| <= 2^53), got " +
+                                          format_number(pl.mixed[i]) + " at " + std::to_string(i));
   return pl;
 }
 
