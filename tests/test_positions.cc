@@ -309,6 +309,92 @@ TEST(Frequencies, Rope2dMixedHugeFrequencyMatchesTheDoubleAngles) {
   EXPECT_EQ(yb, std::vector<float>(yb.size(), 7.0f));
 }
 
+// ---- xPos's scale ------------------------------------------------------------------------------------
+
+// The last key position m (centre 0) whose every scale ζ_k^(−m/s) is at most mx, independently in
+// long double: ζ_0 is the smallest, so its scale is the largest.
+I key_limit(double mx, double s = 512, double gamma = 0.4) {
+  const long double rate = logl((1.0L + gamma) / gamma) / s;  // −ln ζ_0 / s
+  I m = static_cast<I>(logl(mx) / rate);
+  while (expl(static_cast<long double>(m + 1) * rate) <= mx) ++m;
+  while (expl(static_cast<long double>(m) * rate) > mx) --m;
+  return m;
+}
+
+TEST(Xpos, ScaleOverflowingTheOutputDtypeIsAnErrorWithTheLimit) {
+  const I L = 8, H = 1, D = 16;
+  const Vec x = randn(static_cast<Sz>(L * D), 7);
+  std::vector<float> xf = to_float(x), yf(x.size(), 7.0f);
+  // The CLI's failing case: keys at 100000 .. 100007, c = ⌈100008/2⌉ = 50004: m − c ≈ 50000 > 36259.
+  const Status s = xpos_forward({}, XposRole::kKey, V(xf, {1, L, H, D}), {View{}, 100000}, V(yf, {1, L, H, D}));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.arg(), "positions") << s.message();
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_NE(s.what().find("float32"), std::string::npos) << s.message();
+  const I lim = key_limit(FLT_MAX);
+  EXPECT_NE(s.what().find("m <= c + " + std::to_string(lim) + " = " + std::to_string(50004 + lim)), std::string::npos)
+      << s.message();
+  EXPECT_EQ(yf, std::vector<float>(yf.size(), 7.0f));
+  EXPECT_EQ(xpos_backward({}, XposRole::kKey, V(xf, {1, L, H, D}), {View{}, 100000}, V(yf, {1, L, H, D})).arg(),
+            "positions");
+  EXPECT_EQ(reference::xpos_forward({}, XposRole::kKey, V(xf, {1, L, H, D}), {View{}, 100000}, V(yf, {1, L, H, D}))
+                .arg(),
+            "positions");
+
+  // float64 holds those scales (e^122): the call works and pair k's norm is scaled by ζ_k^(−(m−c)/s).
+  Vec xd = x, yd(x.size());
+  ASSERT_TRUE(xpos_forward({}, XposRole::kKey, V(xd, {1, L, H, D}), {View{}, 100000}, V(yd, {1, L, H, D})).ok());
+  for (I l = 0; l < L; ++l)
+    for (I k = 0; k < D / 2; ++k) {
+      const long double zeta = (2.0L * k / D + 0.4L) / 1.4L;
+      const long double rho = powl(zeta, -static_cast<long double>(100000 + l - 50004) / 512);
+      const Sz a = static_cast<Sz>(l * D + 2 * k);
+      const double n0 = std::hypot(x[a], x[a + 1]), n1 = std::hypot(yd[a], yd[a + 1]);
+      EXPECT_NEAR(n1 / static_cast<double>(rho), n0, 1e-10 * n0) << l << " " << k;
+    }
+
+  // The limit is exact: with c = 0, keys at lim are accepted in float32, at lim + 1 refused; queries
+  // at −lim... are positions < 0, so a query centre of lim + 1 refuses position 0, lim accepts it.
+  XposParams p0;
+  p0.center = 0;
+  std::vector<float> x1 = to_float(randn(static_cast<Sz>(D), 8)), y1(x1.size());
+  EXPECT_TRUE(xpos_forward(p0, XposRole::kKey, V(x1, {1, 1, 1, D}), {View{}, lim}, V(y1, {1, 1, 1, D})).ok());
+  for (float v : y1) EXPECT_TRUE(std::isfinite(v));
+  EXPECT_EQ(xpos_forward(p0, XposRole::kKey, V(x1, {1, 1, 1, D}), {View{}, lim + 1}, V(y1, {1, 1, 1, D})).arg(),
+            "positions");
+  XposParams pq;
+  pq.center = lim;
+  EXPECT_TRUE(xpos_forward(pq, XposRole::kQuery, V(x1, {1, 1, 1, D}), {View{}, 0}, V(y1, {1, 1, 1, D})).ok());
+  pq.center = lim + 1;
+  const Status sq = xpos_forward(pq, XposRole::kQuery, V(x1, {1, 1, 1, D}), {View{}, 0}, V(y1, {1, 1, 1, D}));
+  EXPECT_EQ(sq.arg(), "positions");
+  EXPECT_NE(sq.what().find("m >= c - " + std::to_string(lim)), std::string::npos) << sq.message();
+  // float64's own limit.
+  const I lim64 = key_limit(DBL_MAX);
+  Vec xd1 = randn(static_cast<Sz>(D), 9), yd1(xd1.size());
+  EXPECT_TRUE(xpos_forward(p0, XposRole::kKey, V(xd1, {1, 1, 1, D}), {View{}, lim64}, V(yd1, {1, 1, 1, D})).ok());
+  EXPECT_EQ(xpos_forward(p0, XposRole::kKey, V(xd1, {1, 1, 1, D}), {View{}, lim64 + 1}, V(yd1, {1, 1, 1, D})).arg(),
+            "positions");
+}
+
+TEST(Xpos, TableChecksItsScalesAgainstTheGivenDtype) {
+  const I D = 16, L = 8;
+  const Positions far{View{}, 100000};
+  auto t32 = xpos_table({}, XposRole::kKey, D, L, far, DType::kF32);
+  ASSERT_FALSE(t32.ok());
+  EXPECT_EQ(t32.status().arg(), "positions");
+  auto t64 = xpos_table({}, XposRole::kKey, D, L, far, DType::kF64);
+  ASSERT_TRUE(t64.ok()) << t64.status().message();
+  double top = 0;
+  for (double v : t64->scale) {
+    EXPECT_TRUE(std::isfinite(v));
+    top = std::max(top, v);
+  }
+  EXPECT_GT(top, FLT_MAX);
+  EXPECT_TRUE(xpos_table({}, XposRole::kKey, D, L, far).ok());  // no dtype: an angle table, unchecked
+  // float16's limit is far lower (|m − c| ≈ 4500 at the defaults).
+  EXPECT_TRUE(xpos_table({}, XposRole::kKey, D, L, {View{}, 8000}, DType::kF16).ok());
+  EXPECT_EQ(xpos_table({}, XposRole::kKey, D, L, {View{}, 10000}, DType::kF16).status().arg(), "positions");
 }
 
 }  // namespace

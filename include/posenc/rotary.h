@@ -55,7 +55,12 @@
 // the logit depends on m − n only, c cancels. c (center) defaults to ⌈n/2⌉, n the call's length
 // (largest position + 1, or rope.seq_len): torchscale's exponents run from −⌈n/2⌉ for the call's
 // first position, so the scales stay near 1 (at γ = 0.4, ζ_0^(±(m − c)/scale_base) leaves
-// float32's range once |m − c| > ≈ 35000·scale_base/512). Queries and keys rotated in separate
+// float32's range once |m − c| > ≈ 36000·scale_base/512: keys above c, queries below it; float16's
+// once |m − c| > ≈ 4500·scale_base/512, float64's ≈ 290000·scale_base/512). A call where some a·ρ_k
+// exceeds the largest finite value of the output's dtype is an error naming "positions" with the
+// position and the limit (m ≤ c + lim for keys, m ≥ c − lim for queries), not an inf or NaN
+// output; xpos_table checks its scales so when given the dtype they are to be stored in.
+// Queries and keys rotated in separate
 // calls must share c: calls whose largest positions agree do (torchscale's prefill and decode
 // both); otherwise pass seq_len or c itself. Defaults γ = 0.4, scale_base = 512 (the paper's and
 // torchscale's). In attention (attention.h) c defaults to the middle of the call's positions.
@@ -186,7 +191,9 @@ Expected<RotaryTable> rope2d_table(const Rope2dParams& p, std::int64_t head_dim,
                                    const Positions& pos, const View& freqs);
 Expected<RotaryTable> mrope_table(const MropeParams& p, std::int64_t head_dim, std::int64_t length,
                                   const Positions& pos);
+// xpos_table: with scale_dtype, the scales must be finite in that dtype (the table's storage), as
+// xpos_forward requires of its output's; without, they are not checked (an angle table).
 Expected<RotaryTable> xpos_table(const XposParams& p, XposRole role, std::int64_t head_dim, std::int64_t length,
-                                 const Positions& pos);
+                                 const Positions& pos, std::optional<DType> scale_dtype = std::nullopt);
 
 }  // namespace posenc

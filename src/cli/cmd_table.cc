@@ -115,7 +115,10 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   } else if (e.id == Encoding::kMrope) {
     t = take_lib(mrope_table(mrope_params(st.params), D, L, pos), pnames);
   } else {
-    t = take_lib(xpos_table(xpos_params(st.params), take_lib(parse_xpos_role(st.role)), D, L, pos), pnames);
+    // The scales (and a·ρ·cos, a·ρ·sin) must fit the table's dtype; an angle table has none.
+    const std::optional<DType> scale_dtype = part == "angle" ? std::nullopt : std::optional<DType>(dtype);
+    t = take_lib(xpos_table(xpos_params(st.params), take_lib(parse_xpos_role(st.role)), D, L, pos, scale_dtype),
+                 pnames);
   }
   check_size("--length", {t.heads, t.length, t.pairs});
   std::vector<double> v(t.angle.size());

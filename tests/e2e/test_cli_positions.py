@@ -250,5 +250,81 @@ def rope2d_mixed_huge_frequency_is_computed_or_refused(d):
     return line
 
 
+# ------------------------------------------------------------------------------------------------
+# xPos's scale
+# ------------------------------------------------------------------------------------------------
+
+def xpos_key_limit(dmax, s=512.0, gamma=0.4):
+    """The largest m − c whose key scale exp(−(m − c)·ln ζ_0/s) (xpos_math.h's ρ, in double) stays <= dmax."""
+    rate = math.log((0 + gamma) / (1 + gamma)) / s
+    lim = int(math.log(dmax) / -rate)
+    while math.exp((lim + 1) * -rate) <= dmax:
+        lim += 1
+    while math.exp(lim * -rate) > dmax:
+        lim -= 1
+    return lim
+
+
+def xpos_scale(pos, c, r, role, s=512.0, gamma=0.4):
+    """ρ [L, r/2] = ζ_k^(±(m − c)/s), ζ_k = (2k/r + γ)/(1 + γ) (+ query, − key)."""
+    zeta = (2.0 * np.arange(r // 2) / r + gamma) / (1 + gamma)
+    e = (np.asarray(pos, dtype=np.float64) - c)[:, None] / s * (1 if role == "query" else -1)
+    return zeta[None, :] ** e
+
+
+@case
+def xpos_scale_beyond_the_dtype_is_an_error_with_the_limit(d):
+    """Keys at 100000 .. 100007 (c = 50004): the scale ζ_0^(−50003/512) ≈ e^122 exceeds float32."""
+    x = randn(2, 8, 4, 16)
+    x32, out = d.save("x32.npy", x), d.out("y.npy")
+    lim = xpos_key_limit(FLT_MAX)
+    line = expect_error(["apply", "xpos", "--in", x32, "--out", out, "--offset", 100000, "--role", "key"],
+                        "--offset", [out])
+    assert "float32" in line and f"m <= c + {lim} = {50004 + lim}" in line, line
+    # The same positions given as ids, and the backward.
+    p = d.save("p.npy", np.arange(100000, 100008, dtype=np.int64))
+    expect_error(["apply", "xpos", "--in", x32, "--out", out, "--positions", p, "--role", "key"], "--positions", [out])
+    dy, dx = d.save("dy.npy", x), d.out("dx.npy")
+    expect_error(["apply", "xpos", "--in", x32, "--out", out, "--offset", 100000, "--role", "key", "--grad-out", dy,
+                  "--grad-in", dx], "--offset", [out, dx])
+    # float64 holds e^122: the rotation times the scale, as torchscale's XPOS (interleaved pairs).
+    x64 = d.save("x64.npy", x.astype(np.float64))
+    run("apply", "xpos", "--in", x64, "--out", out, "--offset", 100000, "--role", "key")
+    pos = np.arange(100000, 100008)
+    phi = pos[:, None].astype(np.float64) * rope_inv(10000.0, 16)[None, :]
+    rho = xpos_scale(pos, 50004, 16, "key")[None, :, None, :]  # up to e^122
+    want = rotate(x.astype(np.float64), phi[None, :, None, :], rho)
+    per_dim = np.repeat(rho, 2, axis=-1)  # interleaved: pair k is dims 2k, 2k + 1
+    close(load(out, "float64") / per_dim, want / per_dim, "xpos keys in float64 (over ρ)", atol=1e-9, rtol=1e-9)
+    # Queries there scale down (finite in float32): accepted.
+    run("apply", "xpos", "--in", x32, "--out", out, "--offset", 100000, "--role", "query")
+    # The limit itself: keys at c + lim (c = 0 by --center) work, one further does not.
+    x1 = d.save("x1.npy", randn(1, 1, 1, 16))
+    run("apply", "xpos", "--in", x1, "--out", out, "--offset", lim, "--role", "key", "--center", 0)
+    assert np.isfinite(load(out, "float32")).all()
+    bad_out = d.out("bad.npy")
+    expect_error(["apply", "xpos", "--in", x1, "--out", bad_out, "--offset", lim + 1, "--role", "key", "--center", 0],
+                 "--offset", [bad_out])
+    return line
+
+
+@case
+def xpos_table_scale_checks_its_dtype(d):
+    out = d.out("t.npy")
+    args = ["table", "xpos", "--dim", 16, "--length", 8, "--offset", 100000, "--role", "key", "--out", out]
+    for part in ("scale", "cos", "sin"):
+        line = expect_error([*args, "--part", part, "--dtype", "float32"], "--offset", [out])
+        assert "float32" in line, line
+    run(*args, "--part", "scale", "--dtype", "float64")
+    pos = np.arange(100000, 100008)
+    close(load(out, "float64"), xpos_scale(pos, 50004, 16, "key"), "xpos key scale table", atol=0, rtol=1e-9)
+    run(*args, "--part", "angle", "--dtype", "float32")  # the angles have no scale to overflow
+    close(load(out, "float32"), pos[:, None] * rope_inv(10000.0, 16)[None, :], "xpos angles", dtype="float32")
+    p = d.save("p.npy", np.arange(100000, 100008, dtype=np.int64))
+    bad_out = d.out("bad.npy")
+    expect_error(["table", "xpos", "--dim", 16, "--positions", p, "--role", "key", "--part", "scale", "--dtype",
+                  "float32", "--out", bad_out], "--positions", [bad_out])
+
+
 if __name__ == "__main__":
     sys.exit(main(folder="dir", prefix="posenc-pos-", timeout=60))
