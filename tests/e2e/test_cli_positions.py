@@ -326,5 +326,49 @@ def xpos_table_scale_checks_its_dtype(d):
                   "float32", "--out", bad_out], "--positions", [bad_out])
 
 
+# ------------------------------------------------------------------------------------------------
+# the dtypes apply reads
+# ------------------------------------------------------------------------------------------------
+
+@case
+def apply_names_the_dtypes_it_reads_and_runs_float16(d):
+    out = d.out("o.npy")
+    xi = d.save("xi.npy", np.zeros((2, 8, 4, 16), dtype=np.int32))
+    line = expect_error(["apply", "rope", "--in", xi, "--out", out], "--in", [out])
+    assert "expected float32, float64 or float16 data, got int32" in line, line
+    x16 = randn(2, 8, 4, 16, dtype=np.float16)
+    x64 = x16.astype(np.float64)
+    dyi = d.save("dyi.npy", np.zeros((2, 8, 4, 16), dtype=np.int32))
+    line = expect_error(["apply", "rope", "--in", d.save("x16.npy", x16), "--out", out, "--grad-out", dyi,
+                         "--grad-in", d.out("dx.npy")], "--grad-out", [out, d.out("dx.npy")])
+    assert "float16" in line, line
+    xin = d.save("x16.npy", x16)
+    pos = np.arange(8, dtype=np.float64)
+    tol = dict(atol=2e-3, rtol=2e-3)  # float16 storage: 2^-11 relative
+    # rope (interleaved), mrope (text positions: RoPE in the half layout), xpos (c = 4), rope2d axial
+    # (x = y = l, theta 100), each against numpy.
+    phi = pos[:, None] * rope_inv(10000.0, 16)[None, :]
+    cases = {
+        "rope": ([], rotate(x64, phi[None, :, None, :])),
+        "mrope": (["--mrope-section", "4,2,2"], rotate(x64, phi[None, :, None, :], layout="half")),
+        "xpos": (["--role", "query"],
+                 rotate(x64, phi[None, :, None, :], xpos_scale(pos, 4, 16, "query")[None, :, None, :])),
+        "rope2d": ([], rotate(x64, np.concatenate([pos[:, None] * rope_inv(100.0, 8)[None, :]] * 2,
+                                                  axis=1)[None, :, None, :])),
+    }
+    for enc, (flags, want) in cases.items():
+        run("apply", enc, "--in", xin, "--out", out, *flags)
+        close(load(out, "float16"), want, f"{enc} float16", **tol)
+    e16 = randn(2, 8, 16, dtype=np.float16)
+    run("apply", "sinusoidal", "--in", d.save("e16.npy", e16), "--out", out)
+    w = np.array([math.pow(10000.0, -2.0 * i / 16) for i in range(8)])
+    c, s = cos_sin(pos[:, None] * w[None, :])
+    pe = np.zeros((8, 16))
+    pe[:, 0::2], pe[:, 1::2] = s, c
+    close(load(out, "float16"), e16.astype(np.float64) + pe[None], "sinusoidal float16", **tol)
+    run("apply", "nope", "--in", xin, "--out", out)
+    close(load(out, "float16"), x64, "nope float16", atol=0, rtol=0)
+
+
 if __name__ == "__main__":
     sys.exit(main(folder="dir", prefix="posenc-pos-", timeout=60))
