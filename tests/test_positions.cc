@@ -152,30 +152,31 @@ TEST(Positions, IdsBeyond2To53AreErrorsForEveryEncoding) {
 
 TEST(Positions, RopeUpTo2To53IsExactInEveryPath) {
   // theta = 256, D = 8: ω_k = 4^−k, exact powers of two, so m·ω_k is exact in double and long double
-  // gives the true rotation; positions 2^53 − 1 and 2^53 (angles far beyond the fast reduction's
+  // gives the true rotation; positions 2^53 − 7 .. 2^53 (angles far beyond the fast reduction's
   // range) in float32 (fast path), float64 (reference) and through explicit ids.
-  const I L = 2, D = 8;
+  const I L = 8, D = 8, first = kTwo53 - 7;
   const Vec x = randn(static_cast<Sz>(L * D), 2);
   Vec ang(static_cast<Sz>(L * D / 2));
   for (I l = 0; l < L; ++l)
     for (I k = 0; k < D / 2; ++k)
-      ang[static_cast<Sz>(l * D / 2 + k)] = std::ldexp(static_cast<double>(kTwo53 - 1 + l), static_cast<int>(-2 * k));
+      ang[static_cast<Sz>(l * D / 2 + k)] = std::ldexp(static_cast<double>(first + l), static_cast<int>(-2 * k));
   const RopeParams p{.theta = 256.0};
   std::vector<float> xf = to_float(x), yf(x.size());
   const Vec want_f = rotate_ld(as_doubles(xf), ang, L, D), want = rotate_ld(x, ang, L, D);
-  ASSERT_TRUE(rope_forward(p, V(xf, {1, L, 1, D}), {View{}, kTwo53 - 1}, V(yf, {1, L, 1, D})).ok());
+  ASSERT_TRUE(rope_forward(p, V(xf, {1, L, 1, D}), {View{}, first}, V(yf, {1, L, 1, D})).ok());
   EXPECT_TRUE(AllClose(as_doubles(yf), want_f, 1e-6, 1e-6));
-  std::vector<I> ids = {kTwo53 - 1, kTwo53};
+  std::vector<I> ids(static_cast<Sz>(L));
+  for (I l = 0; l < L; ++l) ids[static_cast<Sz>(l)] = first + l;
   std::fill(yf.begin(), yf.end(), 0.0f);
   ASSERT_TRUE(rope_forward(p, V(xf, {1, L, 1, D}), {View::contiguous(ids.data(), DType::kI64, {L}), 0},
                            V(yf, {1, L, 1, D})).ok());
   EXPECT_TRUE(AllClose(as_doubles(yf), want_f, 1e-6, 1e-6));
   Vec xd = x, yd(x.size());
-  ASSERT_TRUE(rope_forward(p, V(xd, {1, L, 1, D}), {View{}, kTwo53 - 1}, V(yd, {1, L, 1, D})).ok());
+  ASSERT_TRUE(rope_forward(p, V(xd, {1, L, 1, D}), {View{}, first}, V(yd, {1, L, 1, D})).ok());
   EXPECT_TRUE(AllClose(yd, want, 1e-12, 1e-12));
   // The backward undoes it.
   std::vector<float> back(x.size());
-  ASSERT_TRUE(rope_backward(p, V(yf, {1, L, 1, D}), {View{}, kTwo53 - 1}, V(back, {1, L, 1, D})).ok());
+  ASSERT_TRUE(rope_backward(p, V(yf, {1, L, 1, D}), {View{}, first}, V(back, {1, L, 1, D})).ok());
   EXPECT_TRUE(AllClose(as_doubles(back), as_doubles(xf), 1e-6, 1e-6));
 }
 
