@@ -3,9 +3,13 @@
 //   learned     y[b,l,:] = x[b,l,:] + E[pos(b,l), :]      E: [max_len, D], pos ≥ max_len is an error
 //               (BERT/GPT-2; seeds 000 and 001). Backward: dx = dy, dE[p] = Σ_{(b,l): pos=p} dy[b,l].
 //   sinusoidal  y = x + PE[pos],  PE[p, 2i] = sin(p / base^(2i/D)), PE[p, 2i+1] = cos(p / base^(2i/D))
-//               (Vaswani et al. 2017, §3.5). D must be even. Backward: dx = dy.
+//               (Vaswani et al. 2017, §3.5). D must be even. Backward: dx = dy. The frequencies
+//               base^(−2i/D) must stay <= 2^969 (a base far below 1 makes them huge), so that every
+//               angle at |p| <= 2^53 is finite: an error naming base otherwise. The fast path
+//               (float32, bfloat16, float16) hands a call with an angle beyond 2^47 to the reference.
 //
-// x, y: [B, L, D], float32 or float64 (y has x's dtype; y may alias x). Positions: see view.h.
+// x, y: [B, L, D], float32, float64, bfloat16 or float16 (y has x's dtype; y may alias x).
+// Positions: see view.h (|position| <= 2^53).
 #pragma once
 
 #include "posenc/view.h"

@@ -66,6 +66,13 @@
 //     cos and sin of that float angle are then computed accurately (double in the reference, the
 //     bound above in the fast path) and multiplied by the attention factor.
 //
+//   range: positions are bounded by 2^53 (view.h), and ω_k (after every scheme and freq_factors, in
+//     the call's mode) must be <= 2^969 in accurate mode and <= 2^74 as float32 values in hf mode,
+//     so that every angle is finite; larger ones (a tiny theta, factor, list entry or inv_freq) are
+//     an error naming that field. The fast path's reduction holds for |angle| <= 2^47; a call with
+//     a larger angle (a far position or a huge frequency) runs the reference instead, whose double
+//     sin and cos reduce any finite angle exactly (the table's values).
+//
 // Backward is a·R(−m) (R is orthogonal, so the transpose of a·R(m) is a·R(−m)).
 //
 // x, y: [B, L, H, D], float32, float64, bfloat16 or float16 (math in float32 for the 16-bit types and

@@ -55,7 +55,12 @@
 // the logit depends on m − n only, c cancels. c (center) defaults to ⌈n/2⌉, n the call's length
 // (largest position + 1, or rope.seq_len): torchscale's exponents run from −⌈n/2⌉ for the call's
 // first position, so the scales stay near 1 (at γ = 0.4, ζ_0^(±(m − c)/scale_base) leaves
-// float32's range once |m − c| > ≈ 35000·scale_base/512). Queries and keys rotated in separate
+// float32's range once |m − c| > ≈ 36000·scale_base/512: keys above c, queries below it; float16's
+// once |m − c| > ≈ 4500·scale_base/512, float64's ≈ 290000·scale_base/512). A call where some a·ρ_k
+// exceeds the largest finite value of the output's dtype is an error naming "positions" with the
+// position and the limit (m ≤ c + lim for keys, m ≥ c − lim for queries), not an inf or NaN
+// output; xpos_table checks its scales so when given the dtype they are to be stored in.
+// Queries and keys rotated in separate
 // calls must share c: calls whose largest positions agree do (torchscale's prefill and decode
 // both); otherwise pass seq_len or c itself. Defaults γ = 0.4, scale_base = 512 (the paper's and
 // torchscale's). In attention (attention.h) c defaults to the middle of the call's positions.
@@ -65,7 +70,10 @@
 // and float32, in double for float64); y has x's dtype and may alias x. Angles are formed in double
 // (rope.h's accurate mode, or its hf mode where the params ask for it; mixed: x·θˣ + y·θʸ in double).
 // The public functions are fast paths (RoPE's Highway kernel, rope_cpu.cc; bound as rope.h's, ρ
-// computed in double and rounded once); posenc::reference (reference.h) holds the plain ones.
+// computed in double and rounded once; a call with an angle beyond 2^47 runs the reference, as
+// rope.h says); posenc::reference (reference.h) holds the plain ones. Positions are bounded as
+// view.h says (|position| ≤ 2^53); rope.h bounds the frequencies, and mixed's freqs must be finite
+// with |θ| ≤ 2^968, so that every angle is finite.
 // Errors name the argument ("x", "positions", "freqs", "dfreqs") or the params field
 // ("rotary_dim", "mrope_section", "scale_base", "gamma", "center", "theta", …).
 #pragma once
@@ -183,7 +191,9 @@ Expected<RotaryTable> rope2d_table(const Rope2dParams& p, std::int64_t head_dim,
                                    const Positions& pos, const View& freqs);
 Expected<RotaryTable> mrope_table(const MropeParams& p, std::int64_t head_dim, std::int64_t length,
                                   const Positions& pos);
+// xpos_table: with scale_dtype, the scales must be finite in that dtype (the table's storage), as
+// xpos_forward requires of its output's; without, they are not checked (an angle table).
 Expected<RotaryTable> xpos_table(const XposParams& p, XposRole role, std::int64_t head_dim, std::int64_t length,
-                                 const Positions& pos);
+                                 const Positions& pos, std::optional<DType> scale_dtype = std::nullopt);
 
 }  // namespace posenc

@@ -80,16 +80,23 @@ Status require_finite(const char* arg, const View& v);
 std::vector<double> to_doubles(const View& v);
 void from_doubles(const std::vector<double>& src, const View& dst);
 
+// The largest |position| any encoding accepts: 2^53, below which every integer is exact in double
+// (angles m·ω and distances are formed in double) and offset + l cannot overflow.
+constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;
+
 // Positions for L tokens of a batch of B: explicit ids ([L] or [B, L], int32/int64) or an offset.
 struct Positions {
   View ids;                 // absent: token l sits at offset + l
   std::int64_t offset = 0;
 };
 // Expands positions to a [B, L] table, validating shape and dtype (arg names the ids argument).
+// Every position is bounded by kMaxPosition: ids + offset in [0, 2^53]; without ids, |offset| and
+// |offset + L − 1| ≤ 2^53 (an offset may be negative there, as attention's q_offset). A position out
+// of range is Code::kOutOfRange naming arg.
 Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Positions& p,
                                                      std::int64_t B, std::int64_t L);
 // The same for `axes` components per token: ids [axes, L] or [B, axes, L] (int32/int64, every value
-// + offset ≥ 0), expanded to [B, axes, L]; absent ids give offset + l in every component.
+// + offset in [0, 2^53]), expanded to [B, axes, L]; absent ids give offset + l in every component.
 Expected<std::vector<std::int64_t>> expand_positions_axes(const char* arg, const Positions& p, int axes,
                                                           std::int64_t B, std::int64_t L);
 

@@ -14,6 +14,7 @@
 // D is at most 2^20 and a table at most 2^34 values; a failure names the flag out of range.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "cli/cli_common.h"
@@ -136,7 +137,6 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
     L = parse_int("--length", st.length);
     if (L < 1) fail(Status::Invalid("--length", "expected a positive integer, got " + std::to_string(L)));
     if (offset < 0) fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
-    constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;
     if (offset > kMaxPosition - L)
       fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
   }
@@ -176,7 +176,9 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
     else if (e.id == Encoding::kMrope)
       t = take_lib(mrope_table(pm, D, L, pos), pnames);
     else
-      t = take_lib(xpos_table(px, role, D, L, pos), pnames);
+      t = take_lib(xpos_table(px, role, D, L, pos,  // the scales (a·ρ·cos, a·ρ·sin) must fit the dtype
+                              part == "angle" ? std::nullopt : std::optional<DType>(dtype)),
+                   pnames);
     std::vector<double> v(t.angle.size());
     for (std::size_t i = 0; i < v.size(); ++i) {
       const double a = t.angle[i], sc = t.scale[i];
@@ -243,8 +245,7 @@ void run_table(TableState& st) {
     case Encoding::kRope: {
       if (st.part != "angle" && st.part != "cos" && st.part != "sin")
         fail(Status::Invalid("--part", "expected angle, cos or sin, got '" + st.part + "'"));
-      constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;  // exact in double
-      if (offset > kMaxPosition - L)
+      if (offset > kMaxPosition - L)  // view.h's bound (exact in double)
         fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
       check(outs.reserve("--out", st.out));
       st.params.load_tensors();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "posenc/threads.h"
 #include "posenc/view.h"
@@ -45,6 +46,22 @@ inline bool partial_alias(const View& a, const View& b) {
   for (int i = 0; i < a.ndim; ++i)
     if (a.shape[i] > 1 && a.strides[i] != b.strides[i]) return true;
   return false;
+}
+
+// The largest |angle| (radians, formed in double) the fast kernels take: simd-inl.h's reduction
+// a = q·π/2 + t rounds a·2/π to the integer q, which stays within 0.013 of a·2/π up to 2^47 (the
+// product's rounding, 2^-7, and 2/π's, 2^-7.6), so t stays within 0.81 of 0, where the float
+// polynomials hold. Beyond it q may be off by whole units and t leaves that range (RoPE at position
+// 2^60 came out 4.8·10⁹ times longer than its input; huge frequencies gave NaN), so a call with a
+// larger angle runs the reference instead (std::sin, std::cos of the double angle, exactly
+// reduced): one check per call, none per element.
+constexpr double kMaxFastAngle = 0x1p47;
+
+// max |v| over the positions v (0 for none).
+inline std::int64_t max_abs(const std::vector<std::int64_t>& v) {
+  std::int64_t m = 0;
+  for (std::int64_t x : v) m = std::max(m, x < 0 ? -x : x);
+  return m;
 }
 
 // Below this many elements a call stays on the calling thread.

@@ -179,10 +179,36 @@ void from_doubles(const std::vector<double>& src, const View& dst) {
   for (std::int64_t i = 0; i < dst.numel(); ++i) dst.set(i, src[static_cast<std::size_t>(i)]);
 }
 
+namespace {
+
+// Without ids, token l of L sits at offset + l: every one within [-2^53, 2^53], checked without
+// forming a sum that could overflow.
+Status check_offset(const char* arg, std::int64_t offset, std::int64_t L) {
+  const std::int64_t last = L > 0 ? L - 1 : 0;
+  if (offset < -kMaxPosition || offset > kMaxPosition - last)
+    return Status::OutOfRange(arg, "expected positions offset .. offset + length - 1 within [-2^53, 2^53] "
+                                   "(exact in double), got offset " +
+                                       std::to_string(offset) + " with length " + std::to_string(L));
+  return Status::Ok();
+}
+
+// id + offset, which must lie in [0, 2^53].
+Status id_position(const char* arg, std::int64_t id, std::int64_t offset, std::int64_t* v) {
+  if (__builtin_add_overflow(id, offset, v) || *v > kMaxPosition)
+    return Status::OutOfRange(arg, "expected positions <= 2^53 (exact in double), got " +
+                                       (offset == 0 ? std::to_string(id)
+                                                    : std::to_string(id) + " + offset " + std::to_string(offset)));
+  if (*v < 0) return Status::OutOfRange(arg, "positions must be >= 0, got " + std::to_string(*v));
+  return Status::Ok();
+}
+
+}  // namespace
+
 Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Positions& p,
                                                      std::int64_t B, std::int64_t L) {
   std::vector<std::int64_t> out(static_cast<std::size_t>(B * L));
   if (!p.ids.present()) {
+    POSENC_RETURN_IF_ERROR(check_offset(arg, p.offset, L));
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t l = 0; l < L; ++l) out[static_cast<std::size_t>(b * L + l)] = p.offset + l;
     return out;
@@ -198,8 +224,8 @@ Expected<std::vector<std::int64_t>> expand_positions(const char* arg, const Posi
                                     ", " + std::to_string(L) + "], got " + ids.shape_str());
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t l = 0; l < L; ++l) {
-      const std::int64_t v = ids.get_int(flat ? l : b * L + l) + p.offset;
-      if (v < 0) return Status::OutOfRange(arg, "positions must be >= 0, got " + std::to_string(v));
+      std::int64_t v = 0;
+      POSENC_RETURN_IF_ERROR(id_position(arg, ids.get_int(flat ? l : b * L + l), p.offset, &v));
       out[static_cast<std::size_t>(b * L + l)] = v;
     }
   return out;
@@ -210,6 +236,7 @@ Expected<std::vector<std::int64_t>> expand_positions_axes(const char* arg, const
   const std::int64_t A = axes;
   std::vector<std::int64_t> out(static_cast<std::size_t>(B * A * L));
   if (!p.ids.present()) {
+    POSENC_RETURN_IF_ERROR(check_offset(arg, p.offset, L));
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t a = 0; a < A; ++a)
         for (std::int64_t l = 0; l < L; ++l) out[static_cast<std::size_t>((b * A + a) * L + l)] = p.offset + l;
@@ -229,8 +256,8 @@ Expected<std::vector<std::int64_t>> expand_positions_axes(const char* arg, const
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t a = 0; a < A; ++a)
       for (std::int64_t l = 0; l < L; ++l) {
-        const std::int64_t v = ids.get_int(shared ? a * L + l : (b * A + a) * L + l) + p.offset;
-        if (v < 0) return Status::OutOfRange(arg, "positions must be >= 0, got " + std::to_string(v));
+        std::int64_t v = 0;
+        POSENC_RETURN_IF_ERROR(id_position(arg, ids.get_int(shared ? a * L + l : (b * A + a) * L + l), p.offset, &v));
         out[static_cast<std::size_t>((b * A + a) * L + l)] = v;
       }
   return out;

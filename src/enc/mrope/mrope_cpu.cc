@@ -3,7 +3,8 @@
 // contiguous innermost dimension run RoPE's Highway kernel (rope_cpu.cc) with the call's plan: per
 // token the r/2 angles p_axis(k)·ω_k are formed in double (accurate or hf, as rope.h) and reduced
 // exactly, sin/cos in float (core/simd-inl.h's bound), times the attention factor, shared by the
-// token's heads; OpenMP over tokens. float64 and other views fall back to posenc::reference.
+// token's heads; OpenMP over tokens. float64 and other views fall back to posenc::reference, as does
+// a call with an angle beyond 2^47 (rope_fast::angles_ok).
 #include "enc/rope/rope_fast.h"
 #include "posenc/reference.h"
 #include "posenc/rotary.h"
@@ -15,7 +16,7 @@ Status rotate(const MropeParams& p, const char* in_arg, const View& in, const Po
               const View& out, double sign) {
   auto c = rotary::prepare_mrope(p, in_arg, in, out_arg, out, pos);
   if (!c.ok()) return c.status();
-  if (!rope_fast::kernel_ok(in, out))
+  if (!rope_fast::kernel_ok(in, out) || !rope_fast::angles_ok(*c))
     return sign > 0 ? reference::mrope_forward(p, in, pos, out) : reference::mrope_backward(p, in, pos, out);
   rope_fast::run_plan(*c, in, out, sign, +1);
   return Status::Ok();

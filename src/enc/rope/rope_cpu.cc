@@ -6,7 +6,8 @@
 // float16 views whose innermost dimension is contiguous run the Highway kernel below (every target
 // compiled by foreach_target.h, the best supported one chosen at run time by HWY_DYNAMIC_DISPATCH);
 // float64, a strided innermost dimension or a partial overlap of input and output fall back to
-// posenc::reference.
+// posenc::reference, and so does a call whose largest angle exceeds 2^47 (fast::kMaxFastAngle: the
+// kernel's reduction is exact enough below it; checked once per call, rotary plans included).
 //
 // The frequencies ω_k and the attention factor a_f are the call's RopeFrequencies (rope_freqs.cc),
 // kept from the previous call on this thread while the parameters, r and what the scheme reads of
@@ -352,6 +353,8 @@ void MixedGradRun(const rope_fast::Job& j, const void* dy, const std::int64_t* d
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cmath>
+
 #include "core/fast_common.h"
 #include "enc/rope/rope_check.h"
 #include "enc/rope/rope_math.h"
@@ -405,6 +408,14 @@ Expected<const RopeFrequencies*> cached_frequencies(const RopeParams& p, std::in
   return &c.f;
 }
 
+// Whether every angle of the call lies in the fast kernel's range: |angle| <= fast::kMaxFastAngle at
+// the largest |position| M (the angle of pair k grows with |m| in both modes).
+bool fast_angles(const RopeFrequencies& f, std::int64_t M) {
+  for (std::int64_t k = 0; k < f.rotary_dim / 2; ++k)
+    if (!(std::fabs(f.angle(M, k)) <= fast::kMaxFastAngle)) return false;
+  return true;
+}
+
 // Rotates up to two tensors sharing B, L, positions and dtype.
 Status run_fast(const RopeParams& p, std::int64_t r, const View* in, const View* out, int n,
                 const Positions& pos, double sign) {
@@ -414,6 +425,12 @@ Status run_fast(const RopeParams& p, std::int64_t r, const View* in, const View*
   auto fr = cached_frequencies(p, r, rope::call_length(*ids));
   if (!fr.ok()) return fr.status();
   const RopeFrequencies& f = **fr;
+  if (!fast_angles(f, fast::max_abs(*ids))) {  // beyond the fast reduction: the reference, exactly reduced
+    for (int i = 0; i < n; ++i)
+      POSENC_RETURN_IF_ERROR(sign > 0 ? reference::rope_forward(p, in[i], pos, out[i])
+                                      : reference::rope_backward(p, in[i], pos, out[i]));
+    return Status::Ok();
+  }
   rope_fast::Job j;
   j.dtype = in[0].dtype;
   j.interleaved = p.layout == RopeLayout::kInterleaved;
@@ -475,6 +492,30 @@ rope_fast::Job plan_job(const rotary::Call& c, const View& in, const View& out) 
   return j;
 }
 }  // namespace
+
+bool rope_fast::angles_ok(const rotary::Call& c) {
+  const rotary::Plan& pl = c.plan;
+  if (pl.per_head()) {  // mixed: |x·θˣ + y·θʸ| <= max|x|·|θˣ| + max|y|·|θʸ|
+    double mx = 0, my = 0;
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t l = 0; l < c.L; ++l) {
+        mx = std::max(mx, std::fabs(static_cast<double>(c.ids[static_cast<std::size_t>((b * 2 + 0) * c.L + l)])));
+        my = std::max(my, std::fabs(static_cast<double>(c.ids[static_cast<std::size_t>((b * 2 + 1) * c.L + l)])));
+      }
+    for (std::int64_t h = 0; h < pl.heads; ++h)
+      for (std::int64_t k = 0; k < pl.half; ++k) {
+        const double fx = pl.mixed[static_cast<std::size_t>(h * pl.half + k)];
+        const double fy = pl.mixed[static_cast<std::size_t>((pl.heads + h) * pl.half + k)];
+        if (!(mx * std::fabs(fx) + my * std::fabs(fy) <= fast::kMaxFastAngle)) return false;
+      }
+    return true;
+  }
+  const std::int64_t M = fast::max_abs(c.ids);  // every component at the largest |position|
+  const std::int64_t p[3] = {M, M, M};
+  for (std::int64_t k = 0; k < pl.half; ++k)
+    if (!(std::fabs(pl.angle(p, k, 0)) <= fast::kMaxFastAngle)) return false;
+  return true;
+}
 
 void rope_fast::run_plan(const rotary::Call& c, const View& in, const View& out, double sign, int role) {
   Job j = plan_job(c, in, out);

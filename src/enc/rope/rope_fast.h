@@ -39,6 +39,10 @@ struct Job {
 // no partial overlap (in place is fine).
 bool kernel_ok(const View& in, const View& out);
 
+// Whether every angle of the call lies in the kernel's range, |φ| <= fast::kMaxFastAngle (2^47);
+// otherwise the encoding runs its reference.
+bool angles_ok(const rotary::Call& c);
+
 // Rotates in → out ([B, L, H, D], validated, kernel_ok) by the call's plan: a·ρ·R(sign·φ) per pair
 // (sign −1: the transpose, the backward); role +1 queries, −1 keys (xpos).
 void run_plan(const rotary::Call& c, const View& in, const View& out, double sign, int role);

@@ -32,6 +32,33 @@ Status check_list(const char* field, const std::vector<double>& v, std::int64_t 
   return Status::Ok();
 }
 
+// The largest ω_k whose angle stays finite at every position |m| <= 2^53 (kMaxPosition): m·ω_k in
+// double (accurate: 2^53·2^969 = 2^1022), or the float32 product fl32(ω_k·fl32(m)) (hf: 2^53·2^74 =
+// 2^127 < FLT_MAX).
+constexpr double kMaxFreq = 0x1p969;
+constexpr double kMaxFreqF32 = 0x1p74;
+
+// The first ω_k of f (in the call's mode) that is not finite or above the bound, or -1.
+std::int64_t first_bad_freq(const RopeFrequencies& f) {
+  const bool hf = f.angles == RopeAngles::kHf;
+  const std::vector<double>& w = hf ? f.inv_freq_f32 : f.inv_freq;
+  const double bound = hf ? kMaxFreqF32 : kMaxFreq;
+  for (std::size_t k = 0; k < w.size(); ++k)
+    if (!(std::fabs(w[k]) <= bound)) return static_cast<std::int64_t>(k);
+  return -1;
+}
+
+Status bad_freq(const char* field, const RopeFrequencies& f, std::int64_t k) {
+  const bool hf = f.angles == RopeAngles::kHf;
+  const double w = (hf ? f.inv_freq_f32 : f.inv_freq)[static_cast<std::size_t>(k)];
+  return Status::OutOfRange(
+      field, std::string(hf ? "expected float32 frequencies omega_k <= 2^74 (angles --angles hf forms as "
+                              "fl32(omega_k*m), finite for every m <= 2^53)"
+                            : "expected frequencies omega_k <= 2^969 (angles m*omega_k finite for every "
+                              "|m| <= 2^53)") +
+                 ", got omega_" + str(k) + " = " + num(w));
+}
+
 bool reads_factor(RopeType t) { return t != RopeType::kDefault; }
 bool reads_original(RopeType t) {
   return t == RopeType::kDynamic || t == RopeType::kYarn || t == RopeType::kLlama3 || t == RopeType::kLongrope;
@@ -211,6 +238,24 @@ Expected<RopeFrequencies> frequencies(const RopeParams& p, std::int64_t r, std::
       break;
     }
   }
+  // Frequencies whose angles would overflow (a tiny theta, factor or list entry): an error naming
+  // the field that made them, RoFormer's ω⁰ (theta) first.
+  if (const std::int64_t k = first_bad_freq(f); k >= 0) {
+    const char* field = "theta";
+    if (!p.inv_freq.empty()) {
+      field = "inv_freq";
+    } else if (p.rope_type != RopeType::kDefault) {  // a scheme: its own field, unless ω⁰ already fails
+      RopeParams plain;
+      plain.theta = p.theta;
+      plain.angles = p.angles;
+      const bool theta_fine = frequencies(plain, r, call_len).ok();
+      if (theta_fine && p.rope_type == RopeType::kLongrope)
+        field = f.long_factors ? "long_factor" : "short_factor";
+      else if (theta_fine)
+        field = "factor";
+    }
+    return bad_freq(field, f, k);
+  }
   if (!p.freq_factors.empty())
     for (std::int64_t k = 0; k < half; ++k) {
       const std::size_t i = static_cast<std::size_t>(k);
@@ -218,6 +263,7 @@ Expected<RopeFrequencies> frequencies(const RopeParams& p, std::int64_t r, std::
       f.inv_freq[i] /= ff;
       f.inv_freq_f32[i] = value(F32(f.inv_freq_f32[i]) / F32(ff));
     }
+  if (const std::int64_t k = first_bad_freq(f); k >= 0) return bad_freq("freq_factors", f, k);
   if (p.attention_factor) f.attention_factor = *p.attention_factor;
   return f;
 }

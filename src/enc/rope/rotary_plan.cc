@@ -4,7 +4,9 @@
 // rope2d_math.h, mrope_math.h and xpos_math.h; see posenc/rotary.h.
 #include "enc/rope/rotary_plan.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/format.h"
@@ -151,10 +153,13 @@ Expected<Plan> rope2d_plan(const Rope2dParams& p, I D, I call_len, const View& f
   pl.axes = 2;
   pl.heads = heads;
   pl.mixed = to_doubles(freqs);
+  // |θ| <= 2^968 keeps x·θˣ + y·θʸ finite (<= 2^1022) for every |x|, |y| <= 2^53 (kMaxPosition).
+  constexpr double kMaxMixedFreq = 0x1p968;
   for (std::size_t i = 0; i < pl.mixed.size(); ++i)
-    if (!std::isfinite(pl.mixed[i]))
-      return Status::Invalid("freqs", "expected finite values, got " + format_number(pl.mixed[i]) + " at " +
-                                          std::to_string(i));
+    if (!(std::fabs(pl.mixed[i]) <= kMaxMixedFreq))
+      return Status::Invalid("freqs", "expected finite values with |value| <= 2^968 (angles x*fx + y*fy finite "
+                                      "for every |position| <= 2^53), got " +
+                                          format_number(pl.mixed[i]) + " at " + std::to_string(i));
   return pl;
 }
 
@@ -213,6 +218,57 @@ Expected<Plan> xpos_plan(const XposParams& p, I D, I call_len) {
   for (I k = 0; k < pl.half; ++k) pl.rate[static_cast<std::size_t>(k)] = xpos::log_rate(k, r, p.gamma, p.scale_base);
   pl.center = xpos_center(p, call_len);
   return pl;
+}
+
+namespace {
+// The largest finite value of a floating storage dtype.
+double dtype_max(DType t) {
+  switch (t) {
+    case DType::kF16: return 65504.0;
+    case DType::kBF16: return 0x1.fep127;
+    case DType::kF32: return 0x1.fffffep127;
+    default: return std::numeric_limits<double>::max();
+  }
+}
+}  // namespace
+
+Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DType dtype, const char* arg) {
+  if (ids.empty() || !pl.scaled()) return Status::Ok();
+  I lo = ids[0], hi = ids[0];
+  for (I m : ids) {
+    lo = std::min(lo, m);
+    hi = std::max(hi, m);
+  }
+  // ρ_k = ζ_k^(role·(m − c)/s) is monotone in m: its largest value is at lo or hi, for the pair of
+  // the smallest ζ_k (k = 0), but every pair is checked as the kernels compute it.
+  const double mx = dtype_max(dtype);
+  // The end of the call nearest c first: the message names the first position that overflows.
+  const I ends[2] = {role > 0 ? hi : lo, role > 0 ? lo : hi};
+  for (I m : ends)
+    for (I k = 0; k < pl.half; ++k) {
+      const double v = pl.scale(m, k, role);
+      if (v <= mx) continue;
+      // The last position on this side whose every scale stays finite: c ± lim.
+      const double r0 = std::fabs(pl.rate[0]);
+      I lim = r0 > 0 ? static_cast<I>(std::clamp(std::log(mx / pl.factor) / r0, 0.0, 0x1p60)) : 0;
+      auto fits = [&](I d) {
+        const I at = pl.center + (role > 0 ? -d : d);
+        for (I kk = 0; kk < pl.half; ++kk)
+          if (!(pl.scale(at, kk, role) <= mx)) return false;
+        return true;
+      };
+      while (lim > 0 && !fits(lim)) --lim;
+      while (fits(lim + 1)) ++lim;
+      const std::string c = str(pl.center);
+      return Status::OutOfRange(
+          arg, std::string("the xPos ") +
+                   (role > 0 ? "query scale zeta_k^((m-c)/scale_base)" : "key scale zeta_k^(-(m-c)/scale_base)") +
+                   " overflows " + dtype_name(dtype) + " at position m = " + str(m) + " (pair k = " + str(k) +
+                   ", c = " + c + ": " + format_number(v) + " > " + format_number(mx) + "): expected " +
+                   (role > 0 ? "m >= c - " + str(lim) + " = " + str(pl.center - lim)
+                             : "m <= c + " + str(lim) + " = " + str(pl.center + lim)));
+    }
+  return Status::Ok();
 }
 
 Status check_io(const char* in_arg, const View& in, const char* out_arg, const View& out) {
@@ -303,6 +359,7 @@ Expected<Call> prepare_xpos(const XposParams& p, XposRole role, const char* in_a
   auto pl = xpos_plan(p, c.D, call_length(c.ids));
   if (!pl.ok()) return pl.status();
   c.plan = std::move(pl).value();
+  POSENC_RETURN_IF_ERROR(check_xpos_scale(c.plan, c.ids, role_sign(role), out.dtype, "positions"));
   return c;
 }
 
@@ -364,7 +421,7 @@ Expected<RotaryTable> mrope_table(const MropeParams& p, std::int64_t head_dim, s
 }
 
 Expected<RotaryTable> xpos_table(const XposParams& p, XposRole role, std::int64_t head_dim, std::int64_t length,
-                                 const Positions& pos) {
+                                 const Positions& pos, std::optional<DType> scale_dtype) {
   using namespace rotary;
   if (role != XposRole::kQuery && role != XposRole::kKey)
     return Status::Invalid("role", "expected query or key, got value " + std::to_string(static_cast<int>(role)));
@@ -373,6 +430,7 @@ Expected<RotaryTable> xpos_table(const XposParams& p, XposRole role, std::int64_
   if (!ids.ok()) return ids.status();
   auto pl = xpos_plan(p, head_dim, call_length(*ids));
   if (!pl.ok()) return pl.status();
+  if (scale_dtype) POSENC_RETURN_IF_ERROR(check_xpos_scale(*pl, *ids, role_sign(role), *scale_dtype, "positions"));
   return table_of(*pl, *ids, length, role_sign(role));
 }
 

@@ -67,6 +67,11 @@ Expected<Plan> xpos_plan(const XposParams& p, I D, I call_len);
 // The call's own length from expanded positions: largest value + 1 (0 for none).
 I call_length(const std::vector<I>& ids);
 
+// xPos: every a·ρ_k of the call's positions ids (any layout) must be finite and representable in
+// dtype, the storage of the output it multiplies; otherwise Code::kOutOfRange naming arg, with the
+// position where it overflows and the last one that fits (c + lim for keys, c − lim for queries).
+Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DType dtype, const char* arg);
+
 // Validates a [B, L, H, D] input and its output (float, same shape and dtype).
 Status check_io(const char* in_arg, const View& in, const char* out_arg, const View& out);
 

@@ -5,7 +5,7 @@
 // formed in double and reduced exactly, sin/cos evaluated in float (core/simd-inl.h's bound), every
 // SIMD target compiled, the best chosen at run time; OpenMP over tokens. Mixed's dfreqs are summed
 // per thread in double (rope_fast::mixed_freq_grad) and then in thread order. float64 and other
-// views fall back to posenc::reference.
+// views fall back to posenc::reference, as does a call with an angle beyond 2^47 (rope_fast::angles_ok).
 #include "core/fast_common.h"
 #include "enc/rope/rope_fast.h"
 #include "posenc/reference.h"
@@ -17,7 +17,7 @@ Status rope2d_forward(const Rope2dParams& p, const View& x, const Positions& pos
                       const View& y) {
   auto c = rotary::prepare_rope2d(p, "x", x, "y", y, pos, freqs);
   if (!c.ok()) return c.status();
-  if (!rope_fast::kernel_ok(x, y)) return reference::rope2d_forward(p, x, pos, freqs, y);
+  if (!rope_fast::kernel_ok(x, y) || !rope_fast::angles_ok(*c)) return reference::rope2d_forward(p, x, pos, freqs, y);
   rope_fast::run_plan(*c, x, y, +1.0, +1);
   return Status::Ok();
 }
@@ -30,7 +30,7 @@ Status rope2d_backward(const Rope2dParams& p, const View& dy, const Positions& p
   const bool fast_df = !dfreqs.present() ||
                        (rope_fast::kernel_ok(x, x) && rope_fast::kernel_ok(dy, dy) && x.dtype == dy.dtype &&
                         !(dx.present() && fast::partial_alias(dx, x)));
-  if (!fast_dx || !fast_df) return reference::rope2d_backward(p, dy, pos, freqs, dx, x, dfreqs);
+  if (!fast_dx || !fast_df || !rope_fast::angles_ok(*c)) return reference::rope2d_backward(p, dy, pos, freqs, dx, x, dfreqs);
   std::vector<double> df;
   if (dfreqs.present()) rope_fast::mixed_freq_grad(*c, x, dy, &df);  // before dx may overwrite dy
   if (dx.present()) rope_fast::run_plan(*c, dy, dx, -1.0, +1);

@@ -2,7 +2,8 @@
 // dispatch here (validation is the reference's, sinusoidal_check.h, so errors are identical).
 //
 // float32/bfloat16/float16 with a contiguous last dimension (Highway, dynamic dispatch; OpenMP over
-// blocks of positions); everything else falls back to posenc::reference. Backward is dx = dy: a row
+// blocks of positions); everything else falls back to posenc::reference, as does a call with an
+// angle p·w_i beyond 2^47 (fast::kMaxFastAngle: the reduction's range; a tiny base or a far position). Backward is dx = dy: a row
 // copy.
 //
 // Evaluating sin and cos per element makes the add compute-bound, so runs of consecutive positions
@@ -664,6 +665,12 @@ Status run_fast(const SinusoidalParams& p, const View* x, const View& y, std::in
   return Status::Ok();
 }
 
+// Whether every angle p·w_i of the call lies in the fast kernels' range (fast::kMaxFastAngle): the
+// anchors' double reduction and the float sincos share simd-inl.h's.
+bool fast_angles(const SinusoidalParams& p, std::int64_t D, const std::vector<std::int64_t>& ids) {
+  return static_cast<double>(fast::max_abs(ids)) * sinusoid::max_freq(p, D) <= fast::kMaxFastAngle;
+}
+
 // dst[b, l, :] = src[b, l, :] row by row (same dtype, contiguous last dimension).
 void copy_rows(const View& src, const View& dst) {
   if (src.data == dst.data) return;
@@ -684,28 +691,33 @@ Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const V
   POSENC_RETURN_IF_ERROR(sinusoid::check_base(p));
   POSENC_RETURN_IF_ERROR(require_float("out", out, 2));
   POSENC_RETURN_IF_ERROR(sinusoid::check_even_d("out", out));
+  POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, out.dim(1)));
   if (!fast::fast_dtype(out.dtype) || !fast::inner_contiguous(out))
     return reference::sinusoidal_table(p, pos, out);
   auto ids = expand_positions("positions", pos, 1, out.dim(0));  // [1, L]
   if (!ids.ok()) return ids.status();
+  if (!fast_angles(p, out.dim(1), *ids)) return reference::sinusoidal_table(p, pos, out);
   return run_fast(p, nullptr, out, 1, out.dim(0), out.dim(1), *ids, true);
 }
 
 Status sinusoidal_forward(const SinusoidalParams& p, const View& x, const Positions& pos, const View& y) {
   POSENC_RETURN_IF_ERROR(sinusoid::check_base(p));
   POSENC_RETURN_IF_ERROR(sinusoid::check_io("x", x, "y", y));
+  POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, x.dim(2)));
   if (!fast::fast_dtype(x.dtype) || !fast::inner_contiguous(x) || !fast::inner_contiguous(y) ||
       fast::partial_alias(x, y))
     return reference::sinusoidal_forward(p, x, pos, y);
   const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
   auto ids = expand_positions("positions", pos, B, L);  // [B, L]
   if (!ids.ok()) return ids.status();
+  if (!fast_angles(p, D, *ids)) return reference::sinusoidal_forward(p, x, pos, y);
   return run_fast(p, &x, y, B, L, D, *ids, !pos.ids.present() || pos.ids.ndim == 1);
 }
 
 Status sinusoidal_backward(const SinusoidalParams& p, const View& dy, const Positions& pos, const View& dx) {
   POSENC_RETURN_IF_ERROR(sinusoid::check_base(p));
   POSENC_RETURN_IF_ERROR(sinusoid::check_io("dy", dy, "dx", dx));
+  POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, dy.dim(2)));
   if (!fast::fast_dtype(dy.dtype) || !fast::inner_contiguous(dy) || !fast::inner_contiguous(dx) ||
       fast::partial_alias(dy, dx))
     return reference::sinusoidal_backward(p, dy, pos, dx);

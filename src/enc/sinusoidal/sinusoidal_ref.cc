@@ -27,6 +27,19 @@ Status check_base(const SinusoidalParams& p) {
   return Status::Ok();
 }
 
+double max_freq(const SinusoidalParams& p, std::int64_t D) {
+  return p.base >= 1 || D < 2 ? 1.0 : inv_freq(D / 2 - 1, D, p.base);
+}
+
+Status check_freqs(const SinusoidalParams& p, std::int64_t D) {
+  const double w = max_freq(p, D);
+  if (!(w <= 0x1p969))
+    return Status::OutOfRange("base", "expected frequencies base^(-2i/D) <= 2^969 (angles p*w finite for every "
+                                      "|p| <= 2^53), got " + format_number(w) + " at i = " +
+                                          std::to_string(D / 2 - 1) + " (base " + format_number(p.base) + ")");
+  return Status::Ok();
+}
+
 // The last dimension holds D/2 (sin, cos) pairs.
 Status check_even_d(const char* arg, const View& v) {
   if (v.dim(v.ndim - 1) % 2 != 0)
@@ -56,6 +69,7 @@ Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const V
   POSENC_RETURN_IF_ERROR(check_base(p));
   POSENC_RETURN_IF_ERROR(require_float("out", out, 2));
   POSENC_RETURN_IF_ERROR(check_even_d("out", out));
+  POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, out.dim(1)));
   const std::int64_t L = out.dim(0), D = out.dim(1);
   auto ids = expand_positions("positions", pos, 1, L);  // [1, L]
   if (!ids.ok()) return ids.status();
@@ -73,6 +87,7 @@ Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const V
 Status sinusoidal_forward(const SinusoidalParams& p, const View& x, const Positions& pos, const View& y) {
   POSENC_RETURN_IF_ERROR(check_base(p));
   POSENC_RETURN_IF_ERROR(check_io("x", x, "y", y));
+  POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, x.dim(2)));
   const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
   auto ids = expand_positions("positions", pos, B, L);  // [B, L]
   if (!ids.ok()) return ids.status();
@@ -90,6 +105,7 @@ Status sinusoidal_forward(const SinusoidalParams& p, const View& x, const Positi
 Status sinusoidal_backward(const SinusoidalParams& p, const View& dy, const Positions& pos, const View& dx) {
   POSENC_RETURN_IF_ERROR(check_base(p));
   POSENC_RETURN_IF_ERROR(check_io("dy", dy, "dx", dx));
+  POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, dy.dim(2)));
   // Positions do not enter the gradient, but they are validated as in the forward.
   auto ids = expand_positions("positions", pos, dy.dim(0), dy.dim(1));
   if (!ids.ok()) return ids.status();
