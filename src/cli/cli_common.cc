@@ -154,7 +154,7 @@ Tensor read_input(const std::string& flag, const std::string& path) { return tak
 void require_float_tensor(const std::string& flag, const Tensor& t) {
   if (!is_float(t.dtype()))
     fail(
-        Status::Invalid(flag, std::string("expected float32 or float64 data, got ") + dtype_name(t.dtype())));
+        Status::Invalid(flag, std::string("expected float32, float64 or float16 data, got ") + dtype_name(t.dtype())));
 }
 
 namespace {

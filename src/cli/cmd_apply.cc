@@ -112,9 +112,12 @@ void run_apply(ApplyState& st) {
   }
 
   // ---- compute everything before writing anything
-  const FlagMap names = {{"positions", have_positions                  ? "--positions"
-                                       : st.offset_opt->count() > 0 ? "--offset"
-                                                                    : "--in"}, {"offset", "--offset"}};
+  FlagMap names = {{"positions", have_positions                  ? "--positions"
+                                 : st.offset_opt->count() > 0 ? "--offset"
+                                                              : "--in"}, {"offset", "--offset"}};
+  // an unset rotary_dim is the input's D: a head dim the rotary encodings refuse is --in's
+  if (e.id == Encoding::kRope || e.id == Encoding::kRope2d || e.id == Encoding::kMrope || e.id == Encoding::kXpos)
+    for (auto& n : rope_names(st.params, "--in")) names.push_back(n);
   Tensor y(x.dtype(), x.shape());
   const bool want_dx = want_grads && st.grad_in_opt->count() > 0;
   Tensor dx;

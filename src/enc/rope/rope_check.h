@@ -8,6 +8,9 @@ namespace posenc::rope {
 // Validates (in, out, p) and returns the rotary dimension r.
 Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View& in, const char* out_arg,
                              const View& out);
+// The error for a rotary dimension that is not a multiple of `multiple` in [multiple, D]: with
+// rotary_dim 0 (the whole head), it is the head dimension D that is wrong.
+Status rotary_dim_error(std::int64_t rotary_dim, std::int64_t D, std::int64_t multiple);
 // Validates every field of p for rotary dimension r (everything but seq_len against the call).
 Status check_params(const RopeParams& p, std::int64_t r);
 // The call's seq_len, when set, may not be below its own length (largest position + 1).

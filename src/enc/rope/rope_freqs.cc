@@ -68,6 +68,15 @@ bool reads_original(RopeType t) {
 
 namespace rope {
 
+Status rotary_dim_error(std::int64_t rotary_dim, std::int64_t D, std::int64_t multiple) {
+  const std::string kind = multiple == 2 ? "an even number" : "a multiple of " + str(multiple);
+  if (rotary_dim == 0)
+    return Status::Invalid("rotary_dim", "expected a head dimension D that is " + kind + " (rotary_dim 0 rotates "
+                                         "all of it), got D = " + str(D));
+  return Status::Invalid("rotary_dim", "expected " + kind + " in [" + str(multiple) + ", D = " + str(D) +
+                                           "] (0 means D), got " + str(rotary_dim));
+}
+
 Status check_params(const RopeParams& p, std::int64_t r) {
   if (p.layout != RopeLayout::kInterleaved && p.layout != RopeLayout::kHalf)
     return Status::Invalid("layout", "expected interleaved or half, got value " +
@@ -273,9 +282,7 @@ Expected<RopeFrequencies> frequencies(const RopeParams& p, std::int64_t r, std::
 Expected<RopeFrequencies> rope_frequencies(const RopeParams& p, std::int64_t head_dim, std::int64_t call_len) {
   if (head_dim < 1) return Status::Invalid("head_dim", "expected a head dimension D >= 1, got " + str(head_dim));
   const std::int64_t r = p.rotary_dim == 0 ? head_dim : p.rotary_dim;
-  if (r <= 0 || r % 2 != 0 || r > head_dim)
-    return Status::Invalid("rotary_dim", "expected an even number in [2, D = " + str(head_dim) +
-                                             "] (0 means D), got " + str(p.rotary_dim));
+  if (r <= 0 || r % 2 != 0 || r > head_dim) return rope::rotary_dim_error(p.rotary_dim, head_dim, 2);
   POSENC_RETURN_IF_ERROR(rope::check_params(p, r));
   return rope::frequencies(p, r, call_len);
 }

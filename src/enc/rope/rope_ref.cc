@@ -37,12 +37,7 @@ Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View
                                          std::to_string(static_cast<int>(p.layout)));
   const std::int64_t D = in.dim(3);
   const std::int64_t r = p.rotary_dim == 0 ? D : p.rotary_dim;
-  if (r <= 0 || r % 2 != 0 || r > D) {
-    std::string what = "expected an even number in [2, D = " + std::to_string(D) + "] (0 means D), got " +
-                       std::to_string(p.rotary_dim);
-    if (p.rotary_dim == 0) what += " (D = " + std::to_string(D) + ")";
-    return Status::Invalid("rotary_dim", what);
-  }
+  if (r <= 0 || r % 2 != 0 || r > D) return rotary_dim_error(p.rotary_dim, D, 2);
   POSENC_RETURN_IF_ERROR(check_params(p, r));
   return r;
 }

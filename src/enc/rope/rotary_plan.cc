@@ -95,14 +95,7 @@ Plan base_plan(Kind kind, RopeLayout layout, I r) {
 
 Expected<I> rotary_dim(const RopeParams& p, I D, I multiple) {
   const I r = p.rotary_dim == 0 ? D : p.rotary_dim;
-  if (r <= 0 || r % multiple != 0 || r > D) {
-    std::string what = multiple == 2 ? "expected an even number in [2, D = " + str(D) + "]"
-                                     : "expected a multiple of " + str(multiple) + " in [" + str(multiple) +
-                                           ", D = " + str(D) + "]";
-    what += " (0 means D), got " + str(p.rotary_dim);
-    if (p.rotary_dim == 0) what += " (D = " + str(D) + ")";
-    return Status::Invalid("rotary_dim", what);
-  }
+  if (r <= 0 || r % multiple != 0 || r > D) return rope::rotary_dim_error(p.rotary_dim, D, multiple);
   return r;
 }
 
