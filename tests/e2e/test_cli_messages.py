@@ -280,8 +280,12 @@ def messages_name_flags_not_library_arguments(d):
     x5 = d.save("x5.npy", randn(1, 3, 2, 5))
     names_first(["attention", "rope", "--q", x5, "--k", x5, "--v", x5, "--out", o], "--q", [o],
                 never=["--rotary-dim"])
+    for enc, extra in (("rope", []), ("rope2d", []), ("xpos", ["--role", "query"])):
+        names_first(["apply", enc, "--in", x5, "--out", o, *extra], "--in", [o], also=["head dimension"],
+                    never=["--rotary-dim"])
     # when the user does give --rotary-dim, it is the one named
     names_first(["table", "rope", "--length", 4, "--dim", 8, "--rotary-dim", 3, "--out", o], "--rotary-dim", [o])
+    names_first(["apply", "rope", "--in", x5, "--out", o, "--rotary-dim", 3], "--rotary-dim", [o])
 
 
 if __name__ == "__main__":
