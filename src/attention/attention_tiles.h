@@ -38,6 +38,7 @@ struct Simd {
   float (*dot)(const float* a, const float* b, std::size_t n);
   // online_softmax_step below, every row of the tile in one call
   void (*softmax_step)(float* S, I nq, I nk, float* m, float* l, float* o, I D, I band);
+  bool (*finite)(const float* x, std::size_t n);  // no NaN or ±inf among x[0, n)
 };
 
 // The best target's helpers on this CPU (attention_cpu.cc); a kernel fetches them once per call.
@@ -153,22 +154,158 @@ inline I band_reach(I i, I band, I nk) {
 // m' = max(m, rowmax S), S = exp(S − m'), l = l·e^{m−m'} + ΣS, o = o·e^{m−m'} ([nq, D]; a row whose m
 // is still −∞ must hold o = 0, which it keeps). A row still wholly masked gets S = 0. The caller then
 // adds S·V into o. band: row i reads only its first band_reach(i, band, nk) logits.
+// A NaN row: one whose m is NaN (mark_nan_rows below), or whose tile row has a row max of NaN or +inf
+// (exp would turn those into 0s, ExpSoftmax in core/simd-inl.h, and the row would pass for a masked
+// one): it gets m = l = NaN and S = 0, and stays so; online_softmax_finish makes it NaN. Per row
+// tests only: a tile row whose NaNs the row max does not show is caught by mark_nan_rows.
 inline void online_softmax_step(const Simd& sd, float* S, I nq, I nk, float* m, float* l, float* o,
                                 I D, I band = kNoBand) {
   sd.softmax_step(S, nq, nk, m, l, o, D, band);
 }
 
-// The end of the online softmax: o /= l, lse = m + log l (−inf, o = 0 for a row with no key).
+// The end of the online softmax: o /= l, lse = m + log l (−inf, o = 0 for a row with no key; NaN, o
+// all NaN for a NaN row).
 inline void online_softmax_finish(const Simd& sd, I nq, const float* m, const float* l, float* o,
                                   I D, double* lse) {
   for (I i = 0; i < nq; ++i) {
     if (l[i] > 0) {
       sd.scale(o + i * D, ix(D), 1.f / l[i]);
       lse[i] = static_cast<double>(m[i]) + std::log(static_cast<double>(l[i]));
+    } else if (std::isnan(m[i]) || std::isnan(l[i])) {
+      std::fill(o + i * D, o + (i + 1) * D, std::numeric_limits<float>::quiet_NaN());
+      lse[i] = std::numeric_limits<double>::quiet_NaN();
     } else {
       lse[i] = -std::numeric_limits<double>::infinity();
     }
   }
+}
+
+// ---- non-finite inputs ----------------------------------------------------------------------------
+// The tile steps above are made for finite inputs: exp maps a NaN logit to 0, as if it were masked,
+// and a product of a masked P = 0 or dS = 0 with a NaN or ±inf in q, k, v or dO gives NaN where no
+// such term should exist. A call whose inputs are not all finite (all_finite below; one pass over
+// them, the only cost finite inputs pay) takes these careful steps instead, which give the
+// reference's result (attention_ref.cc):
+//   a row with a NaN or +inf logit is a NaN row (mark_nan_rows): out and lse NaN; in the backward its
+//     P is NaN on every key it sees and 0 on the rest (nan_row), and it sends NaN to dq, to dk and
+//     dv of those keys and to the parameter gradients they feed;
+//   the products read q, k, v and dO with their non-finite values replaced by 0 (sanitize_rows), and
+//     the terms those values make with a P or dO that is not 0 are added back one by one
+//     (add_back_pv, add_back_ptdo); dS is 0 wherever P is (careful_ds). Replacing q or k is exact:
+//     a non-finite q_i or k_j makes every logit it enters NaN or ±inf, so its dS is NaN or 0.
+
+// Whether every element of x (any float dtype and strides) is finite: [B, L, H, D] views row by row
+// through sd.finite (float32) or the bits (bfloat16, float16); other ranks (the encodings' small
+// tensors) element by element. threads > 1 splits the rows of a large one.
+inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
+  if (!x.present()) return true;
+  if (x.ndim != 4 || x.dtype == DType::kF64) {
+    const I n = x.numel();
+    for (I e = 0; e < n; ++e)
+      if (!std::isfinite(x.get(e))) return false;
+    return true;
+  }
+  const I B = x.shape[0], L = x.shape[1], H = x.shape[2], D = x.shape[3], s3 = x.strides[3];
+  const I rows = B * L * H;
+  if (x.dtype == DType::kF32 && x.is_contiguous()) {  // one run, in pieces over the threads
+    const float* p = static_cast<const float*>(x.data);
+    const I n = rows * D, piece = I{1} << 16, np = (n + piece - 1) / piece;
+    const int th = np > 1 ? threads : 1;
+    bool ok = true;
+#pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
+    for (I c = 0; c < np; ++c) ok = ok && sd.finite(p + c * piece, ix(std::min(piece, n - c * piece)));
+    return ok;
+  }
+  bool ok = true;
+  const int th = rows * D > (I{1} << 16) ? threads : 1;
+#pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
+  for (I r = 0; r < rows; ++r) {
+    if (!ok) continue;
+    const I b = r / (L * H), l = (r / H) % L, h = r % H;
+    const I off = b * x.strides[0] + l * x.strides[1] + h * x.strides[2];
+    if (x.dtype == DType::kF32) {
+      const float* y = static_cast<const float*>(x.data) + off;
+      if (s3 == 1) {
+        ok = sd.finite(y, ix(D));
+      } else {
+        for (I e = 0; e < D && ok; ++e) ok = std::isfinite(y[e * s3]);
+      }
+    } else {  // the exponent field all ones: ±inf or NaN
+      const std::uint16_t* y = static_cast<const std::uint16_t*>(x.data) + off;
+      const std::uint16_t em = x.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
+      for (I e = 0; e < D && ok; ++e) ok = (y[e * s3] & em) != em;
+    }
+  }
+  return ok;
+}
+
+// Whether every tensor of t that is present is finite.
+inline bool all_finite(const Simd& sd, const EncodingTensors& t) {
+  for (const View* x : {&t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2, &t.fire.w1,
+                        &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold, &t.freqs})
+    if (!all_finite(sd, *x)) return false;
+  return true;
+}
+
+// n rows of D floats (row stride ld) into y [n, D], a NaN or ±inf replaced by 0; whether there was any.
+inline bool sanitize_rows(const float* x, I ld, I n, I D, float* y) {
+  bool any = false;
+  for (I r = 0; r < n; ++r)
+    for (I e = 0; e < D; ++e) {
+      const float v = x[r * ld + e];
+      const bool ok = std::isfinite(v);
+      any = any || !ok;
+      y[r * D + e] = ok ? v : 0.f;
+    }
+  return any;
+}
+
+// Marks a NaN row (m = NaN; online_softmax_step then keeps it so) each row of the score tile S
+// [nq, kBk] that holds a NaN or +inf among the logits the softmax reads (band_reach).
+inline void mark_nan_rows(const float* S, I nq, I nk, I band, float* m) {
+  for (I i = 0; i < nq; ++i) {
+    const float* Si = S + i * kBk;
+    const I n = band_reach(i, band, nk);
+    for (I j = 0; j < n; ++j)
+      if (std::isnan(Si[j]) || Si[j] == std::numeric_limits<float>::infinity()) {
+        m[i] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      }
+  }
+}
+
+// P of a NaN row (lse NaN) from its logits S [n]: NaN on every key it sees, 0 where masked (−inf).
+inline void nan_row(float* S, I n) {
+  for (I j = 0; j < n; ++j) S[j] = S[j] == kNegInfF ? 0.f : std::numeric_limits<float>::quiet_NaN();
+}
+
+// p = p·(dp − di) as Simd::ds_row, but 0 wherever p is 0 (whatever dp and di hold).
+inline void careful_ds(float* p, const float* dp, I n, float di) {
+  for (I j = 0; j < n; ++j) p[j] = p[j] == 0.f ? 0.f : p[j] * (dp[j] - di);
+}
+
+// After o [nq, D] (row stride ldo) += P·V' with V' = V [nk, D] (row stride ldv) sanitized: the terms
+// of V's non-finite entries, P [nq, kBk] times them where P is not 0.
+inline void add_back_pv(const float* P, I nq, const float* V, I ldv, I nk, I D, float* o, I ldo) {
+  for (I j = 0; j < nk; ++j)
+    for (I e = 0; e < D; ++e) {
+      const float v = V[j * ldv + e];
+      if (std::isfinite(v)) continue;
+      for (I i = 0; i < nq; ++i)
+        if (const float p = P[i * kBk + j]; p != 0.f) o[i * ldo + e] += p * v;
+    }
+}
+
+// After dV [nk, D] += Pᵀ·dO' with dO' = dO [nq, D] (row stride ld) sanitized: the terms of dO's
+// non-finite entries, times P [nq, kBk] where it is not 0.
+inline void add_back_ptdo(const float* P, I nq, I nk, const float* dO, I ld, I D, float* dV) {
+  for (I i = 0; i < nq; ++i)
+    for (I e = 0; e < D; ++e) {
+      const float g = dO[i * ld + e];
+      if (std::isfinite(g)) continue;
+      for (I j = 0; j < nk; ++j)
+        if (const float p = P[i * kBk + j]; p != 0.f) dV[j * D + e] += p * g;
+    }
 }
 
 // Whether two views share memory.
