@@ -38,6 +38,10 @@
 //   (since dv_h = Σ c_ij W_h s(δ_ij) and dW_h = Σ c_ij (q_i + v_h) s(δ_ij)ᵀ). The parameter gradients
 //   are summed per (b, h) in double from per-tile float products, then over the batch at the end.
 //
+// ---- non-finite inputs -------------------------------------------------------------------------------
+//   As in attention_cpu.cc: one pass over q, k, v (dout) and u, v, W decides the careful steps of
+//   attention_tiles.h for a call with a NaN or ±inf (Qu, Qv and K sanitized for dK, dW and dQ).
+//
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: (number of ρ)·R floats — at L = M = N = 65536, R = 64: 33.5 MB, causal 16.8 MB;
 //   per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at D = R = 64);
@@ -79,6 +83,7 @@ constexpr I kSub = 32;
 struct Scratch {
   std::vector<float> qu, qv, y, k, v, s, o, ml, t;  // forward
   std::vector<float> dp, dout, dk, dv, x, dw;      // backward
+  std::vector<float> sq, sk, sv, sd;               // careful steps: sanitized Qu or Qv, K, V, dO
   void init(I D, I R) {
     qu.resize(ix(kBq * D));
     qv.resize(ix(kBq * D));
@@ -89,6 +94,7 @@ struct Scratch {
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
     t.resize(ix(kSub * (kSub + kBk - 1)));
+    sv.resize(ix(kBk * D));
   }
   void init_backward(I D, I R) {
     dp.resize(ix(kBq * kBk));
@@ -97,6 +103,9 @@ struct Scratch {
     dv.resize(ix(kBk * D));
     x.resize(ix(kBq * R));
     dw.resize(ix(D * R));
+    sq.resize(ix(kBq * D));
+    sk.resize(ix(kBk * D));
+    sd.resize(ix(kBq * D));
   }
 };
 
@@ -112,6 +121,8 @@ class XlFused {
     w_.assign(w.begin(), w.end());
     w64_ = w;
     build_table();
+    careful_ = !(all_finite(simd_, q, threads) && all_finite(simd_, k, threads) &&
+                 all_finite(simd_, v, threads) && all_finite(simd_, t));
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -167,6 +178,7 @@ class XlFused {
     // pass 2: per (b, kv head). Parameter gradients per (b, h): du [D], Σ X [R], dW [D, R].
     const I npar = D + R + D * R;
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
+    const bool careful = careful_ || !all_finite(simd_, dout, threads_);
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
@@ -201,16 +213,28 @@ class XlFused {
               for (I i = 0; i < nq; ++i) {
                 float* Si = S + i * kBk;
                 if (L[i] == kNegInfF) std::fill(Si, Si + nk, 0.f);
+                else if (std::isnan(L[i])) nan_row(Si, nk);  // a NaN row (attention_tiles.h)
                 else simd_.exp_sub_sum(Si, ix(nk), L[i]);
               }
               tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk);
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w.dout.data(), D, w.dv.data(), D);
-              for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+              // careful (attention_tiles.h): the products read sanitized dO, Qu, K (and Qv in
+              // position_grads); dO's non-finite entries' terms added back into dV; dS 0 where P is
+              const bool bad_do = careful && sanitize_rows(w.dout.data(), D, nq, D, w.sd.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, bad_do ? w.sd.data() : w.dout.data(), D,
+                        w.dv.data(), D);
+              if (bad_do) add_back_ptdo(S, nq, nk, w.dout.data(), D, D, w.dv.data());
+              for (I i = 0; i < nq; ++i) {
+                if (careful) careful_ds(S + i * kBk, dP + i * kBk, nk, Di[i]);
+                else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+              }
               // S now holds dS; c = scale·dS.
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, w.qu.data(), D, w.dk.data(), D);
+              const bool bad_q = careful && sanitize_rows(w.qu.data(), D, nq, D, w.sq.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qu.data(), D,
+                        w.dk.data(), D);
               float* dqt = &dq_acc[ix((gi * M + i0) * D)];
-              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, w.k.data(), D, dqt, D);
-              position_grads(h, i0, nq, j0, nk, &w, dqt, gph, csum.data());
+              const bool bad_k = careful && sanitize_rows(w.k.data(), D, nk, D, w.sk.data());
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, bad_k ? w.sk.data() : w.k.data(), D, dqt, D);
+              position_grads(h, i0, nq, j0, nk, &w, dqt, gph, csum.data(), careful);
             }
           }
           if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
@@ -326,8 +350,13 @@ class XlFused {
       if (bd < kNoBand)
         for (I i = 0; i < nq; ++i)
           std::fill(S + i * kBk + band_reach(i, bd, nk), S + i * kBk + nk, 0.f);
+      // careful (attention_tiles.h): NaN rows marked; P·V of the sanitized V, its non-finite
+      // entries' terms added back
+      if (careful_) mark_nan_rows(S, nq, nk, bd, m);
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
-      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, w->v.data(), D, o, D, bd);
+      const bool bad_v = careful_ && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
+      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, bad_v ? w->sv.data() : w->v.data(), D, o, D, bd);
+      if (bad_v) add_back_pv(S, nq, w->v.data(), D, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
   }
@@ -335,7 +364,7 @@ class XlFused {
   // The position term's gradients of one tile from dS [nq, Bk] (in w->s; c = scale·dS):
   // dQ += X·W_hᵀ, and into gph (du [D], Σ X [R], dW [D, R]) Σ_j (Σ_i c_ij) k_j, Σ_i X_i, Qvᵀ·X.
   void position_grads(I h, I i0, I nq, I j0, I nk, Scratch* w, float* dqt, double* gph,
-                      float* csum) const {
+                      float* csum, bool careful) const {
     const I D = d_.D, R = d_.R;
     const float sc = static_cast<float>(d_.scale);
     const float* dS = w->s.data();
@@ -358,8 +387,9 @@ class XlFused {
     const float* Wh = &w_[ix(h * D * R)];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R),
                 Wh, int(R), 1.f, dqt, int(D));
+    const bool bad_qv = careful && sanitize_rows(w->qv.data(), D, nq, D, w->sq.data());
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(D), int(R), int(nq), 1.f,
-                w->qv.data(), int(D), X, int(R), 0.f, w->dw.data(), int(R));
+                bad_qv ? w->sq.data() : w->qv.data(), int(D), X, int(R), 0.f, w->dw.data(), int(R));
     double* du = gph;
     double* xs = gph + D;
     double* dW = gph + D + R;
@@ -407,6 +437,7 @@ class XlFused {
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the sinusoid table [nrho_, R]
   I rho_lo_ = 0, nrho_ = 0;
+  bool careful_ = false;  // q, k, v or t hold a NaN or ±inf: the careful steps (attention_tiles.h)
 };
 
 }  // namespace
