@@ -73,6 +73,11 @@
 //   when the task kept all M rows), two threads 21.4 MiB (110.7 MiB before); forward 0.6 MiB.
 //   Never an [M, N] buffer.
 //
+// ---- non-finite inputs --------------------------------------------------------------------------
+//   The tiles assume finite inputs (Highway's Exp and so the gate give 0 for NaN, and a NaN count
+//   would clamp): a call whose q, k, v, dout or table hold a NaN or ±inf (one pass over them decides)
+//   runs the reference instead, which gives the NaNs of posenc/attention.h — at the reference's speed.
+//
 // ---- precision ----------------------------------------------------------------------------------
 //   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
 //   integer part plus a fraction in [0, 1) (see the tile arguments below): a gate added to the
@@ -425,6 +430,7 @@ HWY_AFTER_NAMESPACE();
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -874,11 +880,23 @@ bool beyond_kernel(const attn::Dims& d) {
   return d.N > std::numeric_limits<std::int32_t>::max() - kBk ||
          cope::rows_reached(d.npos, d.N) > (I{1} << 23);
 }
+
+// Whether some input holds a NaN or ±inf. The tile kernels are made for finite inputs (their gate
+// σ(NaN) and exp(NaN) are 0, a NaN count clamps): such a call runs the reference, which gives the
+// NaNs their due (attention.h), as slowly as the reference does.
+bool nonfinite(const attn::Dims& d, std::initializer_list<const View*> xs, const EncodingTensors& t) {
+  const Simd sd = simd();
+  const int th = threads_for(d);
+  for (const View* x : xs)
+    if (!all_finite(sd, *x, th)) return true;
+  return !all_finite(sd, t);
+}
 }  // namespace
 
 Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                     const View& v, const EncodingTensors& t, const View& out, const View& lse) {
-  if (beyond_kernel(d)) return reference::attention_forward(p, q, k, v, t, out, lse);
+  if (beyond_kernel(d) || nonfinite(d, {&q, &k, &v}, t))
+    return reference::attention_forward(p, q, k, v, t, out, lse);
   const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
   c.forward(out, lse);
   return Status::Ok();
@@ -887,7 +905,8 @@ Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q
 Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                      const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                      const View& dk, const View& dv, const EncodingGrads& g) {
-  if (beyond_kernel(d)) return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
+  if (beyond_kernel(d) || nonfinite(d, {&q, &k, &v, &dout}, t))
+    return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
   c.backward(dout, dq, dk, dv, g.table);
   return Status::Ok();
