@@ -55,10 +55,9 @@
 //     O = O·e^{m−m'} + P·V;
 //   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked; NaN and out all
 //     NaN for a NaN row: a row max of NaN or +inf, tested once per row and tile).
-//   Non-finite inputs (posenc/attention.h): a pass over q, k, v (dout) and the encoding's tensors
-//   decides, per call, the careful steps of attention_tiles.h — NaN rows found by a scan of the
-//   logits, products on sanitized copies with the non-finite terms added back, dS = 0 where P = 0;
-//   none of it runs on finite inputs.
+//   Non-finite inputs (posenc/attention.h): the careful steps of attention_tiles.h — NaN rows found
+//   by a test of the logits, products on sanitized copies with the non-finite terms added back,
+//   dS = 0 where P = 0 — decided per call as described there; none of them runs on finite inputs.
 //   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, the rotary tables O(B'·(M + N)·r) (B' = B when the
 //   positions differ per batch row, else 1; times Hq for rope2d mixed), t5's buckets O(M + N),
 //   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
@@ -222,6 +221,19 @@ float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, std::size_t 
   return r;
 }
 
+// Whether every x[0, n) is < +inf: no NaN, no +inf (−inf passes).
+bool BelowInf(const float* HWY_RESTRICT x, std::size_t n) {
+  const hn::ScalableTag<float> d;
+  const std::size_t L = hn::Lanes(d);
+  const auto inf = hn::Set(d, HUGE_VALF);
+  auto ok = hn::Lt(hn::Zero(d), inf);  // all true
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) ok = hn::And(ok, hn::Lt(hn::LoadU(d, x + i), inf));
+  bool r = hn::AllTrue(d, ok);
+  for (; i < n; ++i) r = r && x[i] < HUGE_VALF;
+  return r;
+}
+
 // attn_fast::online_softmax_step (attention_tiles.h) over every row of the tile, in one call: per row
 // the same steps as there, the row's o kept as it is (zeros) while its running max is still −∞. A NaN
 // row (m NaN, or a row max of NaN or +inf: exp would make 0s of those) gets m = l = NaN and S = 0;
@@ -238,7 +250,8 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
       continue;
     }
     const float mn = std::max(m[i], rm);
-    if (mn == -HUGE_VALF) {
+    if (mn == -HUGE_VALF) {  // no key yet, unless the −inf row max dropped a NaN
+      if (!BelowInf(Si, n)) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
       ZeroRow(Si, n);
       continue;
     }
@@ -269,7 +282,7 @@ bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) {
 }
 
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep, &AllFinite};
+  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep, &AllFinite, &BelowInf};
 }
 
 // c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from
@@ -553,8 +566,7 @@ class Fused {
     dir_q_ = direct(q);
     dir_k_ = direct(k);
     dir_v_ = direct(v);
-    careful_ = !(all_finite(simd_, q, threads) && all_finite(simd_, k, threads) &&
-                 all_finite(simd_, v, threads) && all_finite(simd_, t));
+    cf_ = careful_forward(simd_, d, k, threads);
     if (d.rotary) {
       interleaved_ = d.rot.layout == RopeLayout::kInterleaved;
       per_head_ = d.rot.per_head();
@@ -646,7 +658,10 @@ class Fused {
                 const EncodingGrads& g, const Saved* saved = nullptr) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D, G = d_.G;
     Bwd bw{dout, direct(dout), dq, dk, dv, {}, {}, 0};
-    bw.careful = careful_ || !all_finite(simd_, dout, threads_);
+    // the careful steps for this call (attention_tiles.h): some input not finite
+    bw.careful = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
+                 !all_finite(simd_, q_, threads_) || !all_finite(simd_, v_, threads_) ||
+                 !all_finite(simd_, dout, threads_);
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     bw.lse.resize(ix(B * Hq * M));
     bw.Dv.resize(ix(B * Hq * M));
@@ -667,7 +682,7 @@ class Fused {
           const double* base = static_cast<const double*>(ls.data);
           for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
         } else {
-          forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
+          forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful);
         }
         const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
         for (I i = 0; i < nq; ++i) {
@@ -943,8 +958,10 @@ class Fused {
     }
   }
 
-  // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq].
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse) const {
+  // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq]. careful_v: P·V of the
+  // sanitized V, its non-finite entries' terms added back (attention_tiles.h) — taken again with it
+  // when a row of finite lse comes out non-finite (a NaN or ±inf in V).
+  void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
     const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
     const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;
@@ -963,11 +980,9 @@ class Fused {
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       const I bd = band(h, (d_.k_off + j0) - qp_min);
       logits(h, q0, nq, j0, nk, Q, K, w);
-      // careful (attention_tiles.h): NaN rows marked; P·V of the sanitized V, its non-finite
-      // entries' terms added back
-      if (careful_) mark_nan_rows(S, nq, nk, bd, m);
+      if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
-      const bool bad_v = careful_ && sanitize_rows(V.p, V.ld, nk, D, w->vs.data());
+      const bool bad_v = careful_v && sanitize_rows(V.p, V.ld, nk, D, w->vs.data());
       const Tile Vp = bad_v ? Tile{w->vs.data(), D} : V;
       if (nq == 1)
         cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, Vp.p, int(Vp.ld), S, 1, 1.f,
@@ -977,6 +992,7 @@ class Fused {
       if (bad_v) add_back_pv(S, nq, V.p, V.ld, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
+    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, o, lse, true);
   }
 
   // Pass 2 over key blocks [kb0, kb1) of (b, kv head kh), every query head of the group and every
@@ -1355,7 +1371,7 @@ class Fused {
   Extra xs_;
   TileGemmFn gemm_;  // the tiles' small GEMM (D ≤ kTileGemmMaxD), else null: OpenBLAS
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
-  bool careful_ = false;  // q, k, v or t hold a NaN or ±inf: the careful steps (attention_tiles.h)
+  CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool interleaved_ = true, nonsym_ = false;
   RotTab tab_q_, tab_k_;
   const RotTab* tq_ = nullptr;  // rotation tables of the queries and keys (rotary encodings)

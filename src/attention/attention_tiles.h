@@ -38,7 +38,8 @@ struct Simd {
   float (*dot)(const float* a, const float* b, std::size_t n);
   // online_softmax_step below, every row of the tile in one call
   void (*softmax_step)(float* S, I nq, I nk, float* m, float* l, float* o, I D, I band);
-  bool (*finite)(const float* x, std::size_t n);  // no NaN or ±inf among x[0, n)
+  bool (*finite)(const float* x, std::size_t n);     // no NaN or ±inf among x[0, n)
+  bool (*below_inf)(const float* x, std::size_t n);  // every x < +inf: no NaN, no +inf (−inf passes)
 };
 
 // The best target's helpers on this CPU (attention_cpu.cc); a kernel fetches them once per call.
@@ -156,8 +157,10 @@ inline I band_reach(I i, I band, I nk) {
 // adds S·V into o. band: row i reads only its first band_reach(i, band, nk) logits.
 // A NaN row: one whose m is NaN (mark_nan_rows below), or whose tile row has a row max of NaN or +inf
 // (exp would turn those into 0s, ExpSoftmax in core/simd-inl.h, and the row would pass for a masked
-// one): it gets m = l = NaN and S = 0, and stays so; online_softmax_finish makes it NaN. Per row
-// tests only: a tile row whose NaNs the row max does not show is caught by mark_nan_rows.
+// one), or a row max of −inf with a NaN among the −infs (the max may drop NaNs: it is tested where a
+// row is taken for wholly masked, which a row of finite logits never is): it gets m = l = NaN and
+// S = 0, and stays so; online_softmax_finish makes it NaN. Per row tests only: a NaN among finite
+// logits, which the row max need not show, is left to mark_nan_rows.
 inline void online_softmax_step(const Simd& sd, float* S, I nq, I nk, float* m, float* l, float* o,
                                 I D, I band = kNoBand) {
   sd.softmax_step(S, nq, nk, m, l, o, D, band);
@@ -183,9 +186,7 @@ inline void online_softmax_finish(const Simd& sd, I nq, const float* m, const fl
 // ---- non-finite inputs ----------------------------------------------------------------------------
 // The tile steps above are made for finite inputs: exp maps a NaN logit to 0, as if it were masked,
 // and a product of a masked P = 0 or dS = 0 with a NaN or ±inf in q, k, v or dO gives NaN where no
-// such term should exist. A call whose inputs are not all finite (all_finite below; one pass over
-// them, the only cost finite inputs pay) takes these careful steps instead, which give the
-// reference's result (attention_ref.cc):
+// such term should exist. These careful steps give the reference's result instead (attention_ref.cc):
 //   a row with a NaN or +inf logit is a NaN row (mark_nan_rows): out and lse NaN; in the backward its
 //     P is NaN on every key it sees and 0 on the rest (nan_row), and it sends NaN to dq, to dk and
 //     dv of those keys and to the parameter gradients they feed;
@@ -193,13 +194,20 @@ inline void online_softmax_finish(const Simd& sd, I nq, const float* m, const fl
 //     the terms those values make with a P or dO that is not 0 are added back one by one
 //     (add_back_pv, add_back_ptdo); dS is 0 wherever P is (careful_ds). Replacing q or k is exact:
 //     a non-finite q_i or k_j makes every logit it enters NaN or ±inf, so its dS is NaN or 0.
+// What decides them, so that finite inputs pay little (careful_forward below):
+//   forward: a non-finite q_i makes its whole row NaN or ±inf, which the per-row tests of
+//     online_softmax_step catch; a non-finite k_j makes only some logits of a row NaN: one pass over
+//     k (all_finite) turns mark_nan_rows on, or, where that pass would cost more than the tiles'
+//     own work on k (a decode step: G·M < 2·D), mark_nan_rows runs on every tile, one vector test
+//     per 16 logits; a non-finite v shows as a row with finite lse and a non-finite out, whose
+//     block is then computed again with the sanitized V (a test of D floats per row);
+//   backward: one pass over q, k, v and dout decides them for the call.
 
-// Whether every element of x (any float dtype and strides) is finite: [B, L, H, D] views row by row
-// through sd.finite (float32) or the bits (bfloat16, float16); other ranks (the encodings' small
-// tensors) element by element. threads > 1 splits the rows of a large one.
+// Whether every element of x [B, L, H, D] (a float dtype, any strides) is finite: row by row through
+// sd.finite (float32) or the bits (bfloat16, float16); threads > 1 splits the rows of a large x.
 inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
   if (!x.present()) return true;
-  if (x.ndim != 4 || x.dtype == DType::kF64) {
+  if (x.dtype == DType::kF64) {
     const I n = x.numel();
     for (I e = 0; e < n; ++e)
       if (!std::isfinite(x.get(e))) return false;
@@ -239,14 +247,6 @@ inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
   return ok;
 }
 
-// Whether every tensor of t that is present is finite.
-inline bool all_finite(const Simd& sd, const EncodingTensors& t) {
-  for (const View* x : {&t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2, &t.fire.w1,
-                        &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold, &t.freqs})
-    if (!all_finite(sd, *x)) return false;
-  return true;
-}
-
 // n rows of D floats (row stride ld) into y [n, D], a NaN or ±inf replaced by 0; whether there was any.
 inline bool sanitize_rows(const float* x, I ld, I n, I D, float* y) {
   bool any = false;
@@ -262,16 +262,37 @@ inline bool sanitize_rows(const float* x, I ld, I n, I D, float* y) {
 
 // Marks a NaN row (m = NaN; online_softmax_step then keeps it so) each row of the score tile S
 // [nq, kBk] that holds a NaN or +inf among the logits the softmax reads (band_reach).
-inline void mark_nan_rows(const float* S, I nq, I nk, I band, float* m) {
-  for (I i = 0; i < nq; ++i) {
-    const float* Si = S + i * kBk;
-    const I n = band_reach(i, band, nk);
-    for (I j = 0; j < n; ++j)
-      if (std::isnan(Si[j]) || Si[j] == std::numeric_limits<float>::infinity()) {
-        m[i] = std::numeric_limits<float>::quiet_NaN();
-        break;
-      }
+inline void mark_nan_rows(const Simd& sd, const float* S, I nq, I nk, I band, float* m) {
+  for (I i = 0; i < nq; ++i)
+    if (!sd.below_inf(S + i * kBk, ix(band_reach(i, band, nk)))) m[i] = std::numeric_limits<float>::quiet_NaN();
+}
+
+// How a forward finds its NaN rows (see above): mark_nan_rows on every tile (rows) or, when that is
+// off, a pass over k decides it (a non-finite k turns it on). The encodings' tensors are checked
+// finite where they are validated (attention_check.h), so they add no NaN of their own.
+struct CarefulForward {
+  bool rows = false;  // mark_nan_rows on every tile
+  bool k_known = false, k_finite = true;  // the pass over k, where it was made
+};
+inline CarefulForward careful_forward(const Simd& sd, const attn::Dims& d, const View& k, int threads) {
+  CarefulForward c;
+  if (d.G * d.M < 2 * d.D) {  // the logits' test costs less than a pass over k
+    c.rows = true;
+  } else {
+    c.k_known = true;
+    c.k_finite = all_finite(sd, k, threads);
+    c.rows = !c.k_finite;
   }
+  return c;
+}
+
+// Whether row i of o [nq, D] is finite wherever lse[i] is (the rows a non-finite v reached): one test
+// of the whole block, row by row only when it fails (NaN rows are NaN by design).
+inline bool outputs_finite(const Simd& sd, const float* o, I nq, I D, const double* lse) {
+  if (sd.finite(o, ix(nq * D))) return true;
+  for (I i = 0; i < nq; ++i)
+    if (std::isfinite(lse[i]) && !sd.finite(o + i * D, ix(D))) return false;
+  return true;
 }
 
 // P of a NaN row (lse NaN) from its logits S [n]: NaN on every key it sees, 0 where masked (−inf).
