@@ -39,8 +39,8 @@
 //   are summed per (b, h) in double from per-tile float products, then over the batch at the end.
 //
 // ---- non-finite inputs -------------------------------------------------------------------------------
-//   As in attention_cpu.cc: one pass over q, k, v (dout) and u, v, W decides the careful steps of
-//   attention_tiles.h for a call with a NaN or ±inf (Qu, Qv and K sanitized for dK, dW and dQ).
+//   The careful steps of attention_tiles.h, decided as there (Qu, Qv and K sanitized for dK, dW and
+//   dQ in the backward).
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: (number of ρ)·R floats — at L = M = N = 65536, R = 64: 33.5 MB, causal 16.8 MB;
@@ -121,8 +121,7 @@ class XlFused {
     w_.assign(w.begin(), w.end());
     w64_ = w;
     build_table();
-    careful_ = !(all_finite(simd_, q, threads) && all_finite(simd_, k, threads) &&
-                 all_finite(simd_, v, threads) && all_finite(simd_, t));
+    cf_ = careful_forward(simd_, d, k, threads);
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -153,6 +152,10 @@ class XlFused {
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const EncodingGrads& g) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R;
+    // the careful steps for this call (attention_tiles.h): some input not finite
+    const bool careful = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
+                         !all_finite(simd_, q_, threads_) || !all_finite(simd_, v_, threads_) ||
+                         !all_finite(simd_, dout, threads_);
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
@@ -166,7 +169,7 @@ class XlFused {
       for (I task = 0; task < per * nqb; ++task) {
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-        forward_block(b, h, q0, nq, &w, l.data());
+        forward_block(b, h, q0, nq, &w, l.data(), careful);
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -178,7 +181,6 @@ class XlFused {
     // pass 2: per (b, kv head). Parameter gradients per (b, h): du [D], Σ X [R], dW [D, R].
     const I npar = D + R + D * R;
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
-    const bool careful = careful_ || !all_finite(simd_, dout, threads_);
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
@@ -328,7 +330,9 @@ class XlFused {
   }
 
   // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq].
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse) const {
+  // careful_v: P·V of the sanitized V, its non-finite entries' terms added back (attention_tiles.h) —
+  // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
+  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
     load_query(b, h, q0, nq, w);
     const I qp_max = d_.q_off + q0 + nq - 1;
@@ -350,15 +354,14 @@ class XlFused {
       if (bd < kNoBand)
         for (I i = 0; i < nq; ++i)
           std::fill(S + i * kBk + band_reach(i, bd, nk), S + i * kBk + nk, 0.f);
-      // careful (attention_tiles.h): NaN rows marked; P·V of the sanitized V, its non-finite
-      // entries' terms added back
-      if (careful_) mark_nan_rows(S, nq, nk, bd, m);
+      if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
-      const bool bad_v = careful_ && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
+      const bool bad_v = careful_v && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
       tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, bad_v ? w->sv.data() : w->v.data(), D, o, D, bd);
       if (bad_v) add_back_pv(S, nq, w->v.data(), D, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
+    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
   }
 
   // The position term's gradients of one tile from dS [nq, Bk] (in w->s; c = scale·dS):
@@ -437,7 +440,7 @@ class XlFused {
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the sinusoid table [nrho_, R]
   I rho_lo_ = 0, nrho_ = 0;
-  bool careful_ = false;  // q, k, v or t hold a NaN or ±inf: the careful steps (attention_tiles.h)
+  CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
 };
 
 }  // namespace
