@@ -75,7 +75,7 @@
 //
 // ---- non-finite inputs --------------------------------------------------------------------------
 //   The tiles assume finite inputs (Highway's Exp and so the gate give 0 for NaN, and a NaN count
-//   would clamp): a call whose q, k, v, dout or table hold a NaN or ±inf (one pass over them decides)
+//   would clamp): a call whose q, k, v or dout hold a NaN or ±inf (one pass over them decides)
 //   runs the reference instead, which gives the NaNs of posenc/attention.h — at the reference's speed.
 //
 // ---- precision ----------------------------------------------------------------------------------
@@ -881,21 +881,22 @@ bool beyond_kernel(const attn::Dims& d) {
          cope::rows_reached(d.npos, d.N) > (I{1} << 23);
 }
 
-// Whether some input holds a NaN or ±inf. The tile kernels are made for finite inputs (their gate
-// σ(NaN) and exp(NaN) are 0, a NaN count clamps): such a call runs the reference, which gives the
-// NaNs their due (attention.h), as slowly as the reference does.
-bool nonfinite(const attn::Dims& d, std::initializer_list<const View*> xs, const EncodingTensors& t) {
+// Whether q, k, v or dout holds a NaN or ±inf (the table is checked finite where it is validated,
+// attention_check.h). The tile kernels are made for finite inputs (their gate σ(NaN) and exp(NaN) are
+// 0, a NaN count clamps): such a call runs the reference, which gives the NaNs their due
+// (attention.h), as slowly as the reference does.
+bool nonfinite(const attn::Dims& d, std::initializer_list<const View*> xs) {
   const Simd sd = simd();
   const int th = threads_for(d);
   for (const View* x : xs)
     if (!all_finite(sd, *x, th)) return true;
-  return !all_finite(sd, t);
+  return false;
 }
 }  // namespace
 
 Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                     const View& v, const EncodingTensors& t, const View& out, const View& lse) {
-  if (beyond_kernel(d) || nonfinite(d, {&q, &k, &v}, t))
+  if (beyond_kernel(d) || nonfinite(d, {&q, &k, &v}))
     return reference::attention_forward(p, q, k, v, t, out, lse);
   const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
   c.forward(out, lse);
@@ -905,7 +906,7 @@ Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q
 Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                      const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                      const View& dk, const View& dv, const EncodingGrads& g) {
-  if (beyond_kernel(d) || nonfinite(d, {&q, &k, &v, &dout}, t))
+  if (beyond_kernel(d) || nonfinite(d, {&q, &k, &v, &dout}))
     return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
   c.backward(dout, dq, dk, dv, g.table);
