@@ -1,9 +1,9 @@
 // Non-finite inputs through the attention: a NaN (or ±inf) in q, k or v, forward (out, lse) and backward
 // (dq, dk, dv and the parameter gradients), in the fused kernels (posenc::fused::, without the
 // dispatcher's small-problem rule: nope, rope, alibi symmetric and learned, t5, kerple, sandwich, fire,
-// xl; cope, which runs the reference for such a call), the public dispatcher at a fused size, and the
-// reference itself; causal or not, float32 and bfloat16, decode (M = 1, the sgemv path), head dims on
-// the tile GEMM and on OpenBLAS, every SIMD target.
+// xl; cope, which runs the reference for such a call), the public dispatcher at a fused size, the
+// reference itself and attention_backward_saved; a NaN in dout; causal or not, float32 and bfloat16,
+// decode (M = 1, the sgemv path), head dims on the tile GEMM and on OpenBLAS, every SIMD target.
 //
 // The rule (posenc/attention.h): a row whose logits hold a NaN or +inf is a NaN row — out and lse
 // NaN, and in the backward NaN in dq of the row and in dk, dv of every key it sees; a NaN in v_j
@@ -553,6 +553,53 @@ TEST(AttentionNaNMore, Dispatcher) {
     Problem small(Enc::kNope, false, DType::kF32, {2, 8, 8, 4, 2, 16}, 1300);
     check(small, in == In::kQ ? Spot{in, 0, 0, 0, 0, kNaN} : Spot{in, 0, 3, 1, 2, kNaN}, 1400, true);
   }
+}
+
+// attention_backward_saved (the model's path: pass 1 reads the forward's out and lse) with a NaN in
+// q, k or v: the same gradients as attention_backward, NaN for NaN, bit for bit.
+TEST(AttentionNaNMore, SavedBackwardAgrees) {
+  for (In in : {In::kQ, In::kK, In::kV})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(causal ? "causal " : "") + "qkvo"[static_cast<int>(in)]);
+      Problem pr(Enc::kT5, causal, DType::kF32, {2, 150, 150, 4, 2, 16}, 2300);
+      Tensor q(DType::kF32, randn(Tensor::count(pr.qshape()), 2301), pr.qshape());
+      Tensor k(DType::kF32, randn(Tensor::count(pr.kshape()), 2302), pr.kshape());
+      Tensor v(DType::kF32, randn(Tensor::count(pr.kshape()), 2303), pr.kshape());
+      Tensor dout(DType::kF32, randn(Tensor::count(pr.qshape()), 2304), pr.qshape());
+      const Spot sp = spot_for(in);
+      (in == In::kQ ? q : in == In::kK ? k : v)
+          .set(in == In::kQ ? pr.qat(sp.b, sp.t, sp.h, sp.e) : pr.kat(sp.b, sp.t, sp.h, sp.e), kNaN);
+      const EncodingTensors t = pr.tensors();
+      Tensor out(DType::kF32, pr.qshape());
+      Vec lse(ix(pr.s.B * pr.s.Hq * pr.s.M));
+      const View lv = View::contiguous(lse.data(), DType::kF64, {pr.s.B, pr.s.Hq, pr.s.M});
+      ASSERT_TRUE(attention_forward(pr.p, q.view(), k.view(), v.view(), t, out.view(), lv).ok());
+      Tensor dq(DType::kF32, pr.qshape()), dk(DType::kF32, pr.kshape()), dv(DType::kF32, pr.kshape());
+      Tensor dq2(DType::kF32, pr.qshape()), dk2(DType::kF32, pr.kshape()), dv2(DType::kF32, pr.kshape());
+      std::vector<Param> ps = pr.params(9.0), ps2 = pr.params(9.0);
+      ASSERT_TRUE(attention_backward(pr.p, q.view(), k.view(), v.view(), t, dout.view(), dq.view(), dk.view(),
+                                     dv.view(), pr.grads(ps, false))
+                      .ok());
+      ASSERT_TRUE(attention_backward_saved(pr.p, q.view(), k.view(), v.view(), t, out.view(), lv, dout.view(),
+                                           dq2.view(), dk2.view(), dv2.view(), pr.grads(ps2, false))
+                      .ok());
+      auto same = [](const Vec& a, const Vec& b) {
+        int bad = 0, nan = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          nan += std::isnan(a[i]);
+          bad += !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])));
+        }
+        return std::pair{bad, nan};
+      };
+      int nans = 0;
+      for (auto [a, b] : {std::pair{&dq, &dq2}, std::pair{&dk, &dk2}, std::pair{&dv, &dv2}}) {
+        const auto [bad, nan] = same(a->values(), b->values());
+        EXPECT_EQ(bad, 0);
+        nans += nan;
+      }
+      EXPECT_GT(nans, 0);
+      EXPECT_EQ(same(ps[0].got, ps2[0].got).first, 0) << "dweights";
+    }
 }
 
 // ±inf in q: its logits are ±inf (NaN where a key has 0 there): a +inf logit makes a NaN row (∞ − ∞
