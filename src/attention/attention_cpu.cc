@@ -236,8 +236,9 @@ bool BelowInf(const float* HWY_RESTRICT x, std::size_t n) {
 
 // attn_fast::online_softmax_step (attention_tiles.h) over every row of the tile, in one call: per row
 // the same steps as there, the row's o kept as it is (zeros) while its running max is still −∞. A NaN
-// row (m NaN, or a row max of NaN or +inf: exp would make 0s of those) gets m = l = NaN and S = 0;
-// per row tests only, nothing added to the loops over the row.
+// row (m NaN, or a row max of NaN or +inf: exp would make 0s of those, or a NaN behind a row max of
+// −inf) gets m = l = NaN and S = 0; per row tests only, nothing added to the loops over the row (the
+// last one reads the row again, where it would be taken for wholly masked).
 void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                  float* HWY_RESTRICT o, I D, I band) {
   for (I i = 0; i < nq; ++i) {
@@ -768,7 +769,7 @@ class Fused {
     std::vector<float> lse, Dv;  // [B, Hq, M]
     I npar;                      // parameter gradients per head
     bool freq = false;           // rope2d mixed: dfreqs wanted (npar = r: θˣ then θʸ per pair)
-    bool careful = false;        // some input (q, k, v, dout, t) not finite: the careful steps
+    bool careful = false;        // some input (q, k, v, dout) not finite: the careful steps
   };
 
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
