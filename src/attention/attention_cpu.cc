@@ -659,10 +659,9 @@ class Fused {
                 const EncodingGrads& g, const Saved* saved = nullptr) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D, G = d_.G;
     Bwd bw{dout, direct(dout), dq, dk, dv, {}, {}, 0};
-    // the careful steps for this call (attention_tiles.h): some input not finite
+    // the careful steps on every tile (attention_tiles.h): k or v not finite
     bw.careful = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
-                 !all_finite(simd_, q_, threads_) || !all_finite(simd_, v_, threads_) ||
-                 !all_finite(simd_, dout, threads_);
+                 !all_finite(simd_, v_, threads_);
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     bw.lse.resize(ix(B * Hq * M));
     bw.Dv.resize(ix(B * Hq * M));
@@ -769,7 +768,7 @@ class Fused {
     std::vector<float> lse, Dv;  // [B, Hq, M]
     I npar;                      // parameter gradients per head
     bool freq = false;           // rope2d mixed: dfreqs wanted (npar = r: θˣ then θʸ per pair)
-    bool careful = false;        // some input (q, k, v, dout) not finite: the careful steps
+    bool careful = false;        // k or v not finite: the careful steps on every tile
   };
 
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
@@ -1038,7 +1037,8 @@ class Fused {
           tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk, bd);
           // careful (attention_tiles.h): the products read sanitized dO, Q, K; dO's non-finite
           // entries' terms added back into dV; dS 0 wherever P is
-          const bool bad_do = bw.careful && sanitize_rows(dO.p, dO.ld, nq, D, w->dos.data());
+          const bool careful = bw.careful || careful_rows(&bw.lse[ix((b * Hq + h) * M + i0)], Di, nq);
+          const bool bad_do = careful && sanitize_rows(dO.p, dO.ld, nq, D, w->dos.data());
           if (bw.dv.present()) {
             const Tile dOp = bad_do ? Tile{w->dos.data(), D} : dO;
             tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dOp.p, dOp.ld, w->dv.data(), D, bd);
@@ -1046,7 +1046,7 @@ class Fused {
           }
           for (I i = 0; i < nq; ++i) {
             const I n = std::clamp<I>(i + bd + 1, 0, nk);
-            if (bw.careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
+            if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
             else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
           }
           if (gwh && bias_ == Bias::kFire)
@@ -1054,11 +1054,11 @@ class Fused {
           else if (gwh && bias_ != Bias::kNone)
             param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
           if (want_dk) {
-            const Tile Qp = bw.careful && sanitize_rows(Q.p, Q.ld, nq, D, w->qs.data()) ? Tile{w->qs.data(), D} : Q;
+            const Tile Qp = careful && sanitize_rows(Q.p, Q.ld, nq, D, w->qs.data()) ? Tile{w->qs.data(), D} : Q;
             tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, Qp.p, Qp.ld, dKt, D, bd);
           }
           if (acc.p) {
-            const Tile Kp = bw.careful && sanitize_rows(K.p, K.ld, nk, D, w->ks.data()) ? Tile{w->ks.data(), D} : K;
+            const Tile Kp = careful && sanitize_rows(K.p, K.ld, nk, D, w->ks.data()) ? Tile{w->ks.data(), D} : K;
             tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, Kp.p, Kp.ld, acc.row(g, i0), acc.ld, bd);
           }
         }

@@ -201,7 +201,10 @@ inline void online_softmax_finish(const Simd& sd, I nq, const float* m, const fl
 //     own work on k (a decode step: G·M < 2·D), mark_nan_rows runs on every tile, one vector test
 //     per 16 logits; a non-finite v shows as a row with finite lse and a non-finite out, whose
 //     block is then computed again with the sanitized V (a test of D floats per row);
-//   backward: one pass over q, k, v and dout decides them for the call.
+//   backward: a non-finite k or v (the forward's pass over k, else one now; a pass over v) makes
+//     every tile careful; otherwise a tile is careful when one of its rows has a non-finite lse or
+//     Dᵢ = dOᵢ·outᵢ (pass 1's, per row: careful_rows) — which a non-finite q_i (lse NaN, or −inf
+//     though the row sees keys) or dO_i always gives.
 
 // Whether every element of x [B, L, H, D] (a float dtype, any strides) is finite: row by row through
 // sd.finite (float32) or the bits (bfloat16, float16); threads > 1 splits the rows of a large x.
@@ -293,6 +296,14 @@ inline bool outputs_finite(const Simd& sd, const float* o, I nq, I D, const doub
   for (I i = 0; i < nq; ++i)
     if (std::isfinite(lse[i]) && !sd.finite(o + i * D, ix(D))) return false;
   return true;
+}
+
+// Whether some row of a backward tile has a non-finite lse or D [n]: then the tile is careful
+// (above; a row of a pass-2 tile sees some key of it, so an lse of −inf there means logits of −inf).
+inline bool careful_rows(const float* lse, const float* D, I n) {
+  for (I i = 0; i < n; ++i)
+    if (!std::isfinite(lse[i]) || !std::isfinite(D[i])) return true;
+  return false;
 }
 
 // P of a NaN row (lse NaN) from its logits S [n]: NaN on every key it sees, 0 where masked (−inf).

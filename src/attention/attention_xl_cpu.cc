@@ -152,10 +152,9 @@ class XlFused {
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const EncodingGrads& g) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R;
-    // the careful steps for this call (attention_tiles.h): some input not finite
-    const bool careful = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
-                         !all_finite(simd_, q_, threads_) || !all_finite(simd_, v_, threads_) ||
-                         !all_finite(simd_, dout, threads_);
+    // the careful steps on every tile (attention_tiles.h): k or v not finite
+    const bool careful_all = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
+                             !all_finite(simd_, v_, threads_);
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
@@ -169,7 +168,7 @@ class XlFused {
       for (I task = 0; task < per * nqb; ++task) {
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-        forward_block(b, h, q0, nq, &w, l.data(), careful);
+        forward_block(b, h, q0, nq, &w, l.data(), careful_all);
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -221,6 +220,7 @@ class XlFused {
               tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk);
               // careful (attention_tiles.h): the products read sanitized dO, Qu, K (and Qv in
               // position_grads); dO's non-finite entries' terms added back into dV; dS 0 where P is
+              const bool careful = careful_all || careful_rows(L, Di, nq);
               const bool bad_do = careful && sanitize_rows(w.dout.data(), D, nq, D, w.sd.data());
               tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, bad_do ? w.sd.data() : w.dout.data(), D,
                         w.dv.data(), D);
