@@ -26,8 +26,8 @@
 // The fused kernels give the reference's results here, by careful steps that only calls with a NaN
 // or ±inf take (src/attention/attention_tiles.h). What finite inputs pay to decide it: per row tests,
 // a pass over k in the forward (none in a decode-sized call, which tests its logits instead) and one
-// over v in the backward — about 1–2% at the study's L = 64, D = 16, less beyond. CoPE takes one pass
-// over q, k, v (dout) and runs the reference for a call with a NaN or ±inf.
+// over v in the backward — about 1–2% at the study's L = 64, D = 16, less beyond. CoPE runs the
+// reference for a call with a NaN or ±inf, found by a pass over k and in its kernel's results.
 // q, k and v share one dtype, and out/dq/dk/dv keep it. A tensor of EncodingTensors or a gradient of
 // EncodingGrads that the chosen encoding does not read is an error (so that a gradient buffer is
 // never silently left unwritten). Positions here are query/key positions (offset + index): "i − j"
