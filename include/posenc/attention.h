@@ -8,6 +8,26 @@
 // q_offset = k_offset + N − M: a prefill and a decode step are one code path; a shard of a long
 // sequence passes its global offsets). causal masks keys whose position exceeds the query's.
 // A row whose keys are all masked yields out = 0 and lse = −inf.
+// Non-finite values (NaN, ±inf) in q, k, v or dout, as IEEE arithmetic on the formulas above gives
+// them, with masked keys left out of a row entirely:
+//   • a logit of −inf counts as a masked key (weight 0): a row whose logits are all −inf, masked or
+//     not, yields out = 0, lse = −inf and no gradient;
+//   • a row with a NaN logit (a NaN in q_i or in a key the row sees, in an encoding term, or ∞·0 and
+//     ∞ − ∞ on the way) or a +inf one (∞ − ∞ in the softmax) is a NaN row: out_i all NaN, lse NaN;
+//     its P is NaN on every key of logit other than −inf that it sees, so the backward gives NaN in
+//     dq_i, in dk_j and dv_j of those keys, and in the parameter gradients those pairs feed;
+//   • a NaN or ±inf in v_j reaches out_i in that dimension for each row i that gives key j a nonzero
+//     weight, and then (through Dᵢ = dOᵢ·outᵢ) dq_i and dk of every key row i weights; a non-finite dOᵢ
+//     reaches dv of the keys row i weights (in that dimension), dq_i and dk of those keys;
+//   • nothing passes between a row and a key of weight 0 — masked, of logit −inf, or underflowed
+//     (below e^−86 of the row's largest in the float32 kernels, e^−745 in the reference) — in either
+//     direction: no 0·NaN term. (rope2d mixed's dfreqs sums over every rotated q and k row, seen or
+//     not, so a NaN in any of them reaches it.)
+// The fused kernels give the reference's results here, by careful steps that only calls with a NaN
+// or ±inf take (src/attention/attention_tiles.h). What finite inputs pay to decide it: per row tests,
+// a pass over k in the forward (none in a decode-sized call, which tests its logits instead) and one
+// over v in the backward — about 1–2% at the study's L = 64, D = 16, less beyond. CoPE runs the
+// reference for a call with a NaN or ±inf, found by a pass over k and in its kernel's results.
 // q, k and v share one dtype, and out/dq/dk/dv keep it. A tensor of EncodingTensors or a gradient of
 // EncodingGrads that the chosen encoding does not read is an error (so that a gradient buffer is
 // never silently left unwritten). Positions here are query/key positions (offset + index): "i − j"

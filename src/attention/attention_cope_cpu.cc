@@ -73,6 +73,12 @@
 //   when the task kept all M rows), two threads 21.4 MiB (110.7 MiB before); forward 0.6 MiB.
 //   Never an [M, N] buffer.
 //
+// ---- non-finite inputs --------------------------------------------------------------------------
+//   The tiles assume finite inputs (Highway's Exp and so the gate give 0 for NaN, and a NaN count
+//   would clamp): a call whose q, k, v or dout hold a NaN or ±inf runs the reference instead, which
+//   gives the NaNs of posenc/attention.h — at the reference's speed. A pass over k finds a non-finite
+//   k before the kernel runs; q, v and dout show in its results (nonfinite_k below).
+//
 // ---- precision ----------------------------------------------------------------------------------
 //   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
 //   integer part plus a fraction in [0, 1) (see the tile arguments below): a gate added to the
@@ -534,18 +540,23 @@ class Cope {
     top_ = static_cast<float>(d.npos - 1);
   }
 
-  void forward(const View& out, const View& lse) const {
+  // Whether the outputs came out as a finite input gives them (else a NaN or ±inf in q or v: the
+  // caller runs the reference instead; see nonfinite below).
+  bool forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
+    bool bad = false;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
       w.init(d_.D, ncol_);
       std::vector<double> l(ix(kBq));
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) reduction(|| : bad)
       for (I task = 0; task < tasks; ++task) {
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
         forward_block(b, h, q0, nq, false, &w, l.data());
+        for (I i = 0; i < nq; ++i)
+          bad = bad || (sees_keys(q0 + i) && (!std::isfinite(l[ix(i)]) || !simd_.finite(&w.o[ix(i * d_.D)], ix(d_.D))));
         store_rows(out, d_.D, b, q0, nq, h, w.o.data());
         if (lse.present()) {
           double* base = static_cast<double*>(lse.data);
@@ -554,9 +565,12 @@ class Cope {
         }
       }
     }
+    return !bad;
   }
 
-  void backward(const View& dout, const View& dq, const View& dk, const View& dv,
+  // Whether the gradients were written (else pass 1 met a NaN or ±inf from q, v or dout, and nothing
+  // was: the caller runs the reference instead).
+  bool backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const View& dtable) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, nc = ncol_;
     // pass 1: lse, D = rowsum(dO ⊙ out), j*, U per row [B, Hq, M]
@@ -584,6 +598,18 @@ class Cope {
           U[at] = static_cast<double>(w.uk[ix(i)]) + static_cast<double>(w.ur[ix(i)]);
         }
       }
+    }
+    for (I r = 0; r < B * Hq * M; ++r)  // a row that sees keys has a finite lse and D from finite inputs
+      if (sees_keys(r % M) && (!std::isfinite(lse[ix(r)]) || !std::isfinite(Dv[ix(r)]))) return false;
+    {  // the rows that see no key (a prefix) still enter dE = Cᵀ·Q with C = 0: 0·NaN from their q
+      const I none = d_.N == 0 ? M : causal_ ? std::clamp<I>(d_.k_off - d_.q_off, 0, M) : 0;
+      std::vector<float> row(ix(D));
+      for (I b = 0; b < B; ++b)
+        for (I h = 0; h < Hq; ++h)
+          for (I i = 0; i < none; ++i) {
+            load_rows(q_, D, b, i, 1, h, row.data());
+            if (!simd_.finite(row.data(), ix(D))) return false;
+          }
     }
     // pass 2: per (b, kv head), its query rows in chunks of mc rows per head
     const I kvtasks = B * d_.Hkv;
@@ -759,9 +785,13 @@ class Cope {
         for (std::size_t x = 0; x < part.size(); ++x) tot[x] += part[x];
       from_doubles(tot, dtable);
     }
+    return true;
   }
 
  private:
+  // Whether query row i sees any key (else its lse is −inf and its out 0 whatever the inputs).
+  bool sees_keys(I i) const { return d_.N > 0 && (!causal_ || d_.q_off + i >= d_.k_off); }
+
   // Query rows per head of a pass-2 chunk: the largest multiple of Bq (at least Bq) whose dQ, QE and
   // C, 4·G·Mc·(D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
   I chunk_rows() const {
@@ -844,6 +874,13 @@ class Cope {
                   w->at.data(), int(kBq), w->v.data(), int(D), 1.f, o, int(D));
     }
     online_softmax_finish(simd_, nq, w->m.data(), w->l.data(), o, D, lse);
+    // a row that sees no key: out 0, lse −inf, whatever its q (a NaN there reaches its masked lanes'
+    // logits, −inf + q·e, which a finite q leaves −inf: the same 0 and −inf)
+    for (I i = 0; i < nq; ++i)
+      if (!sees_keys(q0 + i)) {
+        std::fill(o + i * D, o + (i + 1) * D, 0.f);
+        lse[i] = -std::numeric_limits<double>::infinity();
+      }
   }
 
   Dims d_;
@@ -874,22 +911,33 @@ bool beyond_kernel(const attn::Dims& d) {
   return d.N > std::numeric_limits<std::int32_t>::max() - kBk ||
          cope::rows_reached(d.npos, d.N) > (I{1} << 23);
 }
+
+// Whether k holds a NaN or ±inf. The tile kernels are made for finite inputs (their gate σ(NaN) and
+// exp(NaN) are 0, a NaN count clamps), so a call with a NaN or ±inf runs the reference, which gives
+// the NaNs their due (attention.h), as slowly as the reference does. A non-finite k is found by this
+// pass (the kernel would drop its key); a non-finite q, v or dout shows in the kernel's own results —
+// a row that sees keys with a non-finite lse (q), out (v, which the P·V product spreads over the
+// tile's rows) or D = dO·out (dout) — and the call then turns to the reference (the table is checked
+// finite where it is validated, attention_check.h).
+bool nonfinite_k(const attn::Dims& d, const View& k) { return !all_finite(simd(), k, threads_for(d)); }
 }  // namespace
 
 Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                     const View& v, const EncodingTensors& t, const View& out, const View& lse) {
-  if (beyond_kernel(d)) return reference::attention_forward(p, q, k, v, t, out, lse);
+  if (beyond_kernel(d) || nonfinite_k(d, k)) return reference::attention_forward(p, q, k, v, t, out, lse);
   const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
-  c.forward(out, lse);
+  if (!c.forward(out, lse)) return reference::attention_forward(p, q, k, v, t, out, lse);
   return Status::Ok();
 }
 
 Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                      const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                      const View& dk, const View& dv, const EncodingGrads& g) {
-  if (beyond_kernel(d)) return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
+  if (beyond_kernel(d) || nonfinite_k(d, k))
+    return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   const Cope c(d, q, k, v, t.table, p.causal, threads_for(d));
-  c.backward(dout, dq, dk, dv, g.table);
+  if (!c.backward(dout, dq, dk, dv, g.table))
+    return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   return Status::Ok();
 }
 

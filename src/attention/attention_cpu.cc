@@ -53,7 +53,11 @@
 //       no per-pair MLP;
 //     mask (−inf), online softmax: m' = max(m, rowmax S); P = exp(S − m'); l = l·e^{m−m'} + ΣP;
 //     O = O·e^{m−m'} + P·V;
-//   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked).
+//   out = O / l, lse = m + log l (−inf and out = 0 for a row with every key masked; NaN and out all
+//     NaN for a NaN row: a row max of NaN or +inf, tested once per row and tile).
+//   Non-finite inputs (posenc/attention.h): the careful steps of attention_tiles.h — NaN rows found
+//   by a test of the logits, products on sanitized copies with the non-finite terms added back,
+//   dS = 0 where P = 0 — decided per call as described there; none of them runs on finite inputs.
 //   Memory: O((Bq + Bk)·D + Bq·Bk) per thread, the rotary tables O(B'·(M + N)·r) (B' = B when the
 //   positions differ per batch row, else 1; times Hq for rope2d mixed), t5's buckets O(M + N),
 //   the kerple / sandwich tables O(Hq·(M + N)), fire's O(M + N) and its thresholds O(M·W).
@@ -220,15 +224,38 @@ float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, std::size_t 
   return r;
 }
 
+// Whether every x[0, n) is < +inf: no NaN, no +inf (−inf passes).
+bool BelowInf(const float* HWY_RESTRICT x, std::size_t n) {
+  const hn::ScalableTag<float> d;
+  const std::size_t L = hn::Lanes(d);
+  const auto inf = hn::Set(d, HUGE_VALF);
+  auto ok = hn::Lt(hn::Zero(d), inf);  // all true
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) ok = hn::And(ok, hn::Lt(hn::LoadU(d, x + i), inf));
+  bool r = hn::AllTrue(d, ok);
+  for (; i < n; ++i) r = r && x[i] < HUGE_VALF;
+  return r;
+}
+
 // attn_fast::online_softmax_step (attention_tiles.h) over every row of the tile, in one call: per row
-// the same steps as there, the row's o kept as it is (zeros) while its running max is still −∞.
+// the same steps as there, the row's o kept as it is (zeros) while its running max is still −∞. A NaN
+// row (m NaN, or a row max of NaN or +inf: exp would make 0s of those, or a NaN behind a row max of
+// −inf) gets m = l = NaN and S = 0; per row tests only, nothing added to the loops over the row (the
+// last one reads the row again, where it would be taken for wholly masked).
 void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                  float* HWY_RESTRICT o, I D, I band) {
   for (I i = 0; i < nq; ++i) {
     float* Si = S + i * attn_fast::kBk;
     const std::size_t n = ix(attn_fast::band_reach(i, band, nk));
-    const float mn = std::max(m[i], RowMax(Si, n));
-    if (mn == -HUGE_VALF) {
+    const float rm = RowMax(Si, n);
+    if (std::isnan(m[i]) || std::isnan(rm) || rm == HUGE_VALF) {
+      m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
+      ZeroRow(Si, n);
+      continue;
+    }
+    const float mn = std::max(m[i], rm);
+    if (mn == -HUGE_VALF) {  // no key yet, unless the −inf row max dropped a NaN
+      if (!BelowInf(Si, n)) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
       ZeroRow(Si, n);
       continue;
     }
@@ -244,8 +271,22 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
   }
 }
 
+// Whether x[0, n) holds no NaN or ±inf: the largest |x| as bits below those of +inf.
+bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const std::size_t L = hn::Lanes(d);
+  const auto abs_bits = hn::Set(du, 0x7fffffffu);
+  auto mx = hn::Zero(du);
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) mx = hn::Max(mx, hn::And(hn::BitCast(du, hn::LoadU(d, x + i)), abs_bits));
+  bool ok = hn::GetLane(hn::MaxOfLanes(du, mx)) < 0x7f800000u;
+  for (; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
+}
+
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep};
+  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep, &AllFinite, &BelowInf};
 }
 
 // c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from
@@ -333,12 +374,14 @@ void SumDiag(const float* HWY_RESTRICT dS, I nq, I nk, I ld, float* HWY_RESTRICT
   for (I i = 0; i < nq; ++i) AddTo(diag + (nq - 1 - i), dS + i * ld, ix(nk));
 }
 
-// P = exp(S − lse) over rows (0 for a row whose lse is −inf), row stride ld.
+// P = exp(S − lse) over rows (0 for a row whose lse is −inf; attn_fast::nan_row for a NaN row, lse
+// NaN), row stride ld.
 void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT lse, I band) {
   for (I i = 0; i < nq; ++i) {
     float* Si = S + i * ld;
     const I n = attn_fast::band_reach(i, band, nk);
     if (lse[i] == -HUGE_VALF) ZeroRow(Si, ix(n));
+    else if (std::isnan(lse[i])) attn_fast::nan_row(Si, n);
     else ExpSub<false>(Si, ix(n), lse[i]);
   }
 }
@@ -511,10 +554,12 @@ struct Acc {
 // keeps ~(8·128·D + 2·128²) floats a thread (~200 KB at D = 16) after the last call.
 struct Scratch {
   std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dkg, row;
+  std::vector<float> qs, ks, vs, dos;  // careful steps (non-finite inputs): sanitized copies
   void init(I D) {
     q.resize(ix(kBq * D));
     k.resize(ix(kBk * D));
     v.resize(ix(kBk * D));
+    vs.resize(ix(kBk * D));
     s.resize(ix(kBq * kBk));
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
@@ -527,6 +572,9 @@ struct Scratch {
     dv.resize(ix(kBk * D));
     dkg.resize(ix(kBk * D));
     row.resize(ix(D));
+    qs.resize(ix(kBq * D));
+    ks.resize(ix(kBk * D));
+    dos.resize(ix(kBq * D));
   }
 };
 
@@ -549,6 +597,7 @@ class Fused {
     dir_q_ = direct(q);
     dir_k_ = direct(k);
     dir_v_ = direct(v);
+    cf_ = careful_forward(simd_, d, k, threads);
     if (d.rotary) {
       interleaved_ = d.rot.layout == RopeLayout::kInterleaved;
       per_head_ = d.rot.per_head();
@@ -640,6 +689,9 @@ class Fused {
                 const EncodingGrads& g, const Saved* saved = nullptr) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D, G = d_.G;
     Bwd bw{dout, direct(dout), dq, dk, dv, {}, {}, 0};
+    // the careful steps on every tile (attention_tiles.h): k or v not finite
+    bw.careful = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
+                 !all_finite(simd_, v_, threads_);
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     bw.lse.resize(ix(B * Hq * M));
     bw.Dv.resize(ix(B * Hq * M));
@@ -660,7 +712,7 @@ class Fused {
           const double* base = static_cast<const double*>(ls.data);
           for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
         } else {
-          forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
+          forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful);
         }
         const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
         for (I i = 0; i < nq; ++i) {
@@ -746,6 +798,7 @@ class Fused {
     std::vector<float> lse, Dv;  // [B, Hq, M]
     I npar;                      // parameter gradients per head
     bool freq = false;           // rope2d mixed: dfreqs wanted (npar = r: θˣ then θʸ per pair)
+    bool careful = false;        // k or v not finite: the careful steps on every tile
   };
 
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
@@ -935,8 +988,10 @@ class Fused {
     }
   }
 
-  // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq].
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse) const {
+  // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq]. careful_v: P·V of the
+  // sanitized V, its non-finite entries' terms added back (attention_tiles.h) — taken again with it
+  // when a row of finite lse comes out non-finite (a NaN or ±inf in V).
+  void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
     const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
     const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;
@@ -955,14 +1010,19 @@ class Fused {
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       const I bd = band(h, (d_.k_off + j0) - qp_min);
       logits(h, q0, nq, j0, nk, Q, K, w);
+      if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
+      const bool bad_v = careful_v && sanitize_rows(V.p, V.ld, nk, D, w->vs.data());
+      const Tile Vp = bad_v ? Tile{w->vs.data(), D} : V;
       if (nq == 1)
-        cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, V.p, int(V.ld), S, 1, 1.f,
+        cblas_sgemv(CblasRowMajor, CblasTrans, int(nk), int(D), 1.f, Vp.p, int(Vp.ld), S, 1, 1.f,
                     o, 1);
       else
-        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V.p, V.ld, o, D, bd);
+        tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, Vp.p, Vp.ld, o, D, bd);
+      if (bad_v) add_back_pv(S, nq, V.p, V.ld, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
+    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, o, lse, true);
   }
 
   // Pass 2 over key blocks [kb0, kb1) of (b, kv head kh), every query head of the group and every
@@ -1005,18 +1065,32 @@ class Fused {
           xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
           tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk, bd);
-          if (bw.dv.present())
-            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO.p, dO.ld, w->dv.data(), D, bd);
-          for (I i = 0; i < nq; ++i)
-            simd_.ds_row(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)), Di[i]);
+          // careful (attention_tiles.h): the products read sanitized dO, Q, K; dO's non-finite
+          // entries' terms added back into dV; dS 0 wherever P is
+          const bool careful = bw.careful || careful_rows(&bw.lse[ix((b * Hq + h) * M + i0)], Di, nq);
+          const bool bad_do = careful && sanitize_rows(dO.p, dO.ld, nq, D, w->dos.data());
+          if (bw.dv.present()) {
+            const Tile dOp = bad_do ? Tile{w->dos.data(), D} : dO;
+            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dOp.p, dOp.ld, w->dv.data(), D, bd);
+            if (bad_do) add_back_ptdo(S, nq, nk, dO.p, dO.ld, D, w->dv.data());
+          }
+          for (I i = 0; i < nq; ++i) {
+            const I n = std::clamp<I>(i + bd + 1, 0, nk);
+            if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
+            else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
+          }
           if (gwh && bias_ == Bias::kFire)
             fire_tile(h, i0, kp0 - (d_.q_off + i0), nq, nk, nullptr, S, gwh);
           else if (gwh && bias_ != Bias::kNone)
             param_grads(h, kp0 - (d_.q_off + i0), nq, nk, S, w->diag.data(), gwh);
-          if (want_dk)
-            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, Q.p, Q.ld, dKt, D, bd);
-          if (acc.p)
-            tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K.p, K.ld, acc.row(g, i0), acc.ld, bd);
+          if (want_dk) {
+            const Tile Qp = careful && sanitize_rows(Q.p, Q.ld, nq, D, w->qs.data()) ? Tile{w->qs.data(), D} : Q;
+            tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, Qp.p, Qp.ld, dKt, D, bd);
+          }
+          if (acc.p) {
+            const Tile Kp = careful && sanitize_rows(K.p, K.ld, nk, D, w->ks.data()) ? Tile{w->ks.data(), D} : K;
+            tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, Kp.p, Kp.ld, acc.row(g, i0), acc.ld, bd);
+          }
         }
         if (per_head_) {  // this head's dK̃ of the block is complete
           if (bw.freq && gwh) freq_grad_rows(false, b, h, j0, nk, K.p, K.ld, dKt, D, nullptr, gwh);
@@ -1358,6 +1432,7 @@ class Fused {
   Extra xs_;
   TileGemmFn gemm_;  // the tiles' small GEMM (D ≤ kTileGemmMaxD), else null: OpenBLAS
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
+  CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool interleaved_ = true, nonsym_ = false;
   RotTab tab_q_, tab_k_;
   const RotTab* tq_ = nullptr;  // rotation tables of the queries and keys (rotary encodings)

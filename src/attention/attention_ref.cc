@@ -18,9 +18,13 @@
 //   l_j   = scale·q_i·k_j + term_j        (−inf where masked: causal kp > qp, or the ALiBi mask)
 //   P_j   = exp(l_j − lse),  lse = log Σ_j exp(l_j)
 //   out_i = Σ_j P_j v_j                   (a row with every key masked: out = 0, lse = −inf)
+//   A logit of −inf counts as masked. A row with a NaN or +inf logit is a NaN row: P_j = NaN for
+//   every l_j ≠ −inf, 0 for the rest, lse = NaN (so out_i is all NaN); the key of P_j = 0 is never
+//   read (posenc/attention.h: non-finite values).
 //
 // ---- backward, with dO = ∂L/∂out_i -----------------------------------------------------------------
 //   dv_j += P_j dO;   dP_j = dO·v_j;   dl_j = P_j (dP_j − Σ_t P_t dP_t)   (Σ_t P_t dP_t = dO·out_i)
+//   (dl_j = 0 where P_j = 0, also when the sum is NaN or ±inf: a NaN row, a non-finite v or dO)
 //   The plain product gives dq_i += scale·da_j·k_j and dk_j += scale·da_j·q_i where da_j = ∂L/∂(a_j),
 //   a_j = scale·q_i·k_j; for every encoding but CoPE, da_j = dl_j. Masked entries have P = 0, dl = 0
 //   and contribute nothing (no −inf is ever multiplied).
@@ -95,6 +99,8 @@ using I = std::int64_t;
 using Vec = std::vector<double>;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kPosInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
@@ -264,7 +270,16 @@ class Problem {
       }
     }
     double mx = kNegInf;
-    for (I j = 0; j < N; ++j) mx = std::max(mx, row->l[ix(j)]);
+    bool nan = false;
+    for (I j = 0; j < N; ++j) {
+      if (std::isnan(row->l[ix(j)])) nan = true;
+      else mx = std::max(mx, row->l[ix(j)]);
+    }
+    if (nan || mx == kPosInf) {  // a NaN row: P NaN on every key it sees, lse NaN
+      for (I j = 0; j < N; ++j) row->P[ix(j)] = row->l[ix(j)] == kNegInf ? 0.0 : kNaN;
+      row->lse = kNaN;
+      return;
+    }
     if (mx == kNegInf) {  // every key masked: P = 0, out = 0, lse = −inf
       row->lse = kNegInf;
       return;
@@ -356,7 +371,11 @@ class Problem {
             rowsum += row.P[ix(j)] * dl[ix(j)];
             axpy(row.P[ix(j)], dO, &gr->dv[ix(((b * N + j) * d_.Hkv + kh) * D)], D);
           }
-          for (I j = 0; j < N; ++j) dl[ix(j)] = row.P[ix(j)] * (dl[ix(j)] - rowsum);
+          // With a NaN or ±inf in rowsum (a NaN row, or a non-finite v or dO), a key of weight 0 keeps
+          // dl = 0 rather than 0·(dP − rowsum) = NaN: it does not pass the NaN on.
+          const bool finite = std::isfinite(rowsum);
+          for (I j = 0; j < N; ++j)
+            dl[ix(j)] = finite || row.P[ix(j)] != 0 ? row.P[ix(j)] * (dl[ix(j)] - rowsum) : 0.0;
 
           // the encoding's own terms; da_j = ∂L/∂(scale·q·k) starts as dl_j
           for (I j = 0; j < N; ++j) da[ix(j)] = row.a[ix(j)] == kNegInf ? 0.0 : dl[ix(j)];

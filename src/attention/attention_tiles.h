@@ -38,6 +38,8 @@ struct Simd {
   float (*dot)(const float* a, const float* b, std::size_t n);
   // online_softmax_step below, every row of the tile in one call
   void (*softmax_step)(float* S, I nq, I nk, float* m, float* l, float* o, I D, I band);
+  bool (*finite)(const float* x, std::size_t n);     // no NaN or ±inf among x[0, n)
+  bool (*below_inf)(const float* x, std::size_t n);  // every x < +inf: no NaN, no +inf (−inf passes)
 };
 
 // The best target's helpers on this CPU (attention_cpu.cc); a kernel fetches them once per call.
@@ -153,22 +155,189 @@ inline I band_reach(I i, I band, I nk) {
 // m' = max(m, rowmax S), S = exp(S − m'), l = l·e^{m−m'} + ΣS, o = o·e^{m−m'} ([nq, D]; a row whose m
 // is still −∞ must hold o = 0, which it keeps). A row still wholly masked gets S = 0. The caller then
 // adds S·V into o. band: row i reads only its first band_reach(i, band, nk) logits.
+// A NaN row: one whose m is NaN (mark_nan_rows below), or whose tile row has a row max of NaN or +inf
+// (exp would turn those into 0s, ExpSoftmax in core/simd-inl.h, and the row would pass for a masked
+// one), or a row max of −inf with a NaN among the −infs (the max may drop NaNs: it is tested where a
+// row is taken for wholly masked, which a row of finite logits never is): it gets m = l = NaN and
+// S = 0, and stays so; online_softmax_finish makes it NaN. Per row tests only: a NaN among finite
+// logits, which the row max need not show, is left to mark_nan_rows.
 inline void online_softmax_step(const Simd& sd, float* S, I nq, I nk, float* m, float* l, float* o,
                                 I D, I band = kNoBand) {
   sd.softmax_step(S, nq, nk, m, l, o, D, band);
 }
 
-// The end of the online softmax: o /= l, lse = m + log l (−inf, o = 0 for a row with no key).
+// The end of the online softmax: o /= l, lse = m + log l (−inf, o = 0 for a row with no key; NaN, o
+// all NaN for a NaN row).
 inline void online_softmax_finish(const Simd& sd, I nq, const float* m, const float* l, float* o,
                                   I D, double* lse) {
   for (I i = 0; i < nq; ++i) {
     if (l[i] > 0) {
       sd.scale(o + i * D, ix(D), 1.f / l[i]);
       lse[i] = static_cast<double>(m[i]) + std::log(static_cast<double>(l[i]));
+    } else if (std::isnan(m[i]) || std::isnan(l[i])) {
+      std::fill(o + i * D, o + (i + 1) * D, std::numeric_limits<float>::quiet_NaN());
+      lse[i] = std::numeric_limits<double>::quiet_NaN();
     } else {
       lse[i] = -std::numeric_limits<double>::infinity();
     }
   }
+}
+
+// ---- non-finite inputs ----------------------------------------------------------------------------
+// The tile steps above are made for finite inputs: exp maps a NaN logit to 0, as if it were masked,
+// and a product of a masked P = 0 or dS = 0 with a NaN or ±inf in q, k, v or dO gives NaN where no
+// such term should exist. These careful steps give the reference's result instead (attention_ref.cc):
+//   a row with a NaN or +inf logit is a NaN row (mark_nan_rows): out and lse NaN; in the backward its
+//     P is NaN on every key it sees and 0 on the rest (nan_row), and it sends NaN to dq, to dk and
+//     dv of those keys and to the parameter gradients they feed;
+//   the products read q, k, v and dO with their non-finite values replaced by 0 (sanitize_rows), and
+//     the terms those values make with a P or dO that is not 0 are added back one by one
+//     (add_back_pv, add_back_ptdo); dS is 0 wherever P is (careful_ds). Replacing q or k is exact:
+//     a non-finite q_i or k_j makes every logit it enters NaN or ±inf, so its dS is NaN or 0.
+// What decides them, so that finite inputs pay little (careful_forward below):
+//   forward: a non-finite q_i makes its whole row NaN or ±inf, which the per-row tests of
+//     online_softmax_step catch; a non-finite k_j makes only some logits of a row NaN: one pass over
+//     k (all_finite) turns mark_nan_rows on, or, where that pass would cost more than the tiles'
+//     own work on k (a decode step: G·M < 2·D), mark_nan_rows runs on every tile, one vector test
+//     per 16 logits; a non-finite v shows as a row with finite lse and a non-finite out, whose
+//     block is then computed again with the sanitized V (a test of D floats per row);
+//   backward: a non-finite k or v (the forward's pass over k, else one now; a pass over v) makes
+//     every tile careful; otherwise a tile is careful when one of its rows has a non-finite lse or
+//     Dᵢ = dOᵢ·outᵢ (pass 1's, per row: careful_rows) — which a non-finite q_i (lse NaN, or −inf
+//     though the row sees keys) or dO_i always gives.
+
+// Whether every element of x [B, L, H, D] (a float dtype, any strides) is finite: row by row through
+// sd.finite (float32) or the bits (bfloat16, float16); threads > 1 splits the rows of a large x.
+inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
+  if (!x.present()) return true;
+  if (x.dtype == DType::kF64) {
+    const I n = x.numel();
+    for (I e = 0; e < n; ++e)
+      if (!std::isfinite(x.get(e))) return false;
+    return true;
+  }
+  const I B = x.shape[0], L = x.shape[1], H = x.shape[2], D = x.shape[3], s3 = x.strides[3];
+  const I rows = B * L * H;
+  if (x.dtype == DType::kF32 && x.is_contiguous()) {  // one run, in pieces over the threads
+    const float* p = static_cast<const float*>(x.data);
+    const I n = rows * D, piece = I{1} << 16, np = (n + piece - 1) / piece;
+    const int th = np > 1 ? threads : 1;
+    bool ok = true;
+#pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
+    for (I c = 0; c < np; ++c) ok = ok && sd.finite(p + c * piece, ix(std::min(piece, n - c * piece)));
+    return ok;
+  }
+  bool ok = true;
+  const int th = rows * D > (I{1} << 16) ? threads : 1;
+#pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
+  for (I r = 0; r < rows; ++r) {
+    if (!ok) continue;
+    const I b = r / (L * H), l = (r / H) % L, h = r % H;
+    const I off = b * x.strides[0] + l * x.strides[1] + h * x.strides[2];
+    if (x.dtype == DType::kF32) {
+      const float* y = static_cast<const float*>(x.data) + off;
+      if (s3 == 1) {
+        ok = sd.finite(y, ix(D));
+      } else {
+        for (I e = 0; e < D && ok; ++e) ok = std::isfinite(y[e * s3]);
+      }
+    } else {  // the exponent field all ones: ±inf or NaN
+      const std::uint16_t* y = static_cast<const std::uint16_t*>(x.data) + off;
+      const std::uint16_t em = x.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
+      for (I e = 0; e < D && ok; ++e) ok = (y[e * s3] & em) != em;
+    }
+  }
+  return ok;
+}
+
+// n rows of D floats (row stride ld) into y [n, D], a NaN or ±inf replaced by 0; whether there was any.
+inline bool sanitize_rows(const float* x, I ld, I n, I D, float* y) {
+  bool any = false;
+  for (I r = 0; r < n; ++r)
+    for (I e = 0; e < D; ++e) {
+      const float v = x[r * ld + e];
+      const bool ok = std::isfinite(v);
+      any = any || !ok;
+      y[r * D + e] = ok ? v : 0.f;
+    }
+  return any;
+}
+
+// Marks a NaN row (m = NaN; online_softmax_step then keeps it so) each row of the score tile S
+// [nq, kBk] that holds a NaN or +inf among the logits the softmax reads (band_reach).
+inline void mark_nan_rows(const Simd& sd, const float* S, I nq, I nk, I band, float* m) {
+  for (I i = 0; i < nq; ++i)
+    if (!sd.below_inf(S + i * kBk, ix(band_reach(i, band, nk)))) m[i] = std::numeric_limits<float>::quiet_NaN();
+}
+
+// How a forward finds its NaN rows (see above): mark_nan_rows on every tile (rows) or, when that is
+// off, a pass over k decides it (a non-finite k turns it on). The encodings' tensors are checked
+// finite where they are validated (attention_check.h), so they add no NaN of their own.
+struct CarefulForward {
+  bool rows = false;  // mark_nan_rows on every tile
+  bool k_known = false, k_finite = true;  // the pass over k, where it was made
+};
+inline CarefulForward careful_forward(const Simd& sd, const attn::Dims& d, const View& k, int threads) {
+  CarefulForward c;
+  if (d.G * d.M < 2 * d.D) {  // the logits' test costs less than a pass over k
+    c.rows = true;
+  } else {
+    c.k_known = true;
+    c.k_finite = all_finite(sd, k, threads);
+    c.rows = !c.k_finite;
+  }
+  return c;
+}
+
+// Whether row i of o [nq, D] is finite wherever lse[i] is (the rows a non-finite v reached): one test
+// of the whole block, row by row only when it fails (NaN rows are NaN by design).
+inline bool outputs_finite(const Simd& sd, const float* o, I nq, I D, const double* lse) {
+  if (sd.finite(o, ix(nq * D))) return true;
+  for (I i = 0; i < nq; ++i)
+    if (std::isfinite(lse[i]) && !sd.finite(o + i * D, ix(D))) return false;
+  return true;
+}
+
+// Whether some row of a backward tile has a non-finite lse or D [n]: then the tile is careful
+// (above; a row of a pass-2 tile sees some key of it, so an lse of −inf there means logits of −inf).
+inline bool careful_rows(const float* lse, const float* D, I n) {
+  for (I i = 0; i < n; ++i)
+    if (!std::isfinite(lse[i]) || !std::isfinite(D[i])) return true;
+  return false;
+}
+
+// P of a NaN row (lse NaN) from its logits S [n]: NaN on every key it sees, 0 where masked (−inf).
+inline void nan_row(float* S, I n) {
+  for (I j = 0; j < n; ++j) S[j] = S[j] == kNegInfF ? 0.f : std::numeric_limits<float>::quiet_NaN();
+}
+
+// p = p·(dp − di) as Simd::ds_row, but 0 wherever p is 0 (whatever dp and di hold).
+inline void careful_ds(float* p, const float* dp, I n, float di) {
+  for (I j = 0; j < n; ++j) p[j] = p[j] == 0.f ? 0.f : p[j] * (dp[j] - di);
+}
+
+// After o [nq, D] (row stride ldo) += P·V' with V' = V [nk, D] (row stride ldv) sanitized: the terms
+// of V's non-finite entries, P [nq, kBk] times them where P is not 0.
+inline void add_back_pv(const float* P, I nq, const float* V, I ldv, I nk, I D, float* o, I ldo) {
+  for (I j = 0; j < nk; ++j)
+    for (I e = 0; e < D; ++e) {
+      const float v = V[j * ldv + e];
+      if (std::isfinite(v)) continue;
+      for (I i = 0; i < nq; ++i)
+        if (const float p = P[i * kBk + j]; p != 0.f) o[i * ldo + e] += p * v;
+    }
+}
+
+// After dV [nk, D] += Pᵀ·dO' with dO' = dO [nq, D] (row stride ld) sanitized: the terms of dO's
+// non-finite entries, times P [nq, kBk] where it is not 0.
+inline void add_back_ptdo(const float* P, I nq, I nk, const float* dO, I ld, I D, float* dV) {
+  for (I i = 0; i < nq; ++i)
+    for (I e = 0; e < D; ++e) {
+      const float g = dO[i * ld + e];
+      if (std::isfinite(g)) continue;
+      for (I j = 0; j < nk; ++j)
+        if (const float p = P[i * kBk + j]; p != 0.f) dV[j * D + e] += p * g;
+    }
 }
 
 // Whether two views share memory.

@@ -38,6 +38,10 @@
 //   (since dv_h = Σ c_ij W_h s(δ_ij) and dW_h = Σ c_ij (q_i + v_h) s(δ_ij)ᵀ). The parameter gradients
 //   are summed per (b, h) in double from per-tile float products, then over the batch at the end.
 //
+// ---- non-finite inputs -------------------------------------------------------------------------------
+//   The careful steps of attention_tiles.h, decided as there (Qu, Qv and K sanitized for dK, dW and
+//   dQ in the backward).
+//
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: (number of ρ)·R floats — at L = M = N = 65536, R = 64: 33.5 MB, causal 16.8 MB;
 //   per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at D = R = 64);
@@ -79,6 +83,7 @@ constexpr I kSub = 32;
 struct Scratch {
   std::vector<float> qu, qv, y, k, v, s, o, ml, t;  // forward
   std::vector<float> dp, dout, dk, dv, x, dw;      // backward
+  std::vector<float> sq, sk, sv, sd;               // careful steps: sanitized Qu or Qv, K, V, dO
   void init(I D, I R) {
     qu.resize(ix(kBq * D));
     qv.resize(ix(kBq * D));
@@ -89,6 +94,7 @@ struct Scratch {
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
     t.resize(ix(kSub * (kSub + kBk - 1)));
+    sv.resize(ix(kBk * D));
   }
   void init_backward(I D, I R) {
     dp.resize(ix(kBq * kBk));
@@ -97,6 +103,9 @@ struct Scratch {
     dv.resize(ix(kBk * D));
     x.resize(ix(kBq * R));
     dw.resize(ix(D * R));
+    sq.resize(ix(kBq * D));
+    sk.resize(ix(kBk * D));
+    sd.resize(ix(kBq * D));
   }
 };
 
@@ -112,6 +121,7 @@ class XlFused {
     w_.assign(w.begin(), w.end());
     w64_ = w;
     build_table();
+    cf_ = careful_forward(simd_, d, k, threads);
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -142,6 +152,9 @@ class XlFused {
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const EncodingGrads& g) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R;
+    // the careful steps on every tile (attention_tiles.h): k or v not finite
+    const bool careful_all = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
+                             !all_finite(simd_, v_, threads_);
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
@@ -155,7 +168,7 @@ class XlFused {
       for (I task = 0; task < per * nqb; ++task) {
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-        forward_block(b, h, q0, nq, &w, l.data());
+        forward_block(b, h, q0, nq, &w, l.data(), careful_all);
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -201,16 +214,29 @@ class XlFused {
               for (I i = 0; i < nq; ++i) {
                 float* Si = S + i * kBk;
                 if (L[i] == kNegInfF) std::fill(Si, Si + nk, 0.f);
+                else if (std::isnan(L[i])) nan_row(Si, nk);  // a NaN row (attention_tiles.h)
                 else simd_.exp_sub_sum(Si, ix(nk), L[i]);
               }
               tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk);
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w.dout.data(), D, w.dv.data(), D);
-              for (I i = 0; i < nq; ++i) simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+              // careful (attention_tiles.h): the products read sanitized dO, Qu, K (and Qv in
+              // position_grads); dO's non-finite entries' terms added back into dV; dS 0 where P is
+              const bool careful = careful_all || careful_rows(L, Di, nq);
+              const bool bad_do = careful && sanitize_rows(w.dout.data(), D, nq, D, w.sd.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, bad_do ? w.sd.data() : w.dout.data(), D,
+                        w.dv.data(), D);
+              if (bad_do) add_back_ptdo(S, nq, nk, w.dout.data(), D, D, w.dv.data());
+              for (I i = 0; i < nq; ++i) {
+                if (careful) careful_ds(S + i * kBk, dP + i * kBk, nk, Di[i]);
+                else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+              }
               // S now holds dS; c = scale·dS.
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, w.qu.data(), D, w.dk.data(), D);
+              const bool bad_q = careful && sanitize_rows(w.qu.data(), D, nq, D, w.sq.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qu.data(), D,
+                        w.dk.data(), D);
               float* dqt = &dq_acc[ix((gi * M + i0) * D)];
-              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, w.k.data(), D, dqt, D);
-              position_grads(h, i0, nq, j0, nk, &w, dqt, gph, csum.data());
+              const bool bad_k = careful && sanitize_rows(w.k.data(), D, nk, D, w.sk.data());
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, bad_k ? w.sk.data() : w.k.data(), D, dqt, D);
+              position_grads(h, i0, nq, j0, nk, &w, dqt, gph, csum.data(), careful);
             }
           }
           if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
@@ -304,7 +330,9 @@ class XlFused {
   }
 
   // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq].
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse) const {
+  // careful_v: P·V of the sanitized V, its non-finite entries' terms added back (attention_tiles.h) —
+  // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
+  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
     load_query(b, h, q0, nq, w);
     const I qp_max = d_.q_off + q0 + nq - 1;
@@ -326,16 +354,20 @@ class XlFused {
       if (bd < kNoBand)
         for (I i = 0; i < nq; ++i)
           std::fill(S + i * kBk + band_reach(i, bd, nk), S + i * kBk + nk, 0.f);
+      if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
-      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, w->v.data(), D, o, D, bd);
+      const bool bad_v = careful_v && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
+      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, bad_v ? w->sv.data() : w->v.data(), D, o, D, bd);
+      if (bad_v) add_back_pv(S, nq, w->v.data(), D, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
+    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
   }
 
   // The position term's gradients of one tile from dS [nq, Bk] (in w->s; c = scale·dS):
   // dQ += X·W_hᵀ, and into gph (du [D], Σ X [R], dW [D, R]) Σ_j (Σ_i c_ij) k_j, Σ_i X_i, Qvᵀ·X.
   void position_grads(I h, I i0, I nq, I j0, I nk, Scratch* w, float* dqt, double* gph,
-                      float* csum) const {
+                      float* csum, bool careful) const {
     const I D = d_.D, R = d_.R;
     const float sc = static_cast<float>(d_.scale);
     const float* dS = w->s.data();
@@ -358,8 +390,9 @@ class XlFused {
     const float* Wh = &w_[ix(h * D * R)];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R),
                 Wh, int(R), 1.f, dqt, int(D));
+    const bool bad_qv = careful && sanitize_rows(w->qv.data(), D, nq, D, w->sq.data());
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(D), int(R), int(nq), 1.f,
-                w->qv.data(), int(D), X, int(R), 0.f, w->dw.data(), int(R));
+                bad_qv ? w->sq.data() : w->qv.data(), int(D), X, int(R), 0.f, w->dw.data(), int(R));
     double* du = gph;
     double* xs = gph + D;
     double* dW = gph + D + R;
@@ -407,6 +440,7 @@ class XlFused {
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the sinusoid table [nrho_, R]
   I rho_lo_ = 0, nrho_ = 0;
+  CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
 };
 
 }  // namespace
