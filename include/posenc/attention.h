@@ -83,7 +83,8 @@
 // queries × keys, online softmax, O(L·D) memory, never an [H, M, N] buffer; backward recomputes the
 // logits per tile, FlashAttention-2 style) for nope, rope, rope2d, mrope, xpos, alibi (all
 // variants), t5, kerple, sandwich and fire with float32, bfloat16 or float16 q/k/v (math in float32, accumulation in float32; lse
-// then carries float32 error). xl, cope, float64 inputs, outputs that overlap an input and small problems (B·Hq·M·N < 2^14,
+// then carries float32 error); xl and cope run kernels of their own (attention_xl_cpu.cc,
+// attention_cope_cpu.cc). Float64 inputs, outputs that overlap an input and small problems (B·Hq·M·N < 2^14,
 // where the reference is as fast and exact) run the plain reference, posenc::reference::attention_forward /
 // attention_backward (double accumulation; declared at the end of this file), which is the oracle the
 // fused kernels are tested against. Both give the same Status for the same bad input.
