@@ -1379,6 +1379,16 @@ class Fused {
         run(0, nk, one);
         continue;
       }
+      if (lo >= 0 && hi - lo <= kFireSpan) {  // the backward's side of fire_span: the same cuts
+        I j = 0;
+        for (I k = 0; k <= hi - lo; ++k) {
+          const I sg = before ? hi - k : lo + k;
+          const I e = k < hi - lo ? std::clamp<I>(before ? -r0 - th[sg - 1] + 1 : th[sg] - r0, j, nk) : nk;
+          if (e > j) run(j, e, sg);
+          j = e;
+        }
+        continue;
+      }
       // segment of distance d ≥ 1: the number of thresholds ≤ d, walked from the last one found
       auto seg = [&](I d) {
         I sg = hint > nb ? 0 : hint;
