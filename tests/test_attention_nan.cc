@@ -13,6 +13,7 @@
 // lse = −inf. The expected NaNs are worked out here from the mask alone (which rows see which keys),
 // independently of both implementations; every element outside them is finite and equals the
 // reference (the reference run on the same inputs, and for the forward the clean inputs' result too).
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -729,6 +730,53 @@ TEST(AttentionNaNMore, FinitenessScan) {
           y[at] = bad;
           EXPECT_FALSE(sd.finite(y.data(), n)) << n << " " << at << " " << bad;
         }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// The pass over a whole k or v [B, L, H, D] (all_finite) on every layout it walks differently:
+// contiguous, tokens of H·D floats inside a wider row (a packed q|k|v buffer), heads apart, and a
+// strided last dimension; a NaN or ±inf at every element is found, and nothing outside the view is read
+// (the padding holds NaN).
+TEST(AttentionNaNMore, FinitenessOfAView) {
+  const I B = 2, L = 3, H = 2, D = 9;  // H·D = 18: a vector and a tail on every target
+  struct Layout {
+    const char* name;
+    std::array<I, 4> strides;
+  };
+  const Layout layouts[] = {{"contiguous", {L * H * D, H * D, D, 1}},
+                            {"packed tokens", {L * 3 * H * D, 3 * H * D, D, 1}},
+                            {"heads apart", {L * H * (D + 2), H * (D + 2), D + 2, 1}},
+                            {"strided dims", {L * H * D * 2, H * D * 2, D * 2, 2}}};
+  const float bads[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()};
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const attn_fast::Simd sd = attn_fast::simd();
+    for (const Layout& lay : layouts) {
+      const I extent = (B - 1) * lay.strides[0] + (L - 1) * lay.strides[1] + (H - 1) * lay.strides[2] +
+                       (D - 1) * lay.strides[3] + 1;
+      std::vector<float> buf(static_cast<std::size_t>(extent), std::numeric_limits<float>::quiet_NaN());
+      View x;
+      x.data = buf.data();
+      x.dtype = DType::kF32;
+      x.ndim = 4;
+      x.shape = {B, L, H, D};
+      for (std::size_t i = 0; i < 4; ++i) x.strides[i] = lay.strides[i];
+      for (I e = 0; e < x.numel(); ++e) x.set(e, static_cast<double>(e % 7) - 3.0);
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + lay.name + " threads " +
+                     std::to_string(threads));
+        EXPECT_TRUE(attn_fast::all_finite(sd, x, threads));
+        for (I e = 0; e < x.numel(); ++e)
+          for (float bad : bads) {
+            const double keep = x.get(e);
+            x.set(e, bad);
+            EXPECT_FALSE(attn_fast::all_finite(sd, x, threads)) << e << " " << bad;
+            x.set(e, keep);
+          }
+      }
     }
   }
   hwy::SetSupportedTargetsForTest(0);

@@ -285,8 +285,26 @@ bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) {
   return ok;
 }
 
+// AllFinite over `rows` runs of n floats, run r at x + r·stride: one reduction for all of them.
+bool AllFiniteRows(const float* HWY_RESTRICT x, std::size_t n, std::size_t rows, std::size_t stride) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const std::size_t L = hn::Lanes(d);
+  const auto abs_bits = hn::Set(du, 0x7fffffffu);
+  auto mx = hn::Zero(du);
+  bool ok = true;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* y = x + r * stride;
+    std::size_t i = 0;
+    for (; i + L <= n; i += L) mx = hn::Max(mx, hn::And(hn::BitCast(du, hn::LoadU(d, y + i)), abs_bits));
+    for (; i < n; ++i) ok = ok && std::isfinite(y[i]);
+  }
+  return ok && hn::GetLane(hn::MaxOfLanes(du, mx)) < 0x7f800000u;
+}
+
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo, &DsRow, &Dot, &SoftmaxStep, &AllFinite, &BelowInf};
+  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo,    &DsRow,        &Dot,
+                         &SoftmaxStep, &AllFinite, &AllFiniteRows, &BelowInf};
 }
 
 // c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from

@@ -39,6 +39,8 @@ struct Simd {
   // online_softmax_step below, every row of the tile in one call
   void (*softmax_step)(float* S, I nq, I nk, float* m, float* l, float* o, I D, I band);
   bool (*finite)(const float* x, std::size_t n);     // no NaN or ±inf among x[0, n)
+  // the same over `rows` runs of n floats, run r at x + r·stride
+  bool (*finite_rows)(const float* x, std::size_t n, std::size_t rows, std::size_t stride);
   bool (*below_inf)(const float* x, std::size_t n);  // every x < +inf: no NaN, no +inf (−inf passes)
 };
 
@@ -229,6 +231,13 @@ inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
   }
   bool ok = true;
   const int th = rows * D > (I{1} << 16) ? threads : 1;
+  if (x.dtype == DType::kF32 && s3 == 1 && x.strides[2] == D) {  // each token's H·D floats one run
+#pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
+    for (I b = 0; b < B; ++b)
+      ok = ok && sd.finite_rows(static_cast<const float*>(x.data) + b * x.strides[0], ix(H * D), ix(L),
+                                ix(x.strides[1]));
+    return ok;
+  }
 #pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
   for (I r = 0; r < rows; ++r) {
     if (!ok) continue;
