@@ -6,13 +6,7 @@
 // Every case measures its baseline in the same run, interleaved with the kernel (one warm-up call of
 // each, then rounds of baseline sample, kernel sample; medians of the samples; a sample is enough
 // calls to last ≳ 10 ms; at least 5 rounds, more (up to 9) while a case stays under ~0.5 s; a call
-// of ≥ 1 s is its own warm-up and gets 3 rounds, so the slowest cases cost 3 calls). Attention rows
-// of more than one thread are timed in groups: up to 8 consecutive cases of the same direction
-// (forward, backward) and shape, all set up at once, their rounds in turn (case 1's round, case 2's,
-// ..., then case 1's next), so that a row's rounds spread over the group's minute or more rather
-// than its own ~10 s, and a few seconds of load on a shared machine's second core fall on one round
-// of several rows (which their medians pass over) rather than on every round of one. Such a
-// group's one-thread rows are printed first, then its rows of more threads.
+// of ≥ 1 s is its own warm-up and gets 3 rounds, so the slowest cases cost 3 calls).
 // ratio = throughput / baseline_throughput.
 //
 // Elementwise kernels (unit GB/s = 10⁹ bytes/s): bytes = every byte read + every byte written, counted

@@ -480,19 +480,6 @@ struct SgemmAttention {
   double flops() const { return 4.0 * kHeads * static_cast<double>(L) * static_cast<double>(L) * kHeadDim; }
 };
 
-// One baseline per length and thread count while any case holds it: the two-thread rows measured
-// together (run_benchmarks) share it rather than keep one [L, L] scratch each.
-std::shared_ptr<SgemmAttention> shared_sgemm(I L, int threads) {
-  static std::map<std::pair<I, int>, std::weak_ptr<SgemmAttention>> alive;
-  std::weak_ptr<SgemmAttention>& w = alive[{L, threads}];
-  std::shared_ptr<SgemmAttention> s = w.lock();
-  if (!s) {
-    s = std::make_shared<SgemmAttention>(L, threads);
-    w = s;
-  }
-  return s;
-}
-
 // The encodings the attention takes: the registry's, but for the absolute ones (they act on
 // embeddings, before the first layer).
 std::vector<const EncodingInfo*> attention_encodings() {
@@ -518,7 +505,7 @@ Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward, bool mi
   if (enc != Encoding::kNope) c.nope_setup = attention_case(encoding_info(Encoding::kNope), L, dt, backward).setup;
   c.setup = [=](int threads) {
     auto a = make_attention(enc, L, dt, backward, threads, mixed);
-    auto s = shared_sgemm(L, threads);
+    auto s = std::make_shared<SgemmAttention>(L, threads);
     Bound b;
     b.kernel = [=] {
       const Status st = run_attention(*a, backward);
@@ -598,9 +585,6 @@ constexpr int kMinRounds = 5, kSlowRounds = 3, kMaxRounds = 9;
 // eight with this wait. So the kernel's sample starts this long after the baseline's, as a call
 // outside a benchmark would find the workers.
 constexpr double kBlasSettle = 0.15;
-// Attention rows of more than one thread are timed in groups of this many cases (bench.h): a group
-// of L = 4096 forward rows takes ~15 s a round, so a job's five rounds spread over more than a minute.
-constexpr std::size_t kGroup = 8;
 
 double time_calls(const std::function<void()>& fn, int calls) {
   const double a = now();
@@ -618,79 +602,51 @@ struct Timing {
   std::vector<double> others;  // medians of the other functions, in their order
 };
 
-// What one row times: the kernel, its baseline and the other functions (nope beside an encoding;
-// the one-thread kernel and baseline beside a row of more threads), with `settle` seconds of wait
-// after each baseline sample before the kernel's (see kBlasSettle); on_slow hears of a slow call.
-struct Job {
-  std::function<void()> kernel, baseline;
-  std::vector<std::function<void()>> others;
-  double settle = 0;
-  std::function<void(double)> on_slow;
-};
-
-// Each job's baseline, kernel and others interleaved, round by round, so that all see the same
-// machine state; the jobs' rounds in turn (job 1's round, job 2's, ..., then job 1's next), so that
-// a job's rounds spread over the whole group's time; see bench.h.
-std::vector<Timing> measure(const std::vector<Job>& jobs) {
-  struct State {
-    int ib = 1, ik = 1, rounds = 0;
-    std::vector<int> io;
-    std::vector<double> bs, ks;
-    std::vector<std::vector<double>> os;
+// Baseline, kernel and the other functions (nope beside an encoding; the one-thread kernel and
+// baseline beside a row of more threads) interleaved, round by round, so that all see the same
+// machine state; see bench.h.
+// settle: seconds to wait after each baseline sample before the kernel's (see kBlasSettle).
+Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline,
+               const std::function<void(double)>& on_slow,
+               const std::vector<std::function<void()>>& others = {}, double settle = 0) {
+  const auto pause = [settle] {
+    if (settle > 0) std::this_thread::sleep_for(std::chrono::duration<double>(settle));
   };
+  const double wb = time_calls(baseline, 1);
+  pause();
+  const double wk = time_calls(kernel, 1);
+  std::vector<double> wo;
+  for (const auto& f : others) wo.push_back(time_calls(f, 1));
+  if (wk >= kSlowCall && on_slow) on_slow(wk);
   auto calls = [](double once) { return std::max(1, static_cast<int>(std::ceil(kSampleSeconds / std::max(once, 1e-9)))); };
-  const auto pause = [](const Job& j) {
-    if (j.settle > 0) std::this_thread::sleep_for(std::chrono::duration<double>(j.settle));
-  };
-  std::vector<State> st(jobs.size());
-  for (std::size_t n = 0; n < jobs.size(); ++n) {  // warm-up calls, which size the samples
-    const Job& j = jobs[n];
-    State& x = st[n];
-    const double wb = time_calls(j.baseline, 1);
-    pause(j);
-    const double wk = time_calls(j.kernel, 1);
-    std::vector<double> wo;
-    for (const auto& f : j.others) wo.push_back(time_calls(f, 1));
-    if (wk >= kSlowCall && j.on_slow) j.on_slow(wk);
-    x.ib = calls(wb);
-    x.ik = calls(wk);
-    double round = x.ib * wb + x.ik * wk;
-    for (double w : wo) {
-      x.io.push_back(calls(w));
-      round += x.io.back() * w;
-    }
-    x.rounds = wk >= kSlowCall ? kSlowRounds
-                               : std::clamp(static_cast<int>(kCaseSeconds / round), kMinRounds, kMaxRounds);
-    x.rounds |= 1;  // odd: the median is one sample
-    x.os.resize(j.others.size());
-    if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
-      x.bs.push_back(time_calls(j.baseline, x.ib));
-      pause(j);  // before the others (nope on the same threads)
-      x.ks.push_back(wk);
-      for (std::size_t o = 0; o < j.others.size(); ++o)
-        x.os[o].push_back(wo[o] >= kSlowCall ? wo[o] : time_calls(j.others[o], x.io[o]));
-    }
+  const int ib = calls(wb), ik = calls(wk);
+  std::vector<int> io;
+  double round = ib * wb + ik * wk;
+  for (double w : wo) {
+    io.push_back(calls(w));
+    round += io.back() * w;
   }
-  for (bool more = true; more;) {
-    more = false;
-    for (std::size_t n = 0; n < jobs.size(); ++n) {
-      const Job& j = jobs[n];
-      State& x = st[n];
-      if (static_cast<int>(x.ks.size()) >= x.rounds) continue;
-      x.bs.push_back(time_calls(j.baseline, x.ib));
-      pause(j);
-      x.ks.push_back(time_calls(j.kernel, x.ik));
-      for (std::size_t o = 0; o < j.others.size(); ++o) x.os[o].push_back(time_calls(j.others[o], x.io[o]));
-      more = more || static_cast<int>(x.ks.size()) < x.rounds;
-    }
+  int rounds = wk >= kSlowCall ? kSlowRounds
+                                : std::clamp(static_cast<int>(kCaseSeconds / round), kMinRounds, kMaxRounds);
+  rounds |= 1;  // odd: the median is one sample
+  std::vector<double> bs, ks;
+  std::vector<std::vector<double>> os(others.size());
+  if (wk >= kSlowCall) {  // the warm-up call is a sample; the baseline gets a sample of its own
+    bs.push_back(time_calls(baseline, ib));
+    pause();  // before the others (nope on the same threads)
+    ks.push_back(wk);
+    for (std::size_t o = 0; o < others.size(); ++o)
+      os[o].push_back(wo[o] >= kSlowCall ? wo[o] : time_calls(others[o], io[o]));
   }
-  std::vector<Timing> out;
-  for (const State& x : st) {
-    Timing t{median(x.ks), median(x.bs), {}};
-    for (const auto& v : x.os) t.others.push_back(median(v));
-    out.push_back(t);
+  while (static_cast<int>(ks.size()) < rounds) {
+    bs.push_back(time_calls(baseline, ib));
+    pause();
+    ks.push_back(time_calls(kernel, ik));
+    for (std::size_t o = 0; o < others.size(); ++o) os[o].push_back(time_calls(others[o], io[o]));
   }
-  return out;
+  Timing t{median(ks), median(bs), {}};
+  for (const auto& v : os) t.others.push_back(median(v));
+  return t;
 }
 
 char fmt_buf[64];
@@ -817,106 +773,65 @@ std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int thread
   const std::regex re(filter_regex.empty() ? std::string(".*") : filter_regex);
   const std::vector<int> counts = threads > 0 ? std::vector<int>{threads} : std::vector<int>{1, 2};
   const int saved = num_threads();
-  std::vector<Case> cases;
-  for (Case& c : default_cases())
-    if (std::regex_search(case_line(c), re)) cases.push_back(std::move(c));
-  const auto attention = [](const Case& c) { return c.kernel.rfind("attention.", 0) == 0; };
-  const auto backward = [](const Case& c) { return c.kernel.rfind("attention.backward", 0) == 0; };
-  // What one case at t threads keeps alive while it is timed.
-  struct Bounds {
-    Bound b, b1;  // the case; on one thread beside it (attention, t > 1)
-    std::function<void()> nope;  // nope beside it (attention other than nope)
-  };
   std::vector<BenchRow> rows;
-  for (std::size_t i = 0; i < cases.size();) {
-    // The group: this case and, for attention, the next ones of the same direction and shape (at
-    // most kGroup); their rows of more than one thread are timed together, their rounds in turn.
-    std::size_t end = i + 1;
-    if (attention(cases[i]))
-      while (end < cases.size() && end - i < kGroup && attention(cases[end]) &&
-             backward(cases[end]) == backward(cases[i]) && cases[end].shape == cases[i].shape)
-        ++end;
+  for (const Case& c : default_cases()) {
+    const std::string line = case_line(c);
+    if (!std::regex_search(line, re)) continue;
     for (int t : counts) {
       set_num_threads(t);
-      const bool together = t > 1 && attention(cases[i]);
-      for (std::size_t first = i; first < end;) {
-        const std::size_t last = together ? end : first + 1;
-        std::vector<Bounds> bs(last - first);
-        std::map<DType, Bound> nopes;  // nope's problem at t threads, shared by the group
-        std::vector<Job> jobs;
-        for (std::size_t n = first; n < last; ++n) {
-          const Case& c = cases[n];
-          Bounds& x = bs[n - first];
-          x.b = c.setup(t);
-          if (c.nope_setup) {
-            auto it = nopes.find(c.dtype);
-            if (it == nopes.end()) it = nopes.emplace(c.dtype, c.nope_setup(t)).first;
-            x.nope = it->second.kernel;
-          }
-          const bool att = attention(c);
-          if (att && t > 1) x.b1 = c.setup(1);
-          Job j;
-          j.kernel = x.b.kernel;
-          j.baseline = x.b.baseline;
-          if (x.nope) j.others.push_back(x.nope);
-          const auto on_one = [t](const std::function<void()>& f) {
-            return [t, f] {
-              set_num_threads(1);
-              f();
-              set_num_threads(t);
-            };
-          };
-          if (x.b1.kernel) {
-            j.others.push_back(on_one(x.b1.kernel));
-            j.others.push_back(on_one(x.b1.baseline));
-          }
-          j.settle = att && t > 1 ? kBlasSettle : 0.0;
-          const std::string line = case_line(c);
-          const bool with_nope = static_cast<bool>(x.nope), with_one = static_cast<bool>(x.b1.kernel);
-          const std::string path = c.path;
-          j.on_slow = [=, &on_progress](double once) {
-            if (on_progress)
-              on_progress(line + " threads " + std::to_string(t) + (path.empty() ? "" : " (" + path + ")") +
-                          ": " + fmt(once) + " s a call, 3 calls" + (with_nope ? ", nope beside it" : "") +
-                          (with_one ? ", one thread beside it" : ""));
-          };
-          jobs.push_back(std::move(j));
-        }
-        const std::vector<Timing> tms = measure(jobs);
-        for (std::size_t n = first; n < last; ++n) {
-          const Case& c = cases[n];
-          const Bounds& x = bs[n - first];
-          const Timing& tm = tms[n - first];
-          BenchRow r;
-          r.kernel = c.kernel;
-          r.encoding = c.encoding;
-          r.shape = c.shape;
-          r.dtype = dtype_name(c.dtype);
-          r.threads = t;
-          r.seconds = tm.kernel;
-          r.unit = c.unit;
-          r.throughput = x.b.kernel_work / r.seconds / 1e9;
-          r.baseline = x.b.baseline_name;
-          r.baseline_throughput = x.b.baseline_work / tm.baseline / 1e9;
-          r.ratio = r.throughput / r.baseline_throughput;
-          r.path = c.path;
-          if (attention(c)) {
-            r.nope_seconds = x.nope ? tm.others[0] : tm.kernel;
-            r.vs_nope = r.seconds / *r.nope_seconds;
-            if (x.b1.kernel) {
-              const std::size_t o = x.nope ? 1 : 0;
-              r.one_thread_seconds = tm.others[o];
-              r.speedup = tm.others[o] / r.seconds;
-              r.baseline_speedup = tm.others[o + 1] / tm.baseline;
-            }
-          }
-          rows.push_back(r);
-          if (on_row) on_row(r);
-        }
-        first = last;
+      const Bound b = c.setup(t);
+      const Bound nb = c.nope_setup ? c.nope_setup(t) : Bound{};
+      // attention with more than one thread: the kernel and the baseline on one thread beside it
+      const bool attention = c.kernel.rfind("attention.", 0) == 0;
+      const Bound b1 = attention && t > 1 ? c.setup(1) : Bound{};
+      const auto on_one = [&](const std::function<void()>& f) {
+        return [&, f] {
+          set_num_threads(1);
+          f();
+          set_num_threads(t);
+        };
+      };
+      std::vector<std::function<void()>> others;
+      if (nb.kernel) others.push_back(nb.kernel);
+      if (b1.kernel) {
+        others.push_back(on_one(b1.kernel));
+        others.push_back(on_one(b1.baseline));
       }
+      const Timing tm = measure(
+          b.kernel, b.baseline,
+          [&](double once) {
+            if (on_progress)
+              on_progress(line + " threads " + std::to_string(t) + (c.path.empty() ? "" : " (" + c.path + ")") +
+                          ": " + fmt(once) + " s a call, 3 calls" + (nb.kernel ? ", nope beside it" : "") +
+                          (b1.kernel ? ", one thread beside it" : ""));
+          },
+          others, attention && t > 1 ? kBlasSettle : 0.0);
+      BenchRow r;
+      r.kernel = c.kernel;
+      r.encoding = c.encoding;
+      r.shape = c.shape;
+      r.dtype = dtype_name(c.dtype);
+      r.threads = t;
+      r.seconds = tm.kernel;
+      r.unit = c.unit;
+      r.throughput = b.kernel_work / r.seconds / 1e9;
+      r.baseline = b.baseline_name;
+      r.baseline_throughput = b.baseline_work / tm.baseline / 1e9;
+      r.ratio = r.throughput / r.baseline_throughput;
+      r.path = c.path;
+      if (attention) {
+        r.nope_seconds = nb.kernel ? tm.others[0] : tm.kernel;
+        r.vs_nope = r.seconds / *r.nope_seconds;
+        if (b1.kernel) {
+          const std::size_t o = nb.kernel ? 1 : 0;
+          r.one_thread_seconds = tm.others[o];
+          r.speedup = tm.others[o] / r.seconds;
+          r.baseline_speedup = tm.others[o + 1] / tm.baseline;
+        }
+      }
+      rows.push_back(r);
+      if (on_row) on_row(r);
     }
-    i = end;
   }
   set_num_threads(saved == omp_get_max_threads() ? 0 : saved);
   return rows;

@@ -110,26 +110,6 @@ def attention_rows_useful_flops_sgemm_and_vs_nope():
 
 
 @case
-def two_thread_attention_rows_come_after_their_group_one_thread_rows():
-    # Attention rows of more than one thread are timed together, a group of consecutive cases of the
-    # same direction and shape at a time (bench.h): each such group's one-thread rows come first.
-    rows = bench("--filter", r"^attention\.(forward|backward) (nope|alibi) \[1, 1024, 8, 64\] float32$",
-                 "--json")
-    got = [(r["kernel"], r["encoding"], r["threads"]) for r in rows]
-    want = [(k, e, t) for k in ("attention.forward", "attention.backward") for t in (1, 2)
-            for e in ("nope", "alibi")]
-    assert got == want, got
-    for r in rows:
-        check_fields(r)
-        near(r["vs_nope"], r["seconds"] / r["nope_seconds"], "vs_nope")
-        if r["threads"] == 2:
-            near(r["speedup"], r["one_thread_seconds"] / r["seconds"], "speedup")
-            assert r["baseline_speedup"] > 0, r
-        else:
-            assert "speedup" not in r, r
-
-
-@case
 def memory_rows_in_a_child_process():
     L = 256
     rows = bench("--memory", "--memory-length", L, "--filter", "nope", "--threads", 1, "--json")
