@@ -123,6 +123,15 @@ struct Extra {
                     I lo, I hi, const float* alpha, const double* beta, const double* inv);
   void (*moments)(const float* w, const float* x, const float* z, I n, float* out3);  // Σw, Σw·x, Σw·z
 };
+
+// fire_span's cuts (the forward's FireSpan, the backward's moments alike): in a row whose key 0 sits
+// at kp − qp = r0, with thresholds th, the end of the run of segment sg that starts at key j — the
+// k-th of the tile's segments lo..hi (hi, …, lo before the query, lo, …, hi after it), the last
+// ending at nk.
+inline I fire_span_end(bool before, I r0, const I* th, I sg, I k, I lo, I hi, I j, I nk) {
+  if (k == hi - lo) return nk;
+  return std::clamp<I>(before ? -r0 - th[sg - 1] + 1 : th[sg] - r0, j, nk);
+}
 }  // namespace posenc::attn_fast
 #endif
 
@@ -271,21 +280,8 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
   }
 }
 
-// Whether x[0, n) holds no NaN or ±inf: the largest |x| as bits below those of +inf.
-bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) {
-  const hn::ScalableTag<float> d;
-  const hn::RebindToUnsigned<decltype(d)> du;
-  const std::size_t L = hn::Lanes(d);
-  const auto abs_bits = hn::Set(du, 0x7fffffffu);
-  auto mx = hn::Zero(du);
-  std::size_t i = 0;
-  for (; i + L <= n; i += L) mx = hn::Max(mx, hn::And(hn::BitCast(du, hn::LoadU(d, x + i)), abs_bits));
-  bool ok = hn::GetLane(hn::MaxOfLanes(du, mx)) < 0x7f800000u;
-  for (; i < n; ++i) ok = ok && std::isfinite(x[i]);
-  return ok;
-}
-
-// AllFinite over `rows` runs of n floats, run r at x + r·stride: one reduction for all of them.
+// Whether `rows` runs of n floats, run r at x + r·stride, hold no NaN or ±inf: the largest |x| as
+// bits below those of +inf, one reduction for all of them.
 bool AllFiniteRows(const float* HWY_RESTRICT x, std::size_t n, std::size_t rows, std::size_t stride) {
   const hn::ScalableTag<float> d;
   const hn::RebindToUnsigned<decltype(d)> du;
@@ -301,6 +297,8 @@ bool AllFiniteRows(const float* HWY_RESTRICT x, std::size_t n, std::size_t rows,
   }
   return ok && hn::GetLane(hn::MaxOfLanes(du, mx)) < 0x7f800000u;
 }
+
+bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) { return AllFiniteRows(x, n, 1, n); }
 
 attn_fast::Simd GetSimd() {
   return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo,    &DsRow,        &Dot,
@@ -433,8 +431,7 @@ void FireSpan(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* ps0, I base,
     I j = 0;
     for (I k = 0; k <= hi - lo; ++k) {
       const I sg = before ? hi - k : lo + k;
-      I e = nk;
-      if (k < hi - lo) e = std::clamp<I>(before ? -r0 - th[sg - 1] + 1 : th[sg] - r0, j, nk);
+      const I e = attn_fast::fire_span_end(before, r0, th, sg, k, lo, hi, j, nk);
       AffineAddRun(Si + j, ps + j, e - j, alpha[sg], static_cast<float>(beta[sg] * inv[i]));
       j = e;
     }
@@ -1372,7 +1369,6 @@ class Fused {
                     lo, hi, alpha, &P.beta[ix(h * segs)], &fire_inv_[ix(q0)]);
       return;
     }
-    const I one = lo >= 0 && lo == hi ? lo : -1;
     I hint = 0;
     for (I i = 0; i < nq; ++i) {
       const I row = q0 + i, r0 = base - i;  // kp − qp of the row's key 0
@@ -1393,15 +1389,11 @@ class Fused {
         gwh[2 * segs] += beta * inv * (m[2] - static_cast<double>(m[1]) * fire_cf_[ix(row)]);
         gwh[2 * segs + 1] += beta * m[1] * fire_lf_[ix(row)];
       };
-      if (one >= 0) {
-        run(0, nk, one);
-        continue;
-      }
       if (lo >= 0 && hi - lo <= kFireSpan) {  // the backward's side of fire_span: the same cuts
         I j = 0;
         for (I k = 0; k <= hi - lo; ++k) {
           const I sg = before ? hi - k : lo + k;
-          const I e = k < hi - lo ? std::clamp<I>(before ? -r0 - th[sg - 1] + 1 : th[sg] - r0, j, nk) : nk;
+          const I e = fire_span_end(before, r0, th, sg, k, lo, hi, j, nk);
           if (e > j) run(j, e, sg);
           j = e;
         }
