@@ -782,5 +782,35 @@ TEST(AttentionNaNMore, FinitenessOfAView) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// A packed view long enough to be cut into chunks of tokens over the threads: a bad value in the
+// first or last token of either chunk, or at the very end, is found; the padding (NaN) is never read.
+TEST(AttentionNaNMore, FinitenessOfALongPackedView) {
+  const I L = 5000, H = 2, D = 9, row = 3 * H * D;  // 18 floats a token: chunks of 3640 tokens
+  std::vector<float> buf(static_cast<std::size_t>(L * row), std::numeric_limits<float>::quiet_NaN());
+  View x;
+  x.data = buf.data() + H * D;  // the k of a q|k|v row
+  x.dtype = DType::kF32;
+  x.ndim = 4;
+  x.shape = {1, L, H, D};
+  x.strides = {L * row, row, D, 1};
+  for (I e = 0; e < x.numel(); ++e) x.set(e, 0.5);
+  const I per = (I{1} << 16) / (H * D);
+  const I at[] = {0, per * H * D - 1, per * H * D, x.numel() - 1};
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const attn_fast::Simd sd = attn_fast::simd();
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + " threads " + std::to_string(threads));
+      EXPECT_TRUE(attn_fast::all_finite(sd, x, threads));
+      for (I e : at) {
+        x.set(e, -std::numeric_limits<float>::infinity());
+        EXPECT_FALSE(attn_fast::all_finite(sd, x, threads)) << e;
+        x.set(e, 0.5);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 }  // namespace
 }  // namespace posenc

@@ -232,10 +232,14 @@ inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
   bool ok = true;
   const int th = rows * D > (I{1} << 16) ? threads : 1;
   if (x.dtype == DType::kF32 && s3 == 1 && x.strides[2] == D) {  // each token's H·D floats one run
+    // one call per batch and chunk of ~2^16 floats' tokens, the chunks over the threads
+    const I per = std::max<I>(1, (I{1} << 16) / (H * D)), nc = (L + per - 1) / per;
 #pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
-    for (I b = 0; b < B; ++b)
-      ok = ok && sd.finite_rows(static_cast<const float*>(x.data) + b * x.strides[0], ix(H * D), ix(L),
-                                ix(x.strides[1]));
+    for (I t = 0; t < B * nc; ++t) {
+      const I b = t / nc, l0 = (t % nc) * per;
+      ok = ok && sd.finite_rows(static_cast<const float*>(x.data) + b * x.strides[0] + l0 * x.strides[1],
+                                ix(H * D), ix(std::min(per, L - l0)), ix(x.strides[1]));
+    }
     return ok;
   }
 #pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
