@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/train_speed.py [--posenc build/posenc] [--encodings rope,alibi]
                                            [--threads 1,2] [--steps 60] [--batch 16] [--len 64]
-                                           [--rounds 3] [--keep-freed-memory]
+                                           [--rounds 3] [--keep-freed-memory] [--corpus FILE]
 
 For each encoding and thread count: `posenc train` trains the default study model (d_model 64,
 2 layers, 4 heads, d_ff 256) and reports its tokens per second (optimisation steps only); then the

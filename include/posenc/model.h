@@ -8,11 +8,12 @@
 // The positional encoding sits where its kind says (registry.h): absolute ones at the input, rotary
 // and bias ones inside every attention layer (posenc::attention_forward / attention_backward, the
 // fused kernels), with their own learned tensors per layer (t5 W, xl u, v, W, cope table). GELU is
-// the exact erf form. Forward and backward are written by hand; the projections use OpenBLAS gemm,
+// the exact erf form. Forward and backward are written by hand; the projections of Model<float> run
+// the attention's Highway tile GEMM (OpenBLAS for the forms it lacks, and dgemm for Model<double>),
 // the row and elementwise work of Model<float> (GELU and its derivative, LayerNorm, softmax and
 // cross-entropy, bias and embedding rows, AdamW) Highway kernels (src/model/model_kernels.h states
-// their bounds). Model<float> trains; Model<double>, all scalar, exists for the finite-difference
-// test of the whole gradient.
+// their bounds). Model<float> trains; Model<double> (plain loops and dgemm) exists for the
+// finite-difference test of the whole gradient.
 //
 // Threads: a pass with T = min(num_threads(), batch) > 1 splits the batch into T shards of
 // consecutive sequences (shard s: sequences [B·s/T, B·(s+1)/T)), each run entirely on one thread

@@ -4,7 +4,7 @@
 // the caller keeps the buffer alive for the duration of the call. A default-constructed View (null
 // data) means "absent" for optional arguments.
 //
-// Conventions (tested in tests/test_conventions.cc and throughout):
+// Conventions (tested in tests/test_positions.cc, tests/test_view.cc and throughout):
 //   * q/k/v and rotary inputs are tokens-major [B, L, H, D] (the articles' layout);
 //     absolute encodings act on embeddings [B, L, D]; biases are [H, Lq, Lk].
 //   * positions are int32 or int64, shape [L] (shared by the batch) or [B, L]; when no positions are
