@@ -33,13 +33,6 @@ struct ApplyState {
   ParamFlags params;
 };
 
-// X and dY: what .npy holds of the library's float dtypes (NumPy has no bfloat16), each of which every
-// encoding here takes. cli_common's require_float_tensor would name float32 and float64 only.
-void require_data(const std::string& flag, const Tensor& t) {
-  if (!is_float(t.dtype()))
-    fail(Status::Invalid(flag, std::string("expected float32, float64 or float16 data, got ") + dtype_name(t.dtype())));
-}
-
 void require_like(const std::string& flag, const Tensor& t, const Tensor& ref, const std::string& ref_flag) {
   if (t.shape() != ref.shape())
     fail(Status::Invalid(
@@ -99,7 +92,7 @@ void run_apply(ApplyState& st) {
 
   // ---- inputs
   const Tensor x = read_input("--in", st.in);
-  require_data("--in", x);
+  require_float_tensor("--in", x);
   Tensor ids;
   if (have_positions) ids = read_positions("--positions", st.positions);
   const Positions pos{have_positions ? ids.view() : View{}, have_positions ? 0 : offset};
@@ -107,7 +100,7 @@ void run_apply(ApplyState& st) {
   Tensor dy;
   if (want_grads) {
     dy = read_input("--grad-out", st.grad_out);
-    require_data("--grad-out", dy);
+    require_float_tensor("--grad-out", dy);
     require_like("--grad-out", dy, x, "--in");
   }
 

@@ -177,7 +177,7 @@ Command add_bias_command(CLI::App& root) {
   add_text(app, "--q-offset", &st->q_offset, "position of query 0 (default 0)", "INT");
   add_text(app, "--k-offset", &st->k_offset, "position of key 0 (default 0)", "INT");
   st->dtype_opt = add_text(app, "--dtype", &st->dtype,
-                           "float32 or float64 (default: the dtype of --weights or --slopes, else float64)",
+                           "float32 or float64 (default: the dtype of --weights, --slopes, --r1 or --mlp-w2, else float64)",
                            "float32|float64");
   add_path(app, "--out", &st->out, "output bias [H, M, N], -inf where masked")->required();
   st->grad_out_opt = add_path(app, "--grad-out", &st->grad_out, "upstream gradient dB [H, M, N]");
