@@ -10,12 +10,14 @@
 //              shifts by 1000 (random q, k, v; 0 up to rounding means yes).
 //   extrapolate  from the last study (--study DIR, default study-out): perplexity at the longest
 //              evaluated length over perplexity at the training length. A missing default folder
-//              prints "no study in study-out"; a --study DIR that is missing or not a folder is an error.
+//              prints "no study in study-out"; a --study DIR that is missing or not a folder is an error, and
+//              so is a results.json that is not the study's shape (checked whole before any output).
 //   dims       the position dimensions the encoding takes here (rope2d: 2D (x, y); mrope: 3D (t, h, w)).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -164,6 +166,78 @@ std::string num(double x) {
   return b;
 }
 
+// One line of the table: columns padded to their widths (a longer cell pushes the rest right).
+std::string row(const std::string& a, const std::string& b, const std::string& c, const std::string& d,
+                const std::string& e) {
+  std::string line;
+  const auto cell = [&](const std::string& text, std::size_t width) {
+    line += text;
+    line.append(text.size() < width ? width - text.size() : 0, ' ');
+    line += ' ';
+  };
+  cell(a, 11);
+  cell(b, 46);
+  cell(c, 44);
+  cell(d, 28);
+  return line + e + "\n";
+}
+
+// The extrapolation column from a study's results.json, read and checked whole before the table is
+// printed: `missing` says why there is no study (the default folder absent), else by_name holds one
+// cell per encoding. A malformed file is an error naming --study and the field.
+struct StudyColumn {
+  std::string missing;
+  std::map<std::string, std::string> by_name;
+};
+
+StudyColumn read_study(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string path = dir + "/results.json";
+  const auto bad = [&](const std::string& what) {
+    fail(Status::Invalid("--study", path + ": " + what + " (expected posenc study's results.json)"));
+  };
+  StudyColumn out;
+  std::error_code ec;
+  const fs::file_status fst = fs::status(path, ec);
+  if (!fs::exists(fst)) {
+    out.missing = "no study in " + dir;
+    return out;
+  }
+  if (!fs::is_regular_file(fst)) bad("not a regular file");
+  std::ifstream f(path);
+  if (!f) fail(Status::Io("--study", "cannot read " + path));
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded()) bad("not valid JSON");
+  if (!j.is_object() || !j.contains("encodings") || !j["encodings"].is_array())
+    bad("no \"encodings\" array");
+  for (const auto& r : j["encodings"]) {
+    if (!r.is_object() || !r.contains("encoding") || !r["encoding"].is_string())
+      bad("an entry of \"encodings\" without an \"encoding\" name");
+    const std::string name = r["encoding"].get<std::string>();
+    if (!r.contains("eval") || !r["eval"].is_array() || r["eval"].empty())
+      bad("\"" + name + "\" has no \"eval\" rows");
+    for (const auto& e : r["eval"]) {
+      if (!e.is_object() || !e.contains("len") || !e["len"].is_number_integer() || e["len"].get<I>() < 1)
+        bad("\"" + name + "\": an \"eval\" row without a positive integer \"len\"");
+      const auto& p = e.contains("ppl") ? e["ppl"] : nlohmann::json();
+      if (!e.contains("ppl") || !(p.is_null() || (p.is_number() && std::isfinite(p.get<double>()) && p.get<double>() > 0)))
+        bad("\"" + name + "\": an \"eval\" row whose \"ppl\" is not a positive number or null");
+    }
+    const auto& a = r["eval"].front();
+    const auto& b = r["eval"].back();
+    const std::string bl = std::to_string(b["len"].get<I>()), al = std::to_string(a["len"].get<I>());
+    std::string cell;
+    if (a["ppl"].is_null())
+      cell = "cannot run at " + al;
+    else if (b["ppl"].is_null())
+      cell = "cannot run at " + bl;
+    else
+      cell = num(b["ppl"].get<double>() / a["ppl"].get<double>()) + "x ppl at " + bl + " vs " + al;
+    out.by_name[name] = cell;
+  }
+  return out;
+}
+
 void run_check(const CheckState& st) {
   const I N = st.len.empty() ? 256 : parse_int("--len", st.len);
   if (N < 40 || N > 4096) fail(Status::Invalid("--len", "expected 40 .. 4096, got " + std::to_string(N)));
@@ -179,14 +253,9 @@ void run_check(const CheckState& st) {
     if (!std::filesystem::is_directory(st.study, ec))
       fail(Status::Io("--study", "'" + st.study + "' is not a directory (expected posenc study's output directory)"));
   }
-  nlohmann::json study;
-  {
-    std::ifstream f(st.study + "/results.json");
-    if (f) study = nlohmann::json::parse(f, nullptr, false);
-    if (study.is_discarded()) fail(Status::Invalid("--study", st.study + "/results.json is not JSON"));
-  }
-  std::printf("%-11s %-46s %-44s %-28s %s\n", "encoding", "unique code per position", "relative offsets",
-              "extrapolation (study)", "dims");
+  const StudyColumn study = read_study(st.study);
+  // The whole table is built before any of it is printed: a failure leaves stdout empty.
+  std::string table = row("encoding", "unique code per position", "relative offsets", "extrapolation (study)", "dims");
   for (const EncodingInfo& info : registry()) {
     const Encoding e = info.id;
     std::string uniq, rel;
@@ -239,25 +308,15 @@ void run_check(const CheckState& st) {
       const double s = shift_error(e);
       rel = (s < 1e-9 ? "yes: shift by 1000 changes out by " : "no: shift by 1000 changes out by ") + num(s);
     }
-    std::string ext = "no study in " + st.study;
-    if (study.is_object() && study.contains("encodings")) {
-      ext = "not in the study";
-      for (const auto& r : study["encodings"])
-        if (r.value("encoding", "") == info.name) {
-          const auto& ev = r["eval"];
-          const auto& a = ev.front();
-          const auto& b = ev.back();
-          if (b["ppl"].is_null()) {
-            ext = "cannot run at " + std::to_string(b["len"].get<I>());
-          } else {
-            ext = num(b["ppl"].get<double>() / a["ppl"].get<double>()) + "x ppl at " + std::to_string(b["len"].get<I>()) +
-                  " vs " + std::to_string(a["len"].get<I>());
-          }
-        }
+    std::string ext = study.missing;
+    if (ext.empty()) {
+      const auto it = study.by_name.find(info.name);
+      ext = it == study.by_name.end() ? "not in the study" : it->second;
     }
     const char* dims = e == Encoding::kRope2d ? "2D (x, y)" : e == Encoding::kMrope ? "3D (t, h, w)" : "1D";
-    std::printf("%-11s %-46s %-44s %-28s %s\n", info.name.c_str(), uniq.c_str(), rel.c_str(), ext.c_str(), dims);
+    table += row(info.name, uniq, rel, ext, dims);
   }
+  std::fputs(table.c_str(), stdout);
 }
 
 }  // namespace

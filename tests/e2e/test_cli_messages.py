@@ -254,6 +254,43 @@ def check_study_must_exist_when_given(d):
     names_first(["check", "--dim", 7], "--dim", also=["got 7"])
 
 
+@case
+def check_study_results_are_validated_before_output(d):
+    """A malformed results.json is one line naming --study and the field, with nothing on stdout (the
+    table is built whole first); a well-formed one gives last/first perplexity."""
+    def study(name, text):
+        folder = os.path.join(d.path, name)
+        os.mkdir(folder)
+        with open(os.path.join(folder, "results.json"), "w") as f:
+            f.write(text)
+        return folder
+    rope = lambda ev: '{"encodings": [{"encoding": "rope", "eval": %s}]}' % ev
+    bad = [("empty_eval", rope("[]"), '"eval"'),
+           ("no_eval", '{"encodings": [{"encoding": "rope"}]}', '"eval"'),
+           ("ppl_string", rope('[{"len": 64, "ppl": "x"}]'), '"ppl"'),
+           ("ppl_negative", rope('[{"len": 64, "ppl": -1}]'), '"ppl"'),
+           ("ppl_missing", rope('[{"len": 64}]'), '"ppl"'),
+           ("len_float", rope('[{"len": 6.5, "ppl": 3}]'), '"len"'),
+           ("eval_string", rope('"x"'), '"eval"'),
+           ("row_string", rope('["x"]'), '"len"'),
+           ("name_number", '{"encodings": [{"encoding": 5, "eval": []}]}', '"encoding"'),
+           ("encodings_string", '{"encodings": "x"}', '"encodings"'),
+           ("top_array", '[1, 2]', '"encodings"'),
+           ("not_json", '{"encodings": [', "not valid JSON")]
+    for name, text, field in bad:
+        names_first(["check", "--study", study(name, text), "--len", 40, "--dim", 8], "--study", also=[field])
+    folder = os.path.join(d.path, "dir_json")
+    os.makedirs(os.path.join(folder, "results.json"))
+    names_first(["check", "--study", folder, "--len", 40, "--dim", 8], "--study", also=["not a regular file"])
+    good = study("good", '{"encodings": [{"encoding": "rope", "eval": [{"len": 64, "ppl": 4.0}, {"len": 256, "ppl": 10.0}]},'
+                         ' {"encoding": "learned", "eval": [{"len": 64, "ppl": 5.0}, {"len": 256, "ppl": null}]},'
+                         ' {"encoding": "not-ours", "eval": [{"len": 64, "ppl": 1.0}]}]}')
+    rows = {l.split()[0]: l for l in run("check", "--study", good, "--len", 40, "--dim", 8).stdout.splitlines()[1:]}
+    assert "2.5x ppl at 256 vs 64" in rows["rope"], rows["rope"]
+    assert "cannot run at 256" in rows["learned"], rows["learned"]
+    assert "not in the study" in rows["alibi"], rows["alibi"]
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. flags, not library names
 # ------------------------------------------------------------------------------------------------
