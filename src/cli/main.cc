@@ -2,9 +2,13 @@
 //
 // Each subcommand lives in its own file (cmd_<name>.cc). Every failure, from CLI11's parser or from
 // the library, ends here as exactly one line on stderr, "posenc: <flag>: <what was expected>", with
-// exit status 2 for usage and input errors (1 for an internal error); no output file is written then.
+// exit status 2 for usage and input errors (1 for an internal error, or for output that could not all
+// be written to stdout); no output file is written then.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <new>
 #include <string>
 #include <vector>
@@ -16,6 +20,19 @@ namespace {
 int print_error(const std::string& msg, int code) {
   std::fprintf(stderr, "posenc: %s\n", posenc::cli::one_line(msg).c_str());
   return code;
+}
+
+// A run that succeeded still fails if what it printed did not reach stdout (a full disk, a closed
+// pipe): both streams are flushed and checked here, before exit status 0 is given.
+int finish_stdout() {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout.good();
+  if (!failed) return 0;
+  const int err = errno;  // 0 when the failed write came earlier, while printing
+  return print_error(std::string("stdout: could not write all of the output") +
+                         (err != 0 ? std::string(" (") + std::strerror(err) + ")" : ""),
+                     1);
 }
 
 }  // namespace
@@ -54,7 +71,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (e.get_exit_code() == 0) {  // --help, --version
+      app.exit(e);
+      return finish_stdout();
+    }
     std::string msg = e.what();
     if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && msg.rfind("A subcommand", 0) == 0) {
       std::string names;
@@ -89,7 +109,7 @@ int main(int argc, char** argv) {
                            2);
       }
       c.run();
-      return 0;
+      return finish_stdout();
     } catch (const Failure& f) {
       return print_error(f.status.message(), f.status.code() == posenc::Code::kInternal ? 1 : 2);
     } catch (const std::bad_alloc&) {

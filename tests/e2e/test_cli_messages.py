@@ -291,6 +291,23 @@ def check_study_results_are_validated_before_output(d):
     assert "not in the study" in rows["alibi"], rows["alibi"]
 
 
+@case
+def stdout_that_cannot_be_written_is_an_error(d):
+    """Output that never reached stdout (here /dev/full, as on a full disk) is exit 1 with one line
+    naming stdout, for the commands that print to it, --help included; the same runs to a pipe exit 0."""
+    if not os.path.exists("/dev/full"):
+        return "no /dev/full here"
+    for args in (["list"], ["list", "--json"], ["tour"], ["--help"], ["rope-config", "--help"],
+                 ["check", "--len", "40", "--dim", "8"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([POSENC, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+        lines = r.stderr.splitlines()
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        assert len(lines) == 1 and lines[0].startswith("posenc: stdout: "), (args, r.stderr)
+        ok = subprocess.run([POSENC, *args], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0 and ok.stdout and not ok.stderr, (args, ok.returncode, ok.stderr)
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. flags, not library names
 # ------------------------------------------------------------------------------------------------
