@@ -661,4 +661,9 @@ Corpus corpus_or_fail(const std::string& path) {
   return std::move(c).value();
 }
 
+bool is_whole_png(const std::string& b) {
+  static const char kSignature[] = "\x89PNG\r\n\x1a\n";
+  return b.size() >= 20 && b.compare(0, 8, kSignature, 8) == 0 && b.compare(b.size() - 8, 4, "IEND") == 0;
+}
+
 }  // namespace posenc::cli

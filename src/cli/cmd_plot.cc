@@ -186,7 +186,8 @@ void run_plot(const PlotState& st, const CLI::App& app) {
   {
     std::ofstream f(gpfile);
     f << gp;
-    if (!f.good()) {
+    f.close();  // the last of the script reaches the disk here
+    if (f.fail()) {
       std::remove(gpfile.c_str());
       fail(Status::Io("--out", "cannot write the gnuplot script " + gpfile));
     }
@@ -199,7 +200,9 @@ void run_plot(const PlotState& st, const CLI::App& app) {
     png.assign(std::istreambuf_iterator<char>(f), {});
   }
   std::remove(tmp.c_str());
-  if (rc != 0 || png.empty()) fail(Status::Io("--out", "gnuplot failed to draw " + st.out));
+  if (rc != 0) fail(Status::Io("--out", "gnuplot failed to draw " + st.out));
+  if (!is_whole_png(png))
+    fail(Status::Io("--out", "gnuplot could not write the whole picture to " + tmp + " (is that disk full?)"));
   // written as every output is (cli/npy.h): replaced by a rename, a link's target, a device in place
   outs.attach_bytes("--out", std::move(png));
   check(outs.commit());

@@ -8,6 +8,7 @@
 // default run on a 2-core machine trains two encodings at once, each on one thread, and gives the same
 // numbers bit for bit as `--threads 1`). Workers take the next encoding from the parent over a pipe
 // and send back progress lines and each result as JSON (doubles round-trip exactly).
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -402,10 +403,40 @@ std::string plot_script(const StudyConfig& cfg, const std::vector<StudyResult>& 
   return s.str();
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  if (!f.good()) fail(Status::Io("--out", "cannot write " + path));
+// Writes text to path; false (errno kept) when any of it did not reach the file (a full disk).
+bool write_file(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return false;
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int e = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (wrote) return closed;
+  errno = e;
+  return false;
+}
+
+// The picture gnuplot drew, read back whole.
+bool is_whole_png_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return is_whole_png(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
+}
+
+// Proves before any training that --out can take files: a probe created with O_EXCL and removed in
+// the directory itself, or, for a directory still to be made, a probe directory beside it (as root,
+// access() says yes where mkdir then fails, as under /proc).
+void probe_out(const std::string& out, bool exists) {
+  const std::string probe = exists ? out + "/.tmp-" + std::to_string(getpid()) + "-probe"
+                                   : out + ".tmp-" + std::to_string(getpid()) + "-probe";
+  if (exists) {
+    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) fail(Status::Io("--out", "cannot write into directory " + out + ": " + std::strerror(errno)));
+    close(fd);
+    unlink(probe.c_str());
+  } else {
+    if (mkdir(probe.c_str(), 0777) != 0)
+      fail(Status::Io("--out", "cannot create directory " + out + ": " + std::strerror(errno)));
+    rmdir(probe.c_str());
+  }
 }
 
 void run_study(const StudyState& st) {
@@ -495,6 +526,7 @@ void run_study(const StudyState& st) {
     if (access(up.c_str(), W_OK | X_OK) != 0)
       fail(Status::Io("--out", "cannot create directory " + st.out + ": " + up + " is not writable"));
   }
+  probe_out(st.out, stat(st.out.c_str(), &sb) == 0);
   if (system("command -v gnuplot >/dev/null 2>&1") != 0)
     fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
 
@@ -569,26 +601,31 @@ void run_study(const StudyState& st) {
     }
     j["encodings"].push_back(e);
   }
-  if (stat(st.out.c_str(), &sb) != 0 && mkdir(st.out.c_str(), 0777) != 0)
-    fail(Status::Io("--out", "cannot create directory " + st.out));
+  // The directory, if new, is made now; it is removed again when nothing could be written into it.
+  const bool made = stat(st.out.c_str(), &sb) != 0;
+  if (made && mkdir(st.out.c_str(), 0777) != 0)
+    fail(Status::Io("--out", "cannot create directory " + st.out + ": " + std::strerror(errno)));
   const std::string dir = st.out + "/", tmp = ".tmp-" + std::to_string(getpid()) + "-";
   const std::vector<std::string> files = {"results.json", "results.csv",
                                           acc ? "acc_vs_length.png" : "ppl_vs_length.png"};
-  write_file(dir + tmp + files[0], j.dump(2) + "\n");
-  write_file(dir + tmp + files[1], csv);
-  write_file(dir + tmp + "plot.gp", plot_script(cfg, results, dir + tmp + files[2]));
+  const auto give_up = [&](const std::string& what, std::size_t from) {
+    for (std::size_t k = from; k < files.size(); ++k) std::remove((dir + tmp + files[k]).c_str());
+    std::remove((dir + tmp + "plot.gp").c_str());
+    if (made && from == 0) rmdir(st.out.c_str());
+    fail(Status::Io("--out", what));
+  };
+  const std::pair<std::string, std::string> texts[] = {
+      {files[0], j.dump(2) + "\n"}, {files[1], csv}, {"plot.gp", plot_script(cfg, results, dir + tmp + files[2])}};
+  for (const auto& [name, text] : texts)
+    if (!write_file(dir + tmp + name, text)) give_up("cannot write " + dir + name + ": " + std::strerror(errno), 0);
   const int rc = system(("gnuplot '" + dir + tmp + "plot.gp' 2>/dev/null").c_str());
   std::remove((dir + tmp + "plot.gp").c_str());
-  if (rc != 0) {
-    for (const std::string& f : files) std::remove((dir + tmp + f).c_str());
-    fail(Status::Io("--out", "gnuplot failed to draw the plot"));
-  }
+  if (rc != 0) give_up("gnuplot failed to draw the plot", 0);
+  if (!is_whole_png_file(dir + tmp + files[2]))
+    give_up("gnuplot could not write the whole of " + dir + files[2] + " (is the disk full?)", 0);
   for (std::size_t i = 0; i < files.size(); ++i)
-    if (std::rename((dir + tmp + files[i]).c_str(), (dir + files[i]).c_str()) != 0) {
-      const int e = errno;
-      for (std::size_t k = i; k < files.size(); ++k) std::remove((dir + tmp + files[k]).c_str());
-      fail(Status::Io("--out", "cannot write " + dir + files[i] + ": " + std::strerror(e)));
-    }
+    if (std::rename((dir + tmp + files[i]).c_str(), (dir + files[i]).c_str()) != 0)
+      give_up("cannot write " + dir + files[i] + ": " + std::strerror(errno), i);
   // the table, once the files are in place
   if (acc)
     std::printf("accuracy on %lld fresh examples per length (%s), trained at length %lld\n",

@@ -172,6 +172,9 @@ def study_refuses_bad_input(d):
     open(afile, "w").write("x")
     expect_error(["study", "--corpus", c, *SMALL, "--out", afile], "--out")
     assert open(afile).read() == "x"
+    # a directory that cannot be made (even as root: /proc takes no new entries) fails before training
+    if os.path.isdir("/proc/self"):
+        expect_error(["study", "--corpus", c, *SMALL, "--out", "/proc/posenc-study-out"], "--out")
 
 
 @case
