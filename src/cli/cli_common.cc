@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -419,6 +420,9 @@ std::string encoding_names(const ParamFlags::Accept& accept) {
 // ---- per-encoding glue ------------------------------------------------------------------------
 
 RopeModelConfig read_rope_config(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail(Status::Io(flag, "'" + path + "' is a directory, expected a config.json file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::Io(flag, "cannot open '" + path + "'"));
   std::ostringstream text;

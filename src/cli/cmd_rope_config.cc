@@ -25,10 +25,19 @@ void run_rope_config(RopeConfigState& st) {
   const std::int64_t n = parse_int("--seq-len", st.seq_len);
   if (n < 0) fail(Status::Invalid("--seq-len", "expected a length >= 0 (0: none), got " + std::to_string(n)));
   const RopeModelConfig c = read_rope_config("CONFIG", st.path);
+  if (c.head_dim > (std::int64_t{1} << 20))
+    fail(Status::OutOfRange("CONFIG", "expected a head dimension <= 2^20 (1048576), got " +
+                                          std::to_string(c.head_dim) + " (in " + st.path + ")"));
   RopeParams p = c.params;
   p.seq_len = n;
   auto fr = rope_frequencies(p, c.head_dim, 0);
   if (!fr.ok()) fail(Status::Invalid("CONFIG", fr.status().message() + " (in " + st.path + ")"));
+  {  // inv_freq_hf is printed too: transformers' float32 frequencies must be finite as well
+    RopeParams hf = p;
+    hf.angles = RopeAngles::kHf;
+    if (auto fh = rope_frequencies(hf, c.head_dim, 0); !fh.ok())
+      fail(Status::Invalid("CONFIG", fh.status().message() + " (inv_freq_hf, in " + st.path + ")"));
+  }
   const RopeFrequencies& f = *fr;
 
   nlohmann::json o;

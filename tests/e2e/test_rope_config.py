@@ -404,6 +404,12 @@ def bad_configs_and_flags_name_the_field(d):
     expect_error(["rope-config", variant(rope_local_base_freq=10000.0)], "rope_local_base_freq")
     expect_error(["rope-config", d.write("broken.json", "{\"rope_theta\": ")], "config")
     expect_error(["rope-config", d.out("missing.json")], "CONFIG")
+    # a folder, a number beyond double, a head dimension past 2^20, frequencies beyond float32
+    expect_error(["rope-config", d.path], "CONFIG")
+    assert "number overflow" in expect_error(["rope-config", d.write("huge.json", '{"rope_theta": 1e400, "head_dim": 8}')], "CONFIG")
+    expect_error(["rope-config", variant(head_dim=1 << 32)], "head dimension <= 2^20")
+    expect_error(["rope-config", variant(hidden_size=1 << 32, num_attention_heads=1)], "head dimension <= 2^20")
+    assert "inv_freq_hf" in expect_error(["rope-config", variant(rope_theta=1e-100, rope_scaling=None)], "theta")
     expect_error(["rope-config", path, "--seq-len", "-3"], "--seq-len")
     x = d.save("x.npy", RNG.standard_normal((1, 2, 1, 64)))
     o = d.out("y.npy")

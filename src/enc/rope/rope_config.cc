@@ -142,8 +142,15 @@ std::string lower(std::string s) {
 }  // namespace
 
 Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::Invalid("config", "not valid JSON");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond double ("1e400")
+    std::string what = e.what();
+    if (const std::size_t at = what.find("] "); what.rfind("[json.exception", 0) == 0 && at != std::string::npos)
+      what.erase(0, at + 2);
+    return Status::Invalid("config", "not valid JSON: " + what);
+  }
   if (!j.is_object()) return Status::Invalid("config", "expected a JSON object (a config.json)");
   const Reader top{j, ""};
   RopeModelConfig out;
