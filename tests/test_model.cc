@@ -421,6 +421,18 @@ TEST(Model, TrainingBytes) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.arg(), "batch");
   EXPECT_NE(s.what().find("GB"), std::string::npos) << s.what();
+  // weights that cannot fit are the model's fault, whatever the batch: 2^20 × 2^20 × 16 B per layer
+  ModelConfig wide = c;
+  wide.d_model = std::int64_t{1} << 20;
+  wide.n_heads = 1;
+  const Status w = training_fits(wide, 1, 1);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.arg(), "d_model") << w.what();
+  ModelConfig deep_ff = c;
+  deep_ff.d_ff = std::int64_t{1} << 40;
+  const Status f = training_fits(deep_ff, 1, 1);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.arg(), "d_ff") << f.what();
 }
 
 TEST(Model, CheckpointRoundTrip) {

@@ -87,7 +87,9 @@ Status validate_config(const ModelConfig& c);
 // gradients (what Model<float> sizes in its forward and backward), as a double so that any B, L fit:
 // for a caller to refuse a size that cannot fit before allocating it.
 double training_bytes(const ModelConfig& c, std::int64_t B, std::int64_t L);
-// An error naming "batch" when training_bytes exceeds this machine's physical memory.
+// An error when a training step cannot fit in this machine's physical memory: naming "d_model" (or
+// "d_ff", the larger part) when the weights with their gradients and AdamW state alone exceed it,
+// else "batch" when training_bytes does.
 Status training_fits(const ModelConfig& c, std::int64_t B, std::int64_t L);
 std::vector<ParamInfo> param_layout(const ModelConfig& c);
 

@@ -68,7 +68,9 @@ void run_train(const TrainState& st, const CLI::App& app) {
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
     set_num_threads(int(t));
   }
-  if (Status s = training_fits(mc, B, L); !s.ok()) fail(Status::OutOfRange("--batch", s.what() + " (--batch × --train-len)"));
+  if (Status s = training_fits(mc, B, L); !s.ok())
+    fail(s.arg() == "batch" ? Status::OutOfRange("--batch", s.what() + " (--batch × --train-len)")
+                            : Status::OutOfRange("--" + std::string(s.arg() == "d_ff" ? "d-ff" : "d-model"), s.what()));
   // destinations checked (distinct, writable) before any work; all written together at the end, or
   // none if training fails
   OutputSet outs;
@@ -97,7 +99,13 @@ void run_train(const TrainState& st, const CLI::App& app) {
     const double lr = opt.lr_at(s);
     double norm = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    const double loss = take(train_step(model, opt, tok.data(), tgt.data(), B, L, &norm));
+    Expected<double> step = train_step(model, opt, tok.data(), tgt.data(), B, L, &norm);
+    if (!step.ok() && step.status().message().find("diverged") != std::string::npos) {  // the usual cause
+      char at[96];
+      std::snprintf(at, sizeof at, " at step %lld with lr %g", (long long)(s + 1), lr);
+      fail(Status::OutOfRange("--lr", step.status().what() + at + "; expected a learning rate it can train with"));
+    }
+    const double loss = take(std::move(step));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     (s == 0 ? first : seconds) += dt;
     if ((s + 1) % every == 0 || s + 1 == steps)

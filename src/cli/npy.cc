@@ -387,9 +387,17 @@ Status OutputSet::reserve(const std::string& flag, const std::string& path) {
   }
   const std::string dir = parent_dir(key);
   if (!std::filesystem::is_directory(dir, ec))
-    return Status::Io(flag, "cannot write " + q(path) + ": directory " + q(dir) + " does not exist");
+    return Status::Io(flag, "cannot write " + q(path) + ": " + q(dir) +
+                                (std::filesystem::exists(dir, ec) ? " is not a directory" : " does not exist"));
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return Status::Io(flag, "cannot write " + q(path) + ": directory " + q(dir) + " is not writable");
+  {  // a probe proves it (access() says yes to root where creating then fails, as under /proc)
+    const std::string probe = dir + "/.posenc-tmp-" + std::to_string(::getpid()) + "-probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(errno));
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
   entries_.push_back({flag, path, key, false, nullptr, {}, false});
   return Status::Ok();
 }

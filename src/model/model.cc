@@ -293,11 +293,24 @@ double training_bytes(const ModelConfig& c, std::int64_t B, std::int64_t L) {
 }
 
 Status training_fits(const ModelConfig& c, std::int64_t B, std::int64_t L) {
-  const double need = training_bytes(c, B, L);
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   const double have = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
-  if (have > 0 && need > have) {
-    char msg[160];
+  if (have <= 0) return Status::Ok();
+  // The weights first (float32 parameters, gradients and AdamW's two moments: 16 bytes each; the
+  // projections and MLP of every layer, the tied embedding, a learned table): a size that cannot fit
+  // is the model's, whatever the batch.
+  const double C = double(c.d_model), F = double(c.d_ff), layers = double(c.n_layers);
+  const double weights = 16.0 * (layers * (4 * C * C + 2 * C * F) + double(c.vocab) * C +
+                                 (c.encoding == Encoding::kLearned ? double(c.max_len) * C : 0.0));
+  char msg[200];
+  if (weights > have) {
+    std::snprintf(msg, sizeof msg, "d_model %lld, d_ff %lld, %lld layers need %.3g GB for the weights and "
+                  "their optimiser state, more than this machine's %.3g GB", (long long)c.d_model,
+                  (long long)c.d_ff, (long long)c.n_layers, weights / 1e9, have / 1e9);
+    return Status::OutOfRange(2 * F > 4 * C ? "d_ff" : "d_model", msg);
+  }
+  const double need = training_bytes(c, B, L);
+  if (need > have) {
     std::snprintf(msg, sizeof msg, "%lld × %lld tokens need %.3g GB of activations, more than this "
                   "machine's %.3g GB", (long long)B, (long long)L, need / 1e9, have / 1e9);
     return Status::OutOfRange("batch", msg);

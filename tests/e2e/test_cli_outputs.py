@@ -85,6 +85,7 @@ def train_outputs_all_or_nothing(d):
     r = run("train", *SMALL, "--corpus", corpus, "--lr", "1e30", *flags, ok=False)
     assert r.returncode != 0, "a run whose loss turns to NaN succeeded"
     assert r.stderr.count("\n") == 1 and "diverged" in r.stderr, r.stderr
+    assert r.stderr.startswith("posenc: --lr: "), r.stderr
     for o in outs:
         assert not os.path.exists(o), f"{os.path.basename(o)} left behind by a failed run"
     assert sorted(os.listdir(d.path)) == ["c.txt"], os.listdir(d.path)
@@ -108,6 +109,18 @@ def train_errors(d):
     line = expect_error(["train", "--steps", "2", "--batch", "100000000000", "--train-len", "16",
                          "--corpus", corpus, "--save", save], "--batch", outputs=[save])
     assert "GB" in line, line
+    # a model too wide for memory is the model's fault, not the batch's
+    line = expect_error(["train", "--d-model", "1048576", "--heads", "1", *SMALL, "--corpus", corpus, "--save", save],
+                        "--d-model", outputs=[save])
+    assert "GB" in line and "--batch" not in line, line
+    line = expect_error(["train", "--d-ff", str(1 << 40), *SMALL, "--corpus", corpus, "--save", save],
+                        "--d-ff", outputs=[save])
+    # a destination that cannot be created (even as root: /proc takes no new files) fails before any
+    # step is printed (expect_error: nothing on stdout)
+    if os.path.isdir("/proc/self"):
+        for flag in ("--save", "--init-out", "--dump-batches"):
+            expect_error(base + [flag, "/proc/posenc-train-out"], flag)
+    expect_error(base + ["--save", os.path.join(corpus, "m.safetensors")], "--save")  # under a file
     expect_error(["train", *SMALL, "--corpus", d.path], "--corpus")  # a directory
     with open(d.out("bin.txt"), "wb") as f:
         f.write(TEXT.encode()[:3000] + b"\xff\xfe" + TEXT.encode()[:3000])
