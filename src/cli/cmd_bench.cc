@@ -20,6 +20,7 @@ struct BenchState {
   bool json = false;
   bool memory = false;
   std::string memory_length, memory_dtype;
+  CLI::Option* filter_opt = nullptr;
 };
 
 nlohmann::ordered_json row_json(const BenchRow& r) {
@@ -80,6 +81,8 @@ void progress(const std::string& line) {
 }
 
 void run_bench(const BenchState& st) {
+  if (st.filter_opt->count() > 0 && st.filter.empty())  // an empty pattern would run every case
+    fail(Status::Invalid("--filter", "expected a regular expression, got an empty string (omit --filter for every case)"));
   try {
     std::regex check(st.filter);
   } catch (const std::regex_error& e) {
@@ -131,8 +134,8 @@ Command add_bench_command(CLI::App& root) {
       "bench",
       "time the fast kernels against memcpy/memset of the same bytes, attention against sgemm "
       "(a program, never a test)");
-  add_text(app, "--filter", &st->filter, "run the cases whose 'kernel encoding shape dtype' matches REGEX",
-           "REGEX");
+  st->filter_opt = add_text(app, "--filter", &st->filter,
+                            "run the cases whose 'kernel encoding shape dtype' matches REGEX", "REGEX");
   add_text(app, "--threads", &st->threads,
            "threads (default: each case with 1 and with 2; --memory: the default count)", "INT");
   app->add_flag("--json", st->json,

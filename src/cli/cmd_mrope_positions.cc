@@ -6,6 +6,7 @@
 // t x h x w as the language model sees it, or before the vision encoder's merge with
 // --spatial-merge S (Qwen2-VL: 2; h and w are divided by S). One JSON line on stdout:
 // {"length": L, "next_position": n, "rope_delta": n − L} (n: where a following text token sits).
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -63,12 +64,21 @@ void run_mrope_positions(const MropePositionsState& st) {
   DType dtype = DType::kI64;
   if (st.dtype == "int32") dtype = DType::kI32;
   else if (st.dtype != "int64") fail(Status::Invalid("--dtype", "expected int64 or int32, got '" + st.dtype + "'"));
-  const MropePositions p = take_lib(mrope_positions(segs, merge));
+  // The tokens in all (a grid merges merge² patches into one), bounded before anything is allocated.
+  double tokens = 0;
+  for (const MropeSegment& g : segs)
+    tokens += g.kind == MropeSegment::Kind::kText
+                  ? double(g.length)
+                  : double(g.t) * double(g.h) * double(g.w) / (merge >= 1 ? double(merge * merge) : 1.0);
+  const std::int64_t total = tokens < 0x1p62 ? std::max<std::int64_t>(1, std::int64_t(tokens)) : std::int64_t{1} << 62;
+  const std::vector<SizeFactor> size = {{"--segments", 3, "3 rows"}, {"--segments", total, "tokens"}};
+  check_product(size);
+  const MropePositions p = within_memory(size, [&] { return take_lib(mrope_positions(segs, merge)); });
   if (dtype == DType::kI32 && p.next > 2147483647)
     fail(Status::Invalid("--dtype", "the largest id " + std::to_string(p.next - 1) + " does not fit int32"));
   OutputSet outs;
   check(outs.reserve("--out", st.out));
-  Tensor ids(dtype, {3, p.length});
+  Tensor ids = within_memory(size, [&] { return Tensor(dtype, {3, p.length}); });
   const View v = ids.view();
   for (std::int64_t i = 0; i < 3 * p.length; ++i) v.set(i, static_cast<double>(p.ids[static_cast<std::size_t>(i)]));
   outs.attach("--out", &ids);

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "posenc 0.1.0");
   app.require_subcommand(1, 1);
   app.fallthrough(false);
+  app.option_defaults()->disable_flag_override();  // "--json=3" is an error, not true
 
   std::vector<Command> commands;
   try {
@@ -68,6 +69,18 @@ int main(int argc, char** argv) {
     if (!known) return print_error("unknown command '" + name + "', expected one of: " + names, 2);
   }
 
+  // A flag before any command: name it (CLI11 would only ask for a command).
+  if (argc >= 2 && argv[1][0] == '-') {
+    const std::string flag = std::string(argv[1]).substr(0, std::string(argv[1]).find('='));
+    if (flag != "-h" && flag != "--help" && flag != "--version") {
+      std::string names;
+      for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
+      return print_error(flag + ": unknown flag for posenc (expected --help, --version or a command first: " +
+                             names + ")",
+                         2);
+    }
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -81,6 +94,10 @@ int main(int argc, char** argv) {
       for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
       msg = "expected a command: " + names + " (see posenc --help)";
     }
+    const std::string override_tail = " was given a disallowed flag override";
+    if (msg.size() > override_tail.size() &&
+        msg.compare(msg.size() - override_tail.size(), override_tail.size(), override_tail) == 0)
+      msg = "--" + msg.substr(0, msg.size() - override_tail.size()) + ": is a flag and takes no value (give it alone)";
     return print_error(msg, 2);
   }
 

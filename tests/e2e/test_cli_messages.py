@@ -308,6 +308,20 @@ def stdout_that_cannot_be_written_is_an_error(d):
         assert ok.returncode == 0 and ok.stdout and not ok.stderr, (args, ok.returncode, ok.stderr)
 
 
+@case
+def flags_outside_commands_and_flag_values_are_named(d):
+    names_first(["--bogus"], "--bogus", also=["unknown flag"])
+    names_first(["--bogus=3", "list"], "--bogus")
+    names_first(["list", "--json=3"], "--json", also=["takes no value"])
+    names_first(["bench", "--memory=0"], "--memory", also=["takes no value"])
+    names_first(["bench", "--filter", ""], "--filter", also=["empty"])
+    # M-RoPE ids past 2^34 values, or past this machine's memory, name --segments (not a bare "out of memory")
+    o = d.out("ids.npy")
+    names_first(["mrope-positions", "--segments", "text:3,text:20000000000", "--out", o], "--segments", [o],
+                also=["2^34"])
+    names_first(["mrope-positions", "--segments", "image:100000x100000x100000", "--out", o], "--segments", [o])
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. flags, not library names
 # ------------------------------------------------------------------------------------------------
