@@ -77,8 +77,18 @@ namespace {
 
 // require_same_dtype's "expected float64 like r1, got float32" names a second library argument in its
 // text: rename it too ("like --r1").
-std::string rename_like(const std::string& what, const FlagMap& extra) {
+// The library's "expected an absent view" (a tensor this configuration does not read) in a command
+// line's words.
+std::string cli_words(std::string what) {
+  static const std::string kAbsent = "expected an absent view";
+  if (const std::size_t at = what.find(kAbsent); at != std::string::npos)
+    what.replace(at, kAbsent.size(), "leave that flag out");
+  return what;
+}
+
+std::string rename_like(const std::string& what_in, const FlagMap& extra) {
   static const std::string kLike = " like ";
+  const std::string what = cli_words(what_in);
   const std::size_t at = what.find(kLike);
   if (at == std::string::npos) return what;
   const std::size_t start = at + kLike.size();
@@ -100,7 +110,7 @@ void check_lib(const Status& s, const FlagMap& extra) {
     case Code::kOutOfRange:
       fail(Status::OutOfRange(flag_for(s.arg(), extra), rename_like(s.what(), extra)));
     case Code::kIo:
-      fail(Status::Io(flag_for(s.arg(), extra), s.what()));
+      fail(Status::Io(flag_for(s.arg(), extra), cli_words(s.what())));
     case Code::kInternal:
     case Code::kOk:
       break;
@@ -132,7 +142,7 @@ double parse_float(const std::string& flag, const std::string& text) {
 bool parse_bool(const std::string& flag, const std::string& text) {
   if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
   if (text == "false" || text == "0" || text == "no" || text == "off") return false;
-  fail(Status::Invalid(flag, "expected true or false, got '" + text + "'"));
+  fail(Status::Invalid(flag, "expected true or false (or 1/0, yes/no, on/off), got '" + text + "'"));
 }
 
 DType parse_float_dtype(const std::string& flag, const std::string& text) {
@@ -479,6 +489,8 @@ RopeParams rope_params(const ParamFlags& f, std::int64_t* config_head_dim) {
     if (f.given("attention-factor")) p.attention_factor = f.f64("attention-factor");
     p.freq_factors = rope_list(f, "freq-factors");
     p.inv_freq = rope_list(f, "inv-freq");
+    if (!p.inv_freq.empty() && f.given("theta"))  // the frequencies come outright: theta would be ignored
+      fail(Status::Invalid("--theta", "not read with --inv-freq, which gives the frequencies outright; leave one out"));
   }
   p.longrope_factors = take(parse_longrope_factors(f.choice("longrope-factors")));
   p.angles = take(parse_rope_angles(f.choice("angles")));

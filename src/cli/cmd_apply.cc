@@ -132,6 +132,14 @@ void run_apply(ApplyState& st) {
     case Encoding::kLearned: {
       const LearnedParams p;
       const View table = st.params.view("table");
+      // more positions than the table has rows: the table is too short for --in (a start past its end
+      // within that is --offset's, as the library says)
+      if (!have_positions && x.shape().size() >= 2 && table.ndim == 2) {
+        const std::int64_t L = x.shape()[x.shape().size() - 2], rows = table.shape[0];
+        if (L > rows)
+          fail(Status::OutOfRange("--table", "has " + std::to_string(rows) + " rows (max_len), fewer than --in's " +
+                                                 std::to_string(L) + " positions"));
+      }
       check_lib(learned_forward(p, x.view(), table, pos, y.view()), names);
       if (want_grads)
         check_lib(learned_backward(p, dy.view(), table, pos, dx_view, st.params.grad_view("table")), names);

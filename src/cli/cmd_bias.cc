@@ -51,6 +51,10 @@ void run_bias(BiasState& st) {
   const std::vector<std::string> param_grads = st.params.grad_flags_given();
   if (!want_grads && !param_grads.empty())
     fail(Status::Invalid(param_grads.front(), "needs --grad-out (the upstream gradient dB [H, M, N])"));
+  if (want_grads && param_grads.empty() && e.id == Encoding::kAlibi && st.params.choice("variant") != "learned")
+    fail(Status::Invalid("--grad-out", "alibi --variant " + st.params.choice("variant") +
+                                           " has no learned parameters: there is no gradient to compute (only "
+                                           "--variant learned has one: --grad-weights FILE.npy)"));
   if (want_grads && param_grads.empty()) {
     std::string learned;  // the encoding's gradient outputs, from the registry
     for (const ParamSpec& ps : e.params)

@@ -322,6 +322,36 @@ def flags_outside_commands_and_flag_values_are_named(d):
     names_first(["mrope-positions", "--segments", "image:100000x100000x100000", "--out", o], "--segments", [o])
 
 
+@case
+def errors_name_the_flag_that_caused_them(d):
+    x, o = d.save("x.npy", randn(1, 8, 2, 8, dtype=np.float32)), d.out("y.npy")
+    # a tensor this variant does not read: in the command line's words
+    names_first(["apply", "rope2d", "--variant", "axial", "--freqs", d.save("f.npy", randn(2, 2, 2)), "--in", x,
+                 "--out", o], "--freqs", [o], also=["leave that flag out"], never=["view"])
+    # --theta beside --inv-freq would be ignored
+    inv = d.save("inv.npy", np.ones(4))
+    names_first(["apply", "rope", "--inv-freq", inv, "--theta", 5, "--in", x, "--out", o], "--theta", [o])
+    # a learned table shorter than the input; a start past its end within it stays --offset's
+    x3 = d.save("x3.npy", randn(1, 8, 16, dtype=np.float32))
+    names_first(["apply", "learned", "--table", d.save("t4.npy", randn(4, 16, dtype=np.float32)), "--in", x3,
+                 "--out", o], "--table", [o], also=["4 rows", "8 positions"])
+    names_first(["apply", "learned", "--table", d.save("t8.npy", randn(8, 16, dtype=np.float32)), "--offset", 2,
+                 "--in", x3, "--out", o], "--offset", [o])
+    # an xPos scale base so small that no position but c fits float32 is the scale base's fault
+    for role in ("query", "key"):
+        names_first(["apply", "xpos", "--role", role, "--scale-base", "1e-300", "--in", x, "--out", o],
+                    "--scale-base", [o])
+    # but a position far from c with the default scale base is the position's
+    names_first(["apply", "xpos", "--role", "key", "--offset", 100000, "--in", x, "--out", o], "--offset", [o])
+    # a gradient asked of an ALiBi without parameters says which variant has them
+    b, g = d.out("b.npy"), d.save("g.npy", randn(2, 4, 4))
+    names_first(["bias", "alibi", "--heads", 2, "--q-len", 4, "--k-len", 4, "--out", b, "--grad-out", g],
+                "--grad-out", [b], also=["no learned parameters", "--variant learned"])
+    # booleans say every spelling they take
+    names_first(["apply", "rope", "--rope-type", "yarn", "--factor", 2, "--original-max-position", 4,
+                 "--truncate", "maybe", "--in", x, "--out", o], "--truncate", [o], also=["yes/no"])
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. flags, not library names
 # ------------------------------------------------------------------------------------------------

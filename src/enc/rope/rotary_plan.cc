@@ -253,6 +253,11 @@ Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DTy
       while (lim > 0 && !fits(lim)) --lim;
       while (fits(lim + 1)) ++lim;
       const std::string c = str(pl.center);
+      if (lim == 0)  // one position from c already overflows: no call could use this scale base
+        return Status::OutOfRange(
+            "scale_base", "the xPos scale zeta_k^(1/scale_base) overflows " + std::string(dtype_name(dtype)) +
+                              " one position from c = " + c + " (pair k = " + str(k) +
+                              "): expected a larger scale_base (the paper's is 512)");
       return Status::OutOfRange(
           arg, std::string("the xPos ") +
                    (role > 0 ? "query scale zeta_k^((m-c)/scale_base)" : "key scale zeta_k^(-(m-c)/scale_base)") +
