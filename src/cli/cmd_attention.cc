@@ -11,6 +11,11 @@
 // posenc/rope.h, or a Hugging Face config.json's RoPE (--config). rope2d and mrope read the queries'
 // and keys' multi-dimensional positions from --q-positions / --k-positions ([A, M] / [B, A, M],
 // [A, N] / [B, A, N]; absent: the 1D positions in every component); xpos scales q and k itself.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -132,6 +137,34 @@ void run_attention(AttentionState& st) {
     if (config_D != 0 && q.shape()[3] != config_D)
       fail(Status::Invalid("--q", "expected head dimension D = " + std::to_string(config_D) +
                                       " (from --config), got shape " + q.shape_str()));
+  }
+
+  // Scores beyond what the math's float holds turn the softmax into NaN: scale·q·k is bounded by
+  // |scale|·max|q_i|·max|k_j| (Cauchy–Schwarz), and half the largest float leaves room for the
+  // running max to be subtracted.
+  {
+    const auto max_norm = [](const Tensor& x) {
+      const View v = x.view();
+      const std::int64_t D = x.shape()[3], rows = v.numel() / D;
+      double m = 0;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double s = 0;
+        for (std::int64_t i = 0; i < D; ++i) s += v.get(r * D + i) * v.get(r * D + i);
+        m = std::max(m, std::sqrt(s));
+      }
+      return m;
+    };
+    const double scale = p.scale ? std::fabs(*p.scale) : 1 / std::sqrt(double(q.shape()[3]));
+    const double limit = (q.dtype() == DType::kF64 ? std::numeric_limits<double>::max()
+                                                   : double(std::numeric_limits<float>::max())) / 2;
+    const double nq = max_norm(q), nk = max_norm(k), bound = scale * nq * nk;
+    if (std::isfinite(nq) && std::isfinite(nk) && !(bound <= limit)) {  // a non-finite entry: the library's error
+      char msg[256];
+      std::snprintf(msg, sizeof msg, "scale × |q| × |k| reaches %.3g, more than the %.3g %s scores can hold; "
+                    "expected a smaller %s", bound, limit, q.dtype() == DType::kF64 ? "float64" : "float32",
+                    p.scale ? "--scale" : "--q or --k");
+      fail(Status::OutOfRange(p.scale ? "--scale" : "--q", msg));
+    }
   }
 
   // ---- compute everything, then write

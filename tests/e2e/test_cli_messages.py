@@ -347,6 +347,14 @@ def errors_name_the_flag_that_caused_them(d):
     b, g = d.out("b.npy"), d.save("g.npy", randn(2, 4, 4))
     names_first(["bias", "alibi", "--heads", 2, "--q-len", 4, "--k-len", 4, "--out", b, "--grad-out", g],
                 "--grad-out", [b], also=["no learned parameters", "--variant learned"])
+    # attention scores past float32: NaN rows before; now --scale (or --q) is named
+    q, k, v = (d.save(f"{n}.npy", randn(1, 4, 2, 8, dtype=np.float32)) for n in "qkv")
+    names_first(["attention", "nope", "--q", q, "--k", k, "--v", v, "--scale", "1e308", "--out", o], "--scale", [o])
+    big = d.save("big.npy", (randn(1, 4, 2, 8) * 1e20).astype(np.float32))
+    names_first(["attention", "nope", "--q", big, "--k", big, "--v", v, "--out", o], "--q", [o])
+    ok = d.out("ok.npy")
+    run("attention", "nope", "--q", q, "--k", k, "--v", v, "--scale", "1e30", "--out", ok)
+    assert np.isfinite(load(ok, "float32")).all()
     # booleans say every spelling they take
     names_first(["apply", "rope", "--rope-type", "yarn", "--factor", 2, "--original-max-position", 4,
                  "--truncate", "maybe", "--in", x, "--out", o], "--truncate", [o], also=["yes/no"])
