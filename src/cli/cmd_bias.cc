@@ -3,6 +3,8 @@
 // A logit-bias encoding's bias B [H, M, N] (query i at a + i, key j at b + j; −inf where a head may
 // not look), and the gradients of its learned tensors. B has the dtype of --weights (or --slopes,
 // kerple's --r1, fire's --mlp-w2), else --dtype (default float64).
+#include <cmath>
+
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -161,6 +163,24 @@ void run_bias(BiasState& st) {
       break;
     default:
       fail(Status::Internal("posenc bias has no glue for " + e.name));
+  }
+  // Finite parameters can still overflow (FIRE's MLP with weights near the largest double): a bias of
+  // +inf or NaN (only masked entries are -inf) is refused, naming the parameters.
+  {
+    const View v = out.view();
+    for (std::int64_t i = 0; i < v.numel(); ++i) {
+      const double b = v.get(i);
+      if (!std::isnan(b) && b != HUGE_VAL) continue;
+      std::string params;
+      for (const ParamSpec& ps : e.params)
+        if (ps.type == "tensor" && st.params.given(ps.name)) params += (params.empty() ? "--" : ", --") + ps.name;
+      const std::int64_t h = i / (g.q_len * g.k_len), r = i % (g.q_len * g.k_len);
+      fail(Status::OutOfRange(params.empty() ? "--heads" : params.substr(0, params.find(',')),
+                              "the bias is " + std::string(std::isnan(b) ? "NaN" : "+inf") + " at head " +
+                                  std::to_string(h) + ", query " + std::to_string(r / g.k_len) + ", key " +
+                                  std::to_string(r % g.k_len) + ": expected " + e.name + " parameters" +
+                                  (params.empty() ? "" : " (" + params + ")") + " that keep it finite"));
+    }
   }
   outs.attach("--out", &out);
   st.params.attach_grads(&outs);

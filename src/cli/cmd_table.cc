@@ -14,6 +14,7 @@
 // D is at most 2^20 and a table at most 2^34 values; a failure names the flag out of range.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <random>
 
@@ -75,6 +76,18 @@ std::int64_t pairs_of(const RopeParams& rope, std::int64_t D) {
 }
 
 // rope2d, mrope, xpos: the table of the plan (rotary.h), or rope2d mixed's initialisation.
+// A float32 table holds its values only below 2^128: an angle past that (a tiny --theta, a huge
+// frequency) is refused, not written as inf.
+void check_fits(DType dtype, double x, std::int64_t row, std::int64_t pair) {
+  if (dtype != DType::kF32 || std::fabs(x) <= double(std::numeric_limits<float>::max())) return;
+  char msg[200];
+  std::snprintf(msg, sizeof msg,
+                "the value %.6g at row %lld, pair %lld does not fit float32; expected --dtype float64 (or "
+                "frequencies whose angles stay below 3.4e38)",
+                x, (long long)row, (long long)pair);
+  fail(Status::OutOfRange("--dtype", msg));
+}
+
 void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet* outs, Tensor* table) {
   const bool have_pos = st.positions_opt->count() > 0, have_len = st.length_opt->count() > 0;
   const std::string part = st.part;
@@ -183,6 +196,8 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
     for (std::size_t i = 0; i < v.size(); ++i) {
       const double a = t.angle[i], sc = t.scale[i];
       v[i] = part == "angle" ? a : part == "cos" ? sc * std::cos(a) : part == "sin" ? sc * std::sin(a) : sc;
+      const std::int64_t at = std::int64_t(i) / t.pairs;
+      check_fits(dtype, v[i], at % t.length, std::int64_t(i) % t.pairs);
     }
     const bool per_head = e.id == Encoding::kRope2d && p2.variant == Rope2dVariant::kMixed;
     *table = per_head ? Tensor(dtype, {t.heads, t.length, t.pairs}) : Tensor(dtype, {t.length, t.pairs});
@@ -273,6 +288,7 @@ void run_table(TableState& st) {
         for (std::int64_t k = 0; k < half; ++k) {
           const double a = f.angle(offset + l, k);
           const double x = st.part == "angle" ? a : f.attention_factor * (st.part == "cos" ? std::cos(a) : std::sin(a));
+          check_fits(dtype, x, l, k);
           v.set(l * half + k, x);
         }
       break;

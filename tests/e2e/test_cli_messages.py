@@ -355,6 +355,20 @@ def errors_name_the_flag_that_caused_them(d):
     ok = d.out("ok.npy")
     run("attention", "nope", "--q", q, "--k", k, "--v", v, "--scale", "1e30", "--out", ok)
     assert np.isfinite(load(ok, "float32")).all()
+    # a float32 table cannot hold angles past 3.4e38 (it wrote inf); float64 can
+    t = d.out("t.npy")
+    names_first(["table", "rope", "--theta", "1e-308", "--dtype", "float32", "--length", 4, "--dim", 8, "--out", t],
+                "--dtype", [t], also=["float64"])
+    run("table", "rope", "--theta", "1e-308", "--length", 4, "--dim", 8, "--out", t)
+    assert np.isfinite(load(t, "float64")).all()
+    os.remove(t)
+    # FIRE's MLP overflowing to +inf names its parameters
+    W, H = 4, 2
+    fire = ["--mlp-b1", d.save("b1.npy", np.zeros(W)), "--mlp-w2", d.save("w2.npy", np.ones((H, W))),
+            "--mlp-b2", d.save("b2.npy", np.zeros(H)), "--c", d.save("c.npy", np.ones(1)),
+            "--threshold", d.save("th.npy", np.ones(1)), "--heads", H, "--q-len", 4, "--k-len", 4]
+    names_first(["bias", "fire", "--mlp-w1", d.save("w1.npy", np.full(W, 1e308)), *fire, "--out", b], "--mlp-w1", [b],
+                also=["+inf"])
     # booleans say every spelling they take
     names_first(["apply", "rope", "--rope-type", "yarn", "--factor", 2, "--original-max-position", 4,
                  "--truncate", "maybe", "--in", x, "--out", o], "--truncate", [o], also=["yes/no"])
