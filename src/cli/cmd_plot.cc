@@ -29,6 +29,7 @@ namespace {
 
 struct PlotState {
   std::string what, out, len, dim, heads, base, text;
+  CLI::Option* text_opt = nullptr;
 };
 
 const char* const kKinds = "sinusoid-matrix, sine-waves, rope-decay, alibi-bias, t5-buckets, cope-positions";
@@ -73,6 +74,7 @@ std::string script(const PlotState& st, const std::string& png) {
     s << "EOD\nplot $m matrix with image notitle\n";
   } else if (st.what == "sine-waves") {
     const std::int64_t D = opt_int("--dim", st.dim, 512, 2, 4096);
+    if (D % 2) fail(Status::Invalid("--dim", "must be even"));
     const double n = st.base.empty() ? 10000.0 : parse_float("--base", st.base);
     if (!(n > 1)) fail(Status::Invalid("--base", "expected a number above 1"));
     s << header(png, 1400, 380) << "set multiplot layout 1,4\nset xlabel 'i (pair index)'\nset yrange [-1.1:1.1]\n";
@@ -130,8 +132,15 @@ std::string script(const PlotState& st, const std::string& png) {
     s << "EOD\nplot $t using 1:2 with steps lw 2 title 'bidirectional', $t using 1:3 with steps lw 2 dt 2 "
          "title 'unidirectional (decoder)'\n";
   } else if (st.what == "cope-positions") {
-    const std::string text = st.text.empty() ? "In the beginning God created the heaven and the earth." : st.text;
-    if (text.size() > 200) fail(Status::Invalid("--text", "expected at most 200 bytes"));
+    const std::string text =
+        st.text_opt->count() == 0 ? "In the beginning God created the heaven and the earth." : st.text;
+    if (text.empty() || text.size() > 200)
+      fail(Status::Invalid("--text", "expected 1 .. 200 bytes, got " + std::to_string(text.size())));
+    for (std::size_t j = 0; j < text.size(); ++j)  // one label per byte: a multi-byte character cannot be one
+      if (text[j] < 0x20 || text[j] > 0x7e)
+        fail(Status::Invalid("--text", "expected printable ASCII (each byte is a label), got byte " +
+                                           std::to_string(static_cast<unsigned char>(text[j])) + " at offset " +
+                                           std::to_string(j)));
     const std::int64_t N = std::int64_t(text.size());
     // gate logits: +8 on spaces (the query counts words), −8 elsewhere; p_j = Σ_{t ≥ j} σ(a_t)
     std::vector<double> g(text.size());
@@ -220,7 +229,8 @@ Command add_plot_command(CLI::App& root) {
   add_text(app, "--dim", &st->dim, "dimension d (sinusoid-matrix, sine-waves, rope-decay)", "INT");
   add_text(app, "--heads", &st->heads, "alibi-bias: heads (default 8)", "INT");
   add_text(app, "--base", &st->base, "sinusoid n or RoPE theta (default 10000)", "FLOAT");
-  add_text(app, "--text", &st->text, "cope-positions: the sentence", "TEXT");
+  st->text_opt = add_text(app, "--text", &st->text,
+                          "cope-positions: the sentence, printable ASCII (each byte is a label), 1 .. 200 bytes", "TEXT");
   return {app, [st, app] { run_plot(*st, *app); }};
 }
 

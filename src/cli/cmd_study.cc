@@ -511,6 +511,11 @@ void run_study(const StudyState& st) {
     if (!st.corpus.empty()) fail(Status::Invalid("--corpus", "cannot be combined with --task"));
   }
   const std::int64_t longest = cfg.eval_multiples.back() * cfg.train_len;
+  if (cfg.eval_tokens < longest && !st.eval_tokens.empty() && !cfg.task)  // one window of the longest length
+    fail(Status::OutOfRange("--eval-tokens", "expected at least the longest evaluation length " +
+                                                 std::to_string(longest) + " (" +
+                                                 std::to_string(cfg.eval_multiples.back()) + " × --train-len), got " +
+                                                 std::to_string(cfg.eval_tokens)));
   if (cfg.eval_tokens < longest) cfg.eval_tokens = longest;
   if (st.out.empty()) fail(Status::Invalid("--out", "expected a directory"));
   // the destination checked before any training: an existing writable directory, or a new one in one

@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
       for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
       msg = "expected a command: " + names + " (see posenc --help)";
     }
+    static const std::string kTwice = ": At Most 1 required but received ";
+    if (const std::size_t at = msg.find(kTwice); at != std::string::npos)
+      msg = msg.substr(0, at) + ": given " + msg.substr(at + kTwice.size()) + " times, expected once";
     const std::string override_tail = " was given a disallowed flag override";
     if (msg.size() > override_tail.size() &&
         msg.compare(msg.size() - override_tail.size(), override_tail.size(), override_tail) == 0)

@@ -164,6 +164,11 @@ def study_refuses_bad_input(d):
     expect_error(base + ["--train-len", 1], "--train-len", [out])
     expect_error(base + ["--preset", "huge"], "--preset", [out])
     expect_error(base + ["--task", "juggling"], "--task", [out])
+    line = expect_error(["study", "--corpus", c, "--train-len", 16, "--steps", 12, "--batch", 4, "--eval-tokens", 200,
+                         "--out", out], "--eval-tokens", [out])  # below 16 × 16: was raised silently
+    assert "longest evaluation length 256" in line, line
+    line = expect_error(base + ["--eval-tokens", 600], "--eval-tokens", [out])
+    assert "once" in line, line
     expect_error(["study", "--corpus", os.path.join(d, "missing.txt"), *SMALL, "--out", out], "--corpus", [out])
     tiny = os.path.join(d, "tiny.txt")
     open(tiny, "w").write("too short")
@@ -189,6 +194,12 @@ def plot_draws_every_picture(d):
     expect_error(["plot", "spiral", "--out", os.path.join(d, "s.png")], "WHAT", [os.path.join(d, "s.png")])
     expect_error(["plot", "rope-decay", "--dim", 3, "--out", os.path.join(d, "r.png")], "--dim",
                  [os.path.join(d, "r.png")])
+    r = os.path.join(d, "r.png")
+    expect_error(["plot", "sine-waves", "--dim", 7, "--out", r], "--dim", [r])
+    expect_error(["plot", "cope-positions", "--text", "", "--out", r], "--text", [r])  # not the default sentence
+    expect_error(["plot", "cope-positions", "--text", "caf\u00e9 au lait", "--out", r], "--text", [r])
+    run("plot", "cope-positions", "--text", "a b 'c' d", "--out", r)
+    assert_picture(r)
 
 
 @case
