@@ -6,8 +6,9 @@
 //     freq_factors, factor, base, freqs); huge but finite angles (a tiny theta or base, a large
 //     mixed frequency, a far position) are computed as the double reference computes them, the fast
 //     path included (it hands such calls to the reference), against an independent computation;
-//   * xPos's scale a·ρ must fit the output's dtype: an error naming "positions" with the limit
-//     otherwise, float64 working where the value is finite in float64.
+//   * xPos's scale a·ρ must fit the output's dtype, above and below (its smallest normal): an error
+//     naming "positions" with the limit otherwise ("scale_base" when no position but c fits),
+//     float64 working where the value is finite in float64.
 #include <cfloat>
 #include <algorithm>
 #include <cmath>
@@ -376,6 +377,48 @@ TEST(Xpos, ScaleOverflowingTheOutputDtypeIsAnErrorWithTheLimit) {
   EXPECT_TRUE(xpos_forward(p0, XposRole::kKey, V(xd1, {1, 1, 1, D}), {View{}, lim64}, V(yd1, {1, 1, 1, D})).ok());
   EXPECT_EQ(xpos_forward(p0, XposRole::kKey, V(xd1, {1, 1, 1, D}), {View{}, lim64 + 1}, V(yd1, {1, 1, 1, D})).arg(),
             "positions");
+}
+
+// The last query position m (centre 0) whose every scale ζ_k^(m/s) stays at or above mn (the
+// dtype's smallest normal), independently in long double.
+I query_underflow_limit(double mn, double s = 512, double gamma = 0.4) {
+  const long double rate = logl((1.0L + gamma) / gamma) / s;  // −ln ζ_0 / s
+  I m = static_cast<I>(-logl(mn) / rate);
+  while (expl(-static_cast<long double>(m + 1) * rate) >= mn) ++m;
+  while (expl(-static_cast<long double>(m) * rate) < mn) --m;
+  return m;
+}
+
+TEST(Xpos, ScaleUnderflowingTheOutputDtypeIsAnErrorWithTheLimit) {
+  const I D = 16;
+  const I ulim = query_underflow_limit(FLT_MIN);
+  std::vector<float> x1 = to_float(randn(static_cast<Sz>(D), 10)), y1(x1.size(), 7.0f);
+  XposParams p0;
+  p0.center = 0;
+  // queries above c shrink: at ulim every pair keeps a normal scale (and a non-zero output), one
+  // further is refused with that side's limit, the output untouched
+  ASSERT_TRUE(xpos_forward(p0, XposRole::kQuery, V(x1, {1, 1, 1, D}), {View{}, ulim}, V(y1, {1, 1, 1, D})).ok());
+  for (float v : y1) EXPECT_NE(v, 0.0f);
+  std::fill(y1.begin(), y1.end(), 7.0f);
+  const Status s = xpos_forward(p0, XposRole::kQuery, V(x1, {1, 1, 1, D}), {View{}, ulim + 1}, V(y1, {1, 1, 1, D}));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.arg(), "positions") << s.message();
+  EXPECT_NE(s.what().find("underflows float32"), std::string::npos) << s.message();
+  EXPECT_NE(s.what().find("m <= c + " + std::to_string(ulim)), std::string::npos) << s.message();
+  EXPECT_EQ(y1, std::vector<float>(y1.size(), 7.0f));
+  // keys below c: position 0 with c = ulim is accepted, with c = ulim + 1 refused
+  XposParams pk;
+  pk.center = ulim;
+  EXPECT_TRUE(xpos_forward(pk, XposRole::kKey, V(x1, {1, 1, 1, D}), {View{}, 0}, V(y1, {1, 1, 1, D})).ok());
+  pk.center = ulim + 1;
+  const Status sk = xpos_forward(pk, XposRole::kKey, V(x1, {1, 1, 1, D}), {View{}, 0}, V(y1, {1, 1, 1, D}));
+  EXPECT_EQ(sk.arg(), "positions") << sk.message();
+  EXPECT_NE(sk.what().find("m >= c - " + std::to_string(ulim)), std::string::npos) << sk.message();
+  // a scale base so small that one step from c leaves float32 names the scale base, on either side
+  XposParams tiny;
+  tiny.scale_base = 1e-300;
+  for (XposRole role : {XposRole::kQuery, XposRole::kKey})
+    EXPECT_EQ(xpos_forward(tiny, role, V(x1, {1, 1, 1, D}), {View{}, 0}, V(y1, {1, 1, 1, D})).arg(), "scale_base");
 }
 
 TEST(Xpos, TableChecksItsScalesAgainstTheGivenDtype) {

@@ -59,7 +59,11 @@
 // once |m − c| > ≈ 4500·scale_base/512, float64's ≈ 290000·scale_base/512). A call where some a·ρ_k
 // exceeds the largest finite value of the output's dtype is an error naming "positions" with the
 // position and the limit (m ≤ c + lim for keys, m ≥ c − lim for queries), not an inf or NaN
-// output; xpos_table checks its scales so when given the dtype they are to be stored in.
+// output. On the other side (queries above c, keys below it) a·ρ_k falling below the dtype's
+// smallest normal value (float32: |m − c| > ≈ 35700·scale_base/512) is the same error with that
+// side's limit (m ≤ c + lim for queries, m ≥ c − lim for keys): the vector would flush to 0. A
+// scale base so small that one position from c already leaves the range names "scale_base".
+// xpos_table checks its scales so when given the dtype they are to be stored in.
 // Queries and keys rotated in separate
 // calls must share c: calls whose largest positions agree do (torchscale's prefill and decode
 // both); otherwise pass seq_len or c itself. Defaults γ = 0.4, scale_base = 512 (the paper's and

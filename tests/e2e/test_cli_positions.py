@@ -19,6 +19,7 @@ Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M fai
 case failed, 77 (skip) when numpy is missing (tests/e2e/harness.py).
 """
 import math
+import os
 import sys
 
 from harness import case, close, expect_error, load, main, run, skip
@@ -265,6 +266,17 @@ def xpos_key_limit(dmax, s=512.0, gamma=0.4):
     return lim
 
 
+def xpos_query_underflow_limit(dmin, s=512.0, gamma=0.4):
+    """The largest m − c whose query scale exp((m − c)·ln ζ_0/s) stays >= dmin (the smallest normal)."""
+    rate = math.log((0 + gamma) / (1 + gamma)) / s
+    lim = int(math.log(dmin) / rate)
+    while math.exp((lim + 1) * rate) >= dmin:
+        lim += 1
+    while math.exp(lim * rate) < dmin:
+        lim -= 1
+    return lim
+
+
 def xpos_scale(pos, c, r, role, s=512.0, gamma=0.4):
     """ρ [L, r/2] = ζ_k^(±(m − c)/s), ζ_k = (2k/r + γ)/(1 + γ) (+ query, − key)."""
     zeta = (2.0 * np.arange(r // 2) / r + gamma) / (1 + gamma)
@@ -296,10 +308,24 @@ def xpos_scale_beyond_the_dtype_is_an_error_with_the_limit(d):
     want = rotate(x.astype(np.float64), phi[None, :, None, :], rho)
     per_dim = np.repeat(rho, 2, axis=-1)  # interleaved: pair k is dims 2k, 2k + 1
     close(load(out, "float64") / per_dim, want / per_dim, "xpos keys in float64 (over ρ)", atol=1e-9, rtol=1e-9)
-    # Queries there scale down (finite in float32): accepted.
-    run("apply", "xpos", "--in", x32, "--out", out, "--offset", 100000, "--role", "query")
+    # Queries there scale down past float32's smallest normal (to 0: the vector's direction lost):
+    # refused with that side's limit, which the scale at c + lim still meets and one further does not.
+    qout = d.out("q.npy")
+    ulim = xpos_query_underflow_limit(2.0 ** -126)
+    line_q = expect_error(["apply", "xpos", "--in", x32, "--out", qout, "--offset", 100000, "--role", "query"],
+                          "--offset", [qout])
+    assert "underflows float32" in line_q and f"m <= c + {ulim} = {50004 + ulim}" in line_q, line_q
+    xq = d.save("xq.npy", randn(1, 1, 1, 16))
+    run("apply", "xpos", "--in", xq, "--out", qout, "--offset", ulim, "--role", "query", "--center", 0)
+    got = load(qout, "float32")
+    assert np.all(np.abs(got) > 0), got
+    os.remove(qout)
+    expect_error(["apply", "xpos", "--in", xq, "--out", qout, "--offset", ulim + 1, "--role", "query", "--center", 0],
+                 "--offset", [qout])
     # The limit itself: keys at c + lim (c = 0 by --center) work, one further does not.
-    x1 = d.save("x1.npy", randn(1, 1, 1, 16))
+    # (|x| <= 0.5: a rotated pair then stays within the scale, which alone is what the check bounds)
+    x1v = randn(1, 1, 1, 16)
+    x1 = d.save("x1.npy", 0.5 * x1v / np.abs(x1v).max())
     run("apply", "xpos", "--in", x1, "--out", out, "--offset", lim, "--role", "key", "--center", 0)
     assert np.isfinite(load(out, "float32")).all()
     bad_out = d.out("bad.npy")

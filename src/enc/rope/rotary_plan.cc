@@ -223,6 +223,15 @@ double dtype_max(DType t) {
     default: return std::numeric_limits<double>::max();
   }
 }
+// The smallest positive normal value of a floating storage dtype.
+double dtype_min_normal(DType t) {
+  switch (t) {
+    case DType::kF16: return 0x1p-14;
+    case DType::kBF16: return 0x1p-126;
+    case DType::kF32: return 0x1p-126;
+    default: return std::numeric_limits<double>::min();
+  }
+}
 }  // namespace
 
 Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DType dtype, const char* arg) {
@@ -266,6 +275,38 @@ Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DTy
                    (role > 0 ? "m >= c - " + str(lim) + " = " + str(pl.center - lim)
                              : "m <= c + " + str(lim) + " = " + str(pl.center + lim)));
     }
+  // The other side: the scale shrinks below the dtype's smallest normal (queries above c, keys below
+  // it), where the rotated vector flushes towards 0 and its direction is lost.
+  const double mn = dtype_min_normal(dtype);
+  const I far = role > 0 ? hi : lo;
+  for (I k = 0; k < pl.half; ++k) {
+    const double v = pl.scale(far, k, role);
+    if (v >= mn) continue;
+    const double r0 = std::fabs(pl.rate[0]);
+    I lim = r0 > 0 ? static_cast<I>(std::clamp(std::log(pl.factor / mn) / r0, 0.0, 0x1p60)) : 0;
+    auto fits = [&](I d) {
+      const I at = pl.center + (role > 0 ? d : -d);
+      for (I kk = 0; kk < pl.half; ++kk)
+        if (!(pl.scale(at, kk, role) >= mn)) return false;
+      return true;
+    };
+    while (lim > 0 && !fits(lim)) --lim;
+    while (fits(lim + 1)) ++lim;
+    const std::string c = str(pl.center);
+    if (lim == 0)
+      return Status::OutOfRange(
+          "scale_base", "the xPos scale zeta_k^(1/scale_base) underflows " + std::string(dtype_name(dtype)) +
+                            " one position from c = " + c + " (pair k = " + str(k) +
+                            "): expected a larger scale_base (the paper's is 512)");
+    return Status::OutOfRange(
+        arg, std::string("the xPos ") +
+                 (role > 0 ? "query scale zeta_k^((m-c)/scale_base)" : "key scale zeta_k^(-(m-c)/scale_base)") +
+                 " underflows " + dtype_name(dtype) + " at position m = " + str(far) + " (pair k = " + str(k) +
+                 ", c = " + c + ": " + format_number(v) + " < " + format_number(mn) +
+                 ", the smallest normal value): expected " +
+                 (role > 0 ? "m <= c + " + str(lim) + " = " + str(pl.center + lim)
+                           : "m >= c - " + str(lim) + " = " + str(pl.center - lim)));
+  }
   return Status::Ok();
 }
 
