@@ -87,6 +87,9 @@ std::string script(const PlotState& st, const std::string& png) {
   } else if (st.what == "rope-decay") {
     const std::int64_t D = opt_int("--dim", st.dim, 128, 2, 4096), L = opt_int("--len", st.len, 256, 1, 1 << 20);
     if (D % 2) fail(Status::Invalid("--dim", "must be even"));
+    if (L * (D / 2) > (std::int64_t{1} << 24))  // a picture, not a computation: seconds at most
+      fail(Status::OutOfRange("--len", "expected --len × --dim/2 <= 2^24 (16777216), got " + std::to_string(L) +
+                                           " × " + std::to_string(D / 2)));
     const double theta = st.base.empty() ? 10000.0 : parse_float("--base", st.base);
     if (!(theta > 1)) fail(Status::Invalid("--base", "expected a number above 1"));
     s << header(png, 800, 500) << "set title 'RoPE long-term decay (d = " << D << ", theta = " << theta << ")'\n"

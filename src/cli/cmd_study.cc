@@ -526,7 +526,9 @@ void run_study(const StudyState& st) {
   } else {
     const std::filesystem::path parent = std::filesystem::path(st.out).lexically_normal().parent_path();
     const std::string up = parent.empty() ? "." : parent.string();
-    if (stat(up.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
+    if (stat(up.c_str(), &sb) != 0)
+      fail(Status::Io("--out", "cannot create directory " + st.out + ": " + up + " does not exist"));
+    if (!S_ISDIR(sb.st_mode))
       fail(Status::Io("--out", "cannot create directory " + st.out + ": " + up + " is not a directory"));
     if (access(up.c_str(), W_OK | X_OK) != 0)
       fail(Status::Io("--out", "cannot create directory " + st.out + ": " + up + " is not writable"));

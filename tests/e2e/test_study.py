@@ -176,6 +176,10 @@ def study_refuses_bad_input(d):
     afile = os.path.join(d, "afile")
     open(afile, "w").write("x")
     expect_error(["study", "--corpus", c, *SMALL, "--out", afile], "--out")
+    assert "does not exist" in expect_error(["study", "--corpus", c, *SMALL, "--out", os.path.join(d, "nodir", "sub")],
+                                            "--out")
+    assert "not a directory" in expect_error(["study", "--corpus", c, *SMALL, "--out", os.path.join(afile, "sub")],
+                                             "--out")
     assert open(afile).read() == "x"
     # a directory that cannot be made (even as root: /proc takes no new entries) fails before training
     if os.path.isdir("/proc/self"):
@@ -198,6 +202,7 @@ def plot_draws_every_picture(d):
     expect_error(["plot", "sine-waves", "--dim", 7, "--out", r], "--dim", [r])
     expect_error(["plot", "cope-positions", "--text", "", "--out", r], "--text", [r])  # not the default sentence
     expect_error(["plot", "cope-positions", "--text", "caf\u00e9 au lait", "--out", r], "--text", [r])
+    expect_error(["plot", "rope-decay", "--len", 1 << 20, "--dim", 4096, "--out", r], "--len", [r])  # minutes of work
     run("plot", "cope-positions", "--text", "a b 'c' d", "--out", r)
     assert_picture(r)
 
