@@ -241,71 +241,47 @@ Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DTy
     lo = std::min(lo, m);
     hi = std::max(hi, m);
   }
-  // ρ_k = ζ_k^(role·(m − c)/s) is monotone in m: its largest value is at lo or hi, for the pair of
-  // the smallest ζ_k (k = 0), but every pair is checked as the kernels compute it.
-  const double mx = dtype_max(dtype);
-  // The end of the call nearest c first: the message names the first position that overflows.
-  const I ends[2] = {role > 0 ? hi : lo, role > 0 ? lo : hi};
-  for (I m : ends)
-    for (I k = 0; k < pl.half; ++k) {
-      const double v = pl.scale(m, k, role);
-      if (v <= mx) continue;
-      // The last position on this side whose every scale stays finite: c ± lim.
-      const double r0 = std::fabs(pl.rate[0]);
-      I lim = r0 > 0 ? static_cast<I>(std::clamp(std::log(mx / pl.factor) / r0, 0.0, 0x1p60)) : 0;
-      auto fits = [&](I d) {
-        const I at = pl.center + (role > 0 ? -d : d);
-        for (I kk = 0; kk < pl.half; ++kk)
-          if (!(pl.scale(at, kk, role) <= mx)) return false;
-        return true;
-      };
-      while (lim > 0 && !fits(lim)) --lim;
-      while (fits(lim + 1)) ++lim;
-      const std::string c = str(pl.center);
-      if (lim == 0)  // one position from c already overflows: no call could use this scale base
+  // ρ_k = ζ_k^(role·(m − c)/s) is monotone in m: its extremes are at lo and hi, for the pair of the
+  // smallest ζ_k (k = 0), but every pair is checked as the kernels compute it. Two sides: the scale
+  // grows past the dtype's largest value (queries below c, keys above it), or shrinks below its
+  // smallest normal one (queries above c, keys below it), where the vector would flush to 0.
+  const double mx = dtype_max(dtype), mn = dtype_min_normal(dtype);
+  for (const bool over : {true, false}) {
+    const int dir = over ? -role : role;  // this side's positions are c + dir·d, d > 0
+    const auto inside = [&](double v) { return over ? v <= mx : v >= mn; };
+    // The end of the call nearest c first: the message names the first position out of range.
+    const I ends[2] = {dir > 0 ? lo : hi, dir > 0 ? hi : lo};
+    for (I m : ends)
+      for (I k = 0; k < pl.half; ++k) {
+        const double v = pl.scale(m, k, role);
+        if (inside(v)) continue;
+        // The last distance on this side at which every scale stays in range: c + dir·lim.
+        const double r0 = std::fabs(pl.rate[0]);
+        const double estimate = std::log(over ? mx / pl.factor : pl.factor / mn) / r0;
+        I lim = r0 > 0 ? static_cast<I>(std::clamp(estimate, 0.0, 0x1p60)) : 0;
+        auto fits = [&](I d) {
+          for (I kk = 0; kk < pl.half; ++kk)
+            if (!inside(pl.scale(pl.center + dir * d, kk, role))) return false;
+          return true;
+        };
+        while (lim > 0 && !fits(lim)) --lim;
+        while (fits(lim + 1)) ++lim;
+        const std::string c = str(pl.center), verb = over ? " overflows " : " underflows ";
+        if (lim == 0)  // one position from c is already out: no call could use this scale base
+          return Status::OutOfRange(
+              "scale_base", "the xPos scale zeta_k^(1/scale_base)" + verb + dtype_name(dtype) +
+                                " one position from c = " + c + " (pair k = " + str(k) +
+                                "): expected a larger scale_base (the paper's is 512)");
         return Status::OutOfRange(
-            "scale_base", "the xPos scale zeta_k^(1/scale_base) overflows " + std::string(dtype_name(dtype)) +
-                              " one position from c = " + c + " (pair k = " + str(k) +
-                              "): expected a larger scale_base (the paper's is 512)");
-      return Status::OutOfRange(
-          arg, std::string("the xPos ") +
-                   (role > 0 ? "query scale zeta_k^((m-c)/scale_base)" : "key scale zeta_k^(-(m-c)/scale_base)") +
-                   " overflows " + dtype_name(dtype) + " at position m = " + str(m) + " (pair k = " + str(k) +
-                   ", c = " + c + ": " + format_number(v) + " > " + format_number(mx) + "): expected " +
-                   (role > 0 ? "m >= c - " + str(lim) + " = " + str(pl.center - lim)
-                             : "m <= c + " + str(lim) + " = " + str(pl.center + lim)));
-    }
-  // The other side: the scale shrinks below the dtype's smallest normal (queries above c, keys below
-  // it), where the rotated vector flushes towards 0 and its direction is lost.
-  const double mn = dtype_min_normal(dtype);
-  const I far = role > 0 ? hi : lo;
-  for (I k = 0; k < pl.half; ++k) {
-    const double v = pl.scale(far, k, role);
-    if (v >= mn) continue;
-    const double r0 = std::fabs(pl.rate[0]);
-    I lim = r0 > 0 ? static_cast<I>(std::clamp(std::log(pl.factor / mn) / r0, 0.0, 0x1p60)) : 0;
-    auto fits = [&](I d) {
-      const I at = pl.center + (role > 0 ? d : -d);
-      for (I kk = 0; kk < pl.half; ++kk)
-        if (!(pl.scale(at, kk, role) >= mn)) return false;
-      return true;
-    };
-    while (lim > 0 && !fits(lim)) --lim;
-    while (fits(lim + 1)) ++lim;
-    const std::string c = str(pl.center);
-    if (lim == 0)
-      return Status::OutOfRange(
-          "scale_base", "the xPos scale zeta_k^(1/scale_base) underflows " + std::string(dtype_name(dtype)) +
-                            " one position from c = " + c + " (pair k = " + str(k) +
-                            "): expected a larger scale_base (the paper's is 512)");
-    return Status::OutOfRange(
-        arg, std::string("the xPos ") +
-                 (role > 0 ? "query scale zeta_k^((m-c)/scale_base)" : "key scale zeta_k^(-(m-c)/scale_base)") +
-                 " underflows " + dtype_name(dtype) + " at position m = " + str(far) + " (pair k = " + str(k) +
-                 ", c = " + c + ": " + format_number(v) + " < " + format_number(mn) +
-                 ", the smallest normal value): expected " +
-                 (role > 0 ? "m <= c + " + str(lim) + " = " + str(pl.center + lim)
-                           : "m >= c - " + str(lim) + " = " + str(pl.center - lim)));
+            arg, std::string("the xPos ") +
+                     (role > 0 ? "query scale zeta_k^((m-c)/scale_base)" : "key scale zeta_k^(-(m-c)/scale_base)") +
+                     verb + dtype_name(dtype) + " at position m = " + str(m) + " (pair k = " + str(k) + ", c = " +
+                     c + ": " + format_number(v) +
+                     (over ? " > " + format_number(mx) : " < " + format_number(mn) + ", the smallest normal value") +
+                     "): expected " +
+                     (dir < 0 ? "m >= c - " + str(lim) + " = " + str(pl.center - lim)
+                              : "m <= c + " + str(lim) + " = " + str(pl.center + lim)));
+      }
   }
   return Status::Ok();
 }
