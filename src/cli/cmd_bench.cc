@@ -82,7 +82,8 @@ void progress(const std::string& line) {
 
 void run_bench(const BenchState& st) {
   if (st.filter_opt->count() > 0 && st.filter.empty())  // an empty pattern would run every case
-    fail(Status::Invalid("--filter", "expected a regular expression, got an empty string (omit --filter for every case)"));
+    fail(Status::Invalid("--filter",
+                         "expected a regular expression, got an empty string (omit --filter for every case)"));
   try {
     std::regex check(st.filter);
   } catch (const std::regex_error& e) {

@@ -219,8 +219,10 @@ StudyColumn read_study(const std::string& dir) {
     for (const auto& e : r["eval"]) {
       if (!e.is_object() || !e.contains("len") || !e["len"].is_number_integer() || e["len"].get<I>() < 1)
         bad("\"" + name + "\": an \"eval\" row without a positive integer \"len\"");
-      const auto& p = e.contains("ppl") ? e["ppl"] : nlohmann::json();
-      if (!e.contains("ppl") || !(p.is_null() || (p.is_number() && std::isfinite(p.get<double>()) && p.get<double>() > 0)))
+      const bool has = e.contains("ppl");
+      const nlohmann::json p = has ? e["ppl"] : nlohmann::json();
+      const bool positive = p.is_number() && std::isfinite(p.get<double>()) && p.get<double>() > 0;
+      if (!has || !(p.is_null() || positive))
         bad("\"" + name + "\": an \"eval\" row whose \"ppl\" is not a positive number or null");
     }
     const auto& a = r["eval"].front();

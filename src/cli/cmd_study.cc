@@ -421,19 +421,19 @@ bool is_whole_png_file(const std::string& path) {
   return is_whole_png(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
 }
 
-// Proves before any training that --out can take files: a probe created with O_EXCL and removed in
+// Proves before any training that --out can take files: a probe file created and removed in
 // the directory itself, or, for a directory still to be made, a probe directory beside it (as root,
 // access() says yes where mkdir then fails, as under /proc).
 void probe_out(const std::string& out, bool exists) {
   const std::string probe = exists ? out + "/.tmp-" + std::to_string(getpid()) + "-probe"
                                    : out + ".tmp-" + std::to_string(getpid()) + "-probe";
   if (exists) {
-    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT, 0644);  // our own name: a stale one is reused
     if (fd < 0) fail(Status::Io("--out", "cannot write into directory " + out + ": " + std::strerror(errno)));
     close(fd);
     unlink(probe.c_str());
   } else {
-    if (mkdir(probe.c_str(), 0777) != 0)
+    if (mkdir(probe.c_str(), 0777) != 0 && errno != EEXIST)  // a stale probe of ours is reused
       fail(Status::Io("--out", "cannot create directory " + out + ": " + std::strerror(errno)));
     rmdir(probe.c_str());
   }

@@ -75,7 +75,6 @@ std::int64_t pairs_of(const RopeParams& rope, std::int64_t D) {
   return std::max<std::int64_t>(1, r / 2);
 }
 
-// rope2d, mrope, xpos: the table of the plan (rotary.h), or rope2d mixed's initialisation.
 // A float32 table holds its values only below 2^128: an angle past that (a tiny --theta, a huge
 // frequency) is refused, not written as inf.
 void check_fits(DType dtype, double x, std::int64_t row, std::int64_t pair) {
@@ -88,6 +87,7 @@ void check_fits(DType dtype, double x, std::int64_t row, std::int64_t pair) {
   fail(Status::OutOfRange("--dtype", msg));
 }
 
+// rope2d, mrope, xpos: the table of the plan (rotary.h), or rope2d mixed's initialisation.
 void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet* outs, Tensor* table) {
   const bool have_pos = st.positions_opt->count() > 0, have_len = st.length_opt->count() > 0;
   const std::string part = st.part;

@@ -393,7 +393,7 @@ Status OutputSet::reserve(const std::string& flag, const std::string& path) {
     return Status::Io(flag, "cannot write " + q(path) + ": directory " + q(dir) + " is not writable");
   {  // a probe proves it (access() says yes to root where creating then fails, as under /proc)
     const std::string probe = dir + "/.posenc-tmp-" + std::to_string(::getpid()) + "-probe";
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT, 0600);  // our own name: a stale one is reused
     if (fd < 0) return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(errno));
     ::close(fd);
     ::unlink(probe.c_str());
