@@ -26,7 +26,7 @@ struct Corpus {
   std::vector<std::int32_t> train, held;  // byte ids
 };
 
-// The built-in corpus (runs `bible`), or a UTF-8 text file. Errors name "corpus".
+// The built-in corpus (runs `bible`), or a UTF-8 text file of at most 2^28 bytes. Errors name "corpus".
 Expected<Corpus> load_corpus(const std::string& path_or_empty);
 // A corpus from text (split 90/10 like the others).
 Corpus corpus_from_text(std::string name, const std::string& text);

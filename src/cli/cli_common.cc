@@ -435,10 +435,14 @@ RopeModelConfig read_rope_config(const std::string& flag, const std::string& pat
     fail(Status::Io(flag, "'" + path + "' is a directory, expected a config.json file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::Io(flag, "cannot open '" + path + "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // At most 16 MiB (a config.json is a few KB): a device or pipe without end would grow without bound.
+  constexpr std::size_t kMaxConfig = std::size_t{1} << 24;
+  std::string text(kMaxConfig + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) fail(Status::Io(flag, "cannot read '" + path + "'"));
-  auto c = rope_config_from_json(text.str());
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfig) fail(Status::OutOfRange(flag, "'" + path + "' is over 16 MiB: not a config.json"));
+  auto c = rope_config_from_json(text);
   if (!c.ok()) fail(Status::Invalid(flag, c.status().message() + " (in " + path + ")"));
   return std::move(c).value();
 }
@@ -675,6 +679,11 @@ Corpus corpus_or_fail(const std::string& path) {
   Expected<Corpus> c = load_corpus(path);
   if (!c.ok()) check_lib(c.status());
   return std::move(c).value();
+}
+
+void require_feature_dim(const std::string& flag, const Tensor& t) {
+  if (!t.shape().empty() && t.shape().back() > (std::int64_t{1} << 20))
+    fail(Status::OutOfRange(flag, "expected a last dimension D <= 2^20 (1048576), got shape " + t.shape_str()));
 }
 
 bool is_whole_png(const std::string& b) {

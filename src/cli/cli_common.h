@@ -78,6 +78,9 @@ bool is_whole_png(const std::string& bytes);
 Tensor read_input(const std::string& flag, const std::string& path);
 // Requires a float tensor (data inputs: q, k, v, x, tables, gradients).
 void require_float_tensor(const std::string& flag, const Tensor& t);
+// Requires the last dimension (a head or model dimension D) within 2^20, as table's --dim: an
+// empty tensor can still declare D = 2^30, which per-dimension tables would then allocate.
+void require_feature_dim(const std::string& flag, const Tensor& t);
 // One factor of a result's size: the flag the user set it with, its value, and how it enters the
 // product when that is not the flag itself ("--dim/2").
 struct SizeFactor {

@@ -93,6 +93,7 @@ void run_apply(ApplyState& st) {
   // ---- inputs
   const Tensor x = read_input("--in", st.in);
   require_float_tensor("--in", x);
+  require_feature_dim("--in", x);
   Tensor ids;
   if (have_positions) ids = read_positions("--positions", st.positions);
   const Positions pos{have_positions ? ids.view() : View{}, have_positions ? 0 : offset};

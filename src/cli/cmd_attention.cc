@@ -113,6 +113,9 @@ void run_attention(AttentionState& st) {
   check(require_float("--q", q.view(), 4));
   check(require_float("--k", k.view(), 4));
   check(require_float("--v", v.view(), 4));
+  require_feature_dim("--q", q);
+  require_feature_dim("--k", k);
+  require_feature_dim("--v", v);
   st.params.load_tensors();
   Tensor dout;
   if (want_grads) {

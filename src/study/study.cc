@@ -92,7 +92,19 @@ Expected<Corpus> load_corpus(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) return Status::Invalid("corpus", path + " is a directory");
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::Io("corpus", "cannot read " + path);
-  text.assign(std::istreambuf_iterator<char>(f), {});
+  // Read in blocks up to a bound (60 times the Bible; the study's models are tiny): a device or pipe
+  // without end (/dev/zero) would grow without one. A regular file says its size first.
+  constexpr std::size_t kMaxCorpus = std::size_t{1} << 28;
+  const auto too_big = [&] {
+    return Status::OutOfRange("corpus", path + " holds more than 2^28 bytes (256 MiB), the most a corpus may");
+  };
+  if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) > kMaxCorpus && !ec)
+    return too_big();
+  char block[1 << 16];
+  while (f.read(block, sizeof block) || f.gcount() > 0) {
+    text.append(block, static_cast<std::size_t>(f.gcount()));
+    if (text.size() > kMaxCorpus) return too_big();
+  }
   if (f.bad()) return Status::Io("corpus", "cannot read " + path);
   if (const std::size_t bad = utf8_prefix(text); bad < text.size())
     return Status::Invalid("corpus", path + " is not UTF-8 text (an invalid byte sequence at offset " +
