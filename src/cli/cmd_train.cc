@@ -85,7 +85,12 @@ void run_train(const TrainState& st, const CLI::App& app) {
   Batcher batches(corpus, L, B, std::uint64_t(seed));
   std::vector<std::int32_t> tok(std::size_t(B * L)), tgt(std::size_t(B * L));
   Tensor dump;
-  if (!st.dump.empty()) dump = Tensor(DType::kI32, {steps, B, L + 1});
+  if (!st.dump.empty()) {  // [steps, batch, len + 1] int32, bounded before training
+    const std::vector<SizeFactor> size = {
+        {"--steps", steps}, {"--batch", B}, {"--train-len", L + 1, "(--train-len + 1)"}};
+    check_product(size);
+    dump = within_memory(size, [&] { return Tensor(DType::kI32, {steps, B, L + 1}); });
+  }
   double seconds = 0, first = 0;  // seconds: the steps after the first
   for (std::int64_t s = 0; s < steps; ++s) {
     batches.next(tok.data(), tgt.data());

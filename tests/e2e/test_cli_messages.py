@@ -320,6 +320,17 @@ def flags_outside_commands_and_flag_values_are_named(d):
     names_first(["mrope-positions", "--segments", "text:3,text:20000000000", "--out", o], "--segments", [o],
                 also=["2^34"])
     names_first(["mrope-positions", "--segments", "image:100000x100000x100000", "--out", o], "--segments", [o])
+    # an empty input may declare any D: D past 2^20 is refused before per-dimension tables are sized
+    z = os.path.join(d.path, "z.npy")
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 0, 2, 1073741824), }"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(z, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    names_first(["apply", "rope", "--in", z, "--out", o], "--in", [o], also=["2^20"])
+    names_first(["attention", "nope", "--q", z, "--k", z, "--v", z, "--out", o], "--q", [o], also=["2^20"])
+    # a config read from a device without end stops at 16 MiB
+    if os.path.exists("/dev/zero"):
+        names_first(["rope-config", "/dev/zero"], "CONFIG", also=["16 MiB"])
 
 
 @case

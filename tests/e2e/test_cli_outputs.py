@@ -121,6 +121,13 @@ def train_errors(d):
         for flag in ("--save", "--init-out", "--dump-batches"):
             expect_error(base + [flag, "/proc/posenc-train-out"], flag)
     expect_error(base + ["--save", os.path.join(corpus, "m.safetensors")], "--save")  # under a file
+    # --dump-batches' [steps, batch, len + 1] is bounded before training (it ran out of memory unnamed)
+    dump = d.out("w.npy")
+    expect_error(["train", "--steps", "99999999999", "--batch", "2", "--train-len", "16", "--corpus", corpus,
+                  "--dump-batches", dump], "--steps", outputs=[dump])
+    # an endless corpus (a device) is refused after a bounded read
+    if os.path.exists("/dev/zero"):
+        expect_error(["train", *SMALL, "--corpus", "/dev/zero"], "--corpus")
     expect_error(["train", *SMALL, "--corpus", d.path], "--corpus")  # a directory
     with open(d.out("bin.txt"), "wb") as f:
         f.write(TEXT.encode()[:3000] + b"\xff\xfe" + TEXT.encode()[:3000])
