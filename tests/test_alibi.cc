@@ -224,6 +224,12 @@ TEST(Alibi, BadInputsNameTheArgument) {
   EXPECT_EQ(arg(alibi_bias(sym, {0, 3, 5, 0, 0}, {}, {}, ov)), "heads");
   EXPECT_EQ(arg(alibi_bias(sym, {4, -3, 5, 0, 0}, {}, {}, ov)), "q_len");
   EXPECT_EQ(arg(alibi_bias(sym, {4, 3, -5, 0, 0}, {}, {}, ov)), "k_len");
+  // the last query or key past 2^52 (the first within it), and the largest accepted offsets
+  const std::int64_t e52 = std::int64_t{1} << 52;
+  EXPECT_EQ(arg(alibi_bias(sym, {4, 3, 5, e52 - 1, 0}, {}, {}, ov)), "q_offset");
+  EXPECT_EQ(arg(alibi_bias(sym, {4, 3, 5, 0, e52 - 3}, {}, {}, ov)), "k_offset");
+  Vec edge(60, 9.0);
+  EXPECT_TRUE(alibi_bias(sym, {4, 3, 5, e52 - 2, e52 - 4}, {}, {}, V(edge, {4, 3, 5})).ok());
   Vec out3(45, 9.0);
   Status odd = alibi_bias(nonsym, {3, 3, 5, 0, 0}, {}, {}, V(out3, {3, 3, 5}));
   EXPECT_EQ(odd.arg(), "heads");

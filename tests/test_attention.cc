@@ -1170,6 +1170,9 @@ TEST(AttentionErrors, EveryBadForwardInputNamesItsArgument) {
       {"scale negative", "scale", Encoding::kNope, [](Case& c, auto&&...) { c.p.scale = -1.0; }},
       {"scale nan", "scale", Encoding::kNope, [](Case& c, auto&&...) { c.p.scale = std::nan(""); }},
       {"q_offset huge", "q_offset", Encoding::kNope, [](Case& c, auto&&...) { c.p.q_offset = std::int64_t{1} << 62; }},
+      // the last query (M > 1 here) past 2^53 although the first is not; the same for the last key
+      {"last query past 2^53", "q_offset", Encoding::kNope, [](Case& c, auto&&...) { c.p.q_offset = (std::int64_t{1} << 53) - c.M + 2; }},
+      {"last key past 2^53", "k_offset", Encoding::kNope, [](Case& c, auto&&...) { c.p.k_offset = (std::int64_t{1} << 53) - c.N + 2; }},
       {"rotary_dim odd", "rotary_dim", Encoding::kRope, [](Case& c, auto&&...) { c.p.rope.rotary_dim = 3; }},
       {"rotary_dim > D", "rotary_dim", Encoding::kRope, [](Case& c, auto&&...) { c.p.rope.rotary_dim = 6; }},
       {"theta", "theta", Encoding::kRope, [](Case& c, auto&&...) { c.p.rope.theta = 0; }},

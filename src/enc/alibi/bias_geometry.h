@@ -2,6 +2,7 @@
 // BiasGeometry and of a bias view [H, M, N] against it, and the relative distance key − query.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -19,10 +20,15 @@ inline Status check_geometry(const BiasGeometry& g) {
     return Status::Invalid("q_len", "expected 0 <= q_len <= 2^52, got " + std::to_string(g.q_len));
   if (g.k_len < 0 || g.k_len > kMaxExtent)
     return Status::Invalid("k_len", "expected 0 <= k_len <= 2^52, got " + std::to_string(g.k_len));
-  if (g.q_offset < -kMaxExtent || g.q_offset > kMaxExtent)
-    return Status::Invalid("q_offset", "expected |q_offset| <= 2^52, got " + std::to_string(g.q_offset));
-  if (g.k_offset < -kMaxExtent || g.k_offset > kMaxExtent)
-    return Status::Invalid("k_offset", "expected |k_offset| <= 2^52, got " + std::to_string(g.k_offset));
+  // every position, the last of each side included, within [-2^52, 2^52]
+  if (g.q_offset < -kMaxExtent || g.q_offset > kMaxExtent - std::max<std::int64_t>(g.q_len - 1, 0))
+    return Status::Invalid("q_offset", "expected q_offset in [-2^52, 2^52 - (q_len - 1)] (every query's position "
+                                       "within +-2^52), got " + std::to_string(g.q_offset) + " with q_len = " +
+                                       std::to_string(g.q_len));
+  if (g.k_offset < -kMaxExtent || g.k_offset > kMaxExtent - std::max<std::int64_t>(g.k_len - 1, 0))
+    return Status::Invalid("k_offset", "expected k_offset in [-2^52, 2^52 - (k_len - 1)] (every key's position "
+                                       "within +-2^52), got " + std::to_string(g.k_offset) + " with k_len = " +
+                                       std::to_string(g.k_len));
   return Status::Ok();
 }
 
