@@ -106,8 +106,12 @@ void run_apply(ApplyState& st) {
   }
 
   // ---- compute everything before writing anything
+  // Positions the user did not give (0 .. L-1 of --in) out of range: xPos's scale around a --center
+  // that was given is that flag's doing.
+  const bool center_given = e.id == Encoding::kXpos && st.params.given("center");
   FlagMap names = {{"positions", have_positions                  ? "--positions"
                                  : st.offset_opt->count() > 0 ? "--offset"
+                                 : center_given               ? "--center"
                                                               : "--in"}, {"offset", "--offset"}};
   // an unset rotary_dim is the input's D: a head dim the rotary encodings refuse is --in's
   if (e.id == Encoding::kRope || e.id == Encoding::kRope2d || e.id == Encoding::kMrope || e.id == Encoding::kXpos)

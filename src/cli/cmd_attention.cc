@@ -216,7 +216,8 @@ Command add_attention_command(CLI::App& root) {
   add_path(app, "--k", &st->k, "keys [B, N, Hkv, D] (Hq a multiple of Hkv)")->required();
   add_path(app, "--v", &st->v, "values [B, N, Hkv, D]")->required();
   add_path(app, "--out", &st->out, "output [B, M, Hq, D], q's dtype")->required();
-  app->add_flag("--causal", st->causal, "mask keys whose position exceeds the query's");
+  app->add_flag("--causal", st->causal, "mask keys whose position exceeds the query's")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   st->scale_opt = add_text(app, "--scale", &st->scale, "multiplies q.k (default 1/sqrt(D))", "FLOAT");
   st->q_offset_opt =
       add_text(app, "--q-offset", &st->q_offset, "position of query 0 (default k-offset + N - M)", "INT");

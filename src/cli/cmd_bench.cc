@@ -143,11 +143,13 @@ Command add_bench_command(CLI::App& root) {
                 "one JSON object per line: kernel, encoding, shape, dtype, threads, seconds, throughput, "
                 "unit, baseline, baseline_throughput, ratio (attention also path, vs_nope, nope_seconds, and with more "
                 "than one thread one_thread_seconds, speedup, baseline_speedup; --memory "
-                "also peak_extra_mb, io_mb)");
+                "also peak_extra_mb, io_mb)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   app->add_flag("--memory", st->memory,
                 "instead: attention forward/backward at L = 65536, H = 8, d = 64, causal, per fused "
                 "encoding, each in a child process reporting its peak RSS above its RSS before the call "
-                "(minutes)");
+                "(minutes)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   add_text(app, "--memory-length", &st->memory_length, "with --memory: L instead of 65536 (a quick look)",
            "INT");
   add_text(app, "--memory-dtype", &st->memory_dtype,

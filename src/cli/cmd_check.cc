@@ -10,8 +10,9 @@
 //              shifts by 1000 (random q, k, v; 0 up to rounding means yes).
 //   extrapolate  from the last study (--study DIR, default study-out): perplexity at the longest
 //              evaluated length over perplexity at the training length. A missing default folder
-//              prints "no study in study-out"; a --study DIR that is missing or not a folder is an error, and
-//              so is a results.json that is not the study's shape (checked whole before any output).
+//              prints "no study in study-out"; a --study DIR that is missing, not a folder or without a
+//              results.json is an error, and so is a results.json that is not the study's shape (checked
+//              whole before any output).
 //   dims       the position dimensions the encoding takes here (rope2d: 2D (x, y); mrope: 3D (t, h, w)).
 #include <cmath>
 #include <cstdio>
@@ -190,7 +191,7 @@ struct StudyColumn {
   std::map<std::string, std::string> by_name;
 };
 
-StudyColumn read_study(const std::string& dir) {
+StudyColumn read_study(const std::string& dir, bool named) {
   namespace fs = std::filesystem;
   const std::string path = dir + "/results.json";
   const auto bad = [&](const std::string& what) {
@@ -200,6 +201,8 @@ StudyColumn read_study(const std::string& dir) {
   std::error_code ec;
   const fs::file_status fst = fs::status(path, ec);
   if (!fs::exists(fst)) {
+    if (named)  // a folder the user names must hold a study
+      fail(Status::Io("--study", "no results.json in " + dir + " (expected posenc study's output directory)"));
     out.missing = "no study in " + dir;
     return out;
   }
@@ -255,7 +258,7 @@ void run_check(const CheckState& st) {
     if (!std::filesystem::is_directory(st.study, ec))
       fail(Status::Io("--study", "'" + st.study + "' is not a directory (expected posenc study's output directory)"));
   }
-  const StudyColumn study = read_study(st.study);
+  const StudyColumn study = read_study(st.study, st.study_opt->count() > 0);
   // The whole table is built before any of it is printed: a failure leaves stdout empty.
   std::string table = row("encoding", "unique code per position", "relative offsets", "extrapolation (study)", "dims");
   for (const EncodingInfo& info : registry()) {

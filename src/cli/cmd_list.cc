@@ -44,7 +44,8 @@ Command add_list_command(CLI::App& root) {
   auto st = std::make_shared<ListState>();
   CLI::App* app = root.add_subcommand("list", "print the catalogue of encodings (from the registry)");
   app->allow_extras();
-  app->add_flag("--json", st->json, "print a JSON array of {name, kind, summary, paper, params}");
+  app->add_flag("--json", st->json, "print a JSON array of {name, kind, summary, paper, params}")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   return {app, [st] { run_list(*st); }};
 }
 

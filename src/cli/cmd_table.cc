@@ -157,7 +157,12 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   st.params.load_tensors();
   const Positions pos{have_pos ? ids.view() : View{}, have_pos ? 0 : offset};
   FlagMap pnames = names;
-  pnames.push_back({"positions", have_pos ? "--positions" : "--offset"});
+  // positions out of range: the flag that placed them (xPos's scale around a given --center is its)
+  const bool center_given = e.id == Encoding::kXpos && st.params.given("center");
+  pnames.push_back({"positions", have_pos                    ? "--positions"
+                                 : st.offset_opt->count() > 0 ? "--offset"
+                                 : center_given               ? "--center"
+                                                              : "--length"});
   // The parameters first, so that the table's size [H,] L, r/2 is checked before the library
   // allocates positions, angles and scales for it.
   Rope2dParams p2;

@@ -94,6 +94,18 @@ int main(int argc, char** argv) {
       for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
       msg = "expected a command: " + names + " (see posenc --help)";
     }
+    // CLI11's wordings in the "posenc: <flag>: <what>" shape
+    static const std::string kRequired = " is required";
+    if (msg.size() > kRequired.size() && msg.compare(msg.size() - kRequired.size(), kRequired.size(), kRequired) == 0 &&
+        msg.find(' ') == msg.size() - kRequired.size())
+      msg = msg.substr(0, msg.size() - kRequired.size()) + ": is required (see --help)";
+    static const std::string kMissing = ": 1 required ";
+    if (const std::size_t at = msg.find(kMissing);
+        at != std::string::npos && msg.size() > 8 && msg.compare(msg.size() - 8, 8, " missing") == 0)
+      msg = msg.substr(0, at) + ": expected a value (" +
+            msg.substr(at + kMissing.size(), msg.size() - 8 - at - kMissing.size()) + ")";
+    static const std::string kExtra = "The following argument was not expected: ";
+    if (msg.rfind(kExtra, 0) == 0) msg = "unexpected argument '" + msg.substr(kExtra.size()) + "'";
     static const std::string kTwice = ": At Most 1 required but received ";
     if (const std::size_t at = msg.find(kTwice); at != std::string::npos)
       msg = msg.substr(0, at) + ": given " + msg.substr(at + kTwice.size()) + " times, expected once";

@@ -362,6 +362,9 @@ Status write_npy(const std::string& path, const Tensor& t, const std::string& fl
 
 Status OutputSet::reserve(const std::string& flag, const std::string& path) {
   if (path.empty()) return Status::Invalid(flag, "expected an output path, got an empty string");
+  if (path[0] == '-')  // "--out --theta": a flag taken for the path
+    return Status::Invalid(flag, "expected an output path, got '" + path + "', which looks like a flag (write ./" +
+                                     path + " for such a file)");
   std::error_code ec;
   // links resolved: a symbolic link's target is the file replaced, not the link
   namespace fs = std::filesystem;
