@@ -454,6 +454,8 @@ std::vector<double> rope_list(const ParamFlags& f, const std::string& name) {
   if (t == nullptr) return {};
   if (t->shape().size() != 1)
     fail(Status::Invalid("--" + name, "expected a 1-D array [r/2], got shape " + t->shape_str()));
+  if (t->numel() == 0)  // an empty list would read as no list at all
+    fail(Status::Invalid("--" + name, "expected a 1-D array [r/2], got an empty one"));
   return to_doubles(t->view());
 }
 
@@ -543,6 +545,9 @@ Rope2dParams rope2d_params(const ParamFlags& f) {
   p.rope.rotary_dim = f.i64("rotary-dim");
   // The authors' bases: 100 for RoPE-Axial, 10 for RoPE-Mixed's initialisation.
   p.rope.theta = f.given("theta") ? f.f64("theta") : p.variant == Rope2dVariant::kMixed ? 10.0 : 100.0;
+  if (p.variant == Rope2dVariant::kMixed && f.given("theta") && f.given("freqs"))  // mixed reads --freqs only
+    fail(Status::Invalid("--theta", "not read by rope2d mixed, whose frequencies are --freqs (theta sets only their "
+                                    "initialisation: posenc table rope2d --variant mixed --part init)"));
   return p;
 }
 

@@ -49,6 +49,8 @@ void run_apply(ApplyState& st) {
   const std::vector<std::string> param_grads = st.params.grad_flags_given();
   if (have_positions && st.offset_opt->count() > 0)
     fail(Status::Invalid("--offset", "cannot be combined with --positions (give one or the other)"));
+  if (e.id == Encoding::kNope && (have_positions || st.offset_opt->count() > 0))  // y = x: no position read
+    fail(Status::Invalid(have_positions ? "--positions" : "--offset", "not read by nope, which adds no position"));
   if (!want_grads) {
     if (st.grad_in_opt->count() > 0)
       fail(Status::Invalid("--grad-in", "needs --grad-out (the upstream gradient dY)"));

@@ -509,6 +509,8 @@ void run_study(const StudyState& st) {
     cfg.task = t.value();
     if (cfg.train_len < 16) fail(Status::Invalid("--train-len", "tasks need at least 16"));
     if (!st.corpus.empty()) fail(Status::Invalid("--corpus", "cannot be combined with --task"));
+    if (!st.eval_tokens.empty())  // tasks score fresh examples, not held-out bytes
+      fail(Status::Invalid("--eval-tokens", "not read with --task (accuracy is over fresh examples)"));
   }
   const std::int64_t longest = cfg.eval_multiples.back() * cfg.train_len;
   if (cfg.eval_tokens < longest && !st.eval_tokens.empty() && !cfg.task)  // one window of the longest length

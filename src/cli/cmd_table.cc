@@ -265,6 +265,8 @@ void run_table(TableState& st) {
     case Encoding::kRope: {
       if (st.part != "angle" && st.part != "cos" && st.part != "sin")
         fail(Status::Invalid("--part", "expected angle, cos or sin, got '" + st.part + "'"));
+      if (st.part == "angle" && st.params.given("attention-factor"))  // a multiplies cos and sin only
+        fail(Status::Invalid("--attention-factor", "not read by --part angle (it multiplies cos and sin)"));
       if (offset > kMaxPosition - L)  // view.h's bound (exact in double)
         fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
       check(outs.reserve("--out", st.out));

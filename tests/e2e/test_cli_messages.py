@@ -386,6 +386,16 @@ def errors_name_the_flag_that_caused_them(d):
             "--threshold", d.save("th.npy", np.ones(1)), "--heads", H, "--q-len", 4, "--k-len", 4]
     names_first(["bias", "fire", "--mlp-w1", d.save("w1.npy", np.full(W, 1e308)), *fire, "--out", b], "--mlp-w1", [b],
                 also=["+inf"])
+    # flags that would be ignored: nope's positions, rope2d mixed's --theta beside --freqs, an empty
+    # list (it read as no list), --attention-factor for angles, --eval-tokens with --task
+    names_first(["apply", "nope", "--offset", 3, "--in", x, "--out", o], "--offset", [o])
+    names_first(["apply", "rope2d", "--variant", "mixed", "--freqs", d.save("fm.npy", randn(2, 2, 2)), "--theta", 5,
+                 "--in", x, "--out", o], "--theta", [o])
+    names_first(["apply", "rope", "--inv-freq", d.save("e0.npy", np.zeros(0)), "--in", x, "--out", o],
+                "--inv-freq", [o], also=["empty"])
+    names_first(["table", "rope", "--length", 4, "--dim", 8, "--attention-factor", 2, "--out", t], "--attention-factor",
+                [t])
+    names_first(["study", "--task", "copy", "--eval-tokens", 512, "--out", d.out("st")], "--eval-tokens")
     # booleans say every spelling they take
     names_first(["apply", "rope", "--rope-type", "yarn", "--factor", 2, "--original-max-position", 4,
                  "--truncate", "maybe", "--in", x, "--out", o], "--truncate", [o], also=["yes/no"])
