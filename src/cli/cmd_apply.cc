@@ -5,6 +5,9 @@
 // X [B, L, H, D] by positions [2, L] / [B, 2, L] (x, y), [3, L] / [B, 3, L] (t, h, w), [L] / [B, L]
 // (xpos, whose --role says whether X holds queries or keys); sinusoidal and learned add to
 // embeddings X [B, L, D]; nope passes X through. Y keeps X's dtype.
+#include <cmath>
+#include <tuple>
+
 #include "cli/cli_common.h"
 
 namespace posenc::cli {
@@ -188,6 +191,28 @@ void run_apply(ApplyState& st) {
       fail(Status::Internal("posenc apply has no glue for " + e.name));
   }
 
+  // Finite inputs whose result leaves the dtype's range (values near its largest, a large
+  // --attention-factor or xPos scale) are an error, not an inf in the output. NaN and inf already in
+  // --in or --grad-out pass through, as in every float computation.
+  const auto first_nonfinite = [](const Tensor& t) -> std::int64_t {
+    const View v = t.view();
+    for (std::int64_t i = 0; i < v.numel(); ++i)
+      if (!std::isfinite(v.get(i))) return i;
+    return -1;
+  };
+  for (const auto& [out_flag, res, in_flag, src] :
+       {std::tuple<const char*, const Tensor*, const char*, const Tensor*>{"--out", &y, "--in", &x},
+        std::tuple<const char*, const Tensor*, const char*, const Tensor*>{"--grad-in", &dx, "--grad-out", &dy}}) {
+    if (res->numel() == 0 || (res == &dx && !want_dx)) continue;
+    const std::int64_t at = first_nonfinite(*res);
+    if (at < 0 || first_nonfinite(*src) >= 0) continue;
+    const bool factor = st.params.has("attention-factor") && st.params.given("attention-factor");
+    fail(Status::OutOfRange(factor ? "--attention-factor" : in_flag,
+                            std::string(out_flag) + " would overflow " + dtype_name(res->dtype()) + " at flat index " +
+                                std::to_string(at) + " (finite " + in_flag + " times the encoding's factors): " +
+                                (factor ? "expected a smaller --attention-factor" : "expected smaller values in " +
+                                                                                       std::string(in_flag))));
+  }
   outs.attach("--out", &y);
   if (want_dx) outs.attach("--grad-in", &dx);
   st.params.attach_grads(&outs);

@@ -20,7 +20,7 @@ struct BenchState {
   bool json = false;
   bool memory = false;
   std::string memory_length, memory_dtype;
-  CLI::Option* filter_opt = nullptr;
+  CLI::Option *filter_opt = nullptr, *memory_dtype_opt = nullptr;
 };
 
 nlohmann::ordered_json row_json(const BenchRow& r) {
@@ -103,7 +103,7 @@ void run_bench(const BenchState& st) {
       fail(Status::Invalid("--memory-length", "expected 1 .. 4194304, got " + st.memory_length));
   }
   DType dtype = DType::kF32;
-  if (!st.memory_dtype.empty()) {
+  if (st.memory_dtype_opt->count() > 0) {  // given, even as an empty string
     if (!st.memory) fail(Status::Invalid("--memory-dtype", "only with --memory"));
     if (st.memory_dtype == "bfloat16") dtype = DType::kBF16;
     else if (st.memory_dtype == "float16") dtype = DType::kF16;
@@ -152,8 +152,9 @@ Command add_bench_command(CLI::App& root) {
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   add_text(app, "--memory-length", &st->memory_length, "with --memory: L instead of 65536 (a quick look)",
            "INT");
-  add_text(app, "--memory-dtype", &st->memory_dtype,
-           "with --memory: q, k, v and the outputs in float32 (default), bfloat16 or float16", "TYPE");
+  st->memory_dtype_opt =
+      add_text(app, "--memory-dtype", &st->memory_dtype,
+               "with --memory: q, k, v and the outputs in float32 (default), bfloat16 or float16", "TYPE");
   return {app, [st] { run_bench(*st); }};
 }
 

@@ -396,6 +396,17 @@ def errors_name_the_flag_that_caused_them(d):
     names_first(["table", "rope", "--length", 4, "--dim", 8, "--attention-factor", 2, "--out", t], "--attention-factor",
                 [t])
     names_first(["study", "--task", "copy", "--eval-tokens", 512, "--out", d.out("st")], "--eval-tokens")
+    # finite inputs whose rotation leaves the dtype: an error (it wrote inf); an inf already in --in
+    # passes through as in any float computation
+    names_first(["apply", "rope", "--attention-factor", "1e39", "--in", x, "--out", o], "--attention-factor", [o])
+    big = d.save("big16.npy", np.full((1, 8, 2, 16), 60000, dtype=np.float16))
+    names_first(["apply", "rope", "--in", big, "--out", o], "--in", [o], also=["float16"])
+    xi = randn(1, 8, 2, 8, dtype=np.float32)
+    xi[0, 0, 0, 0] = np.inf
+    run("apply", "rope", "--in", d.save("xinf.npy", xi), "--out", o)
+    assert np.isinf(load(o, "float32")).any()
+    os.remove(o)
+    names_first(["bench", "--memory", "--memory-dtype", ""], "--memory-dtype")
     # booleans say every spelling they take
     names_first(["apply", "rope", "--rope-type", "yarn", "--factor", 2, "--original-max-position", 4,
                  "--truncate", "maybe", "--in", x, "--out", o], "--truncate", [o], also=["yes/no"])
