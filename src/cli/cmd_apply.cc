@@ -142,6 +142,12 @@ void run_apply(ApplyState& st) {
     case Encoding::kLearned: {
       const LearnedParams p;
       const View table = st.params.view("table");
+      // a parameter, checked as every encoding's parameters are (data inputs pass NaN through)
+      for (std::int64_t i = 0; table.ndim == 2 && i < table.numel(); ++i)  // (its shape: the library's check)
+        if (!std::isfinite(table.get(i)))
+          fail(Status::Invalid("--table", "expected finite values, got a non-finite one at row " +
+                                              std::to_string(i / table.shape[1]) + ", column " +
+                                              std::to_string(i % table.shape[1])));
       // more positions than the table has rows: the table is too short for --in (a start past its end
       // within that is --offset's, as the library says)
       if (!have_positions && x.shape().size() >= 2 && table.ndim == 2) {

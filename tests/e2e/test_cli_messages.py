@@ -354,6 +354,10 @@ def errors_name_the_flag_that_caused_them(d):
                  "--out", o], "--table", [o], also=["4 rows", "8 positions"])
     names_first(["apply", "learned", "--table", d.save("t8.npy", randn(8, 16, dtype=np.float32)), "--offset", 2,
                  "--in", x3, "--out", o], "--offset", [o])
+    tn = randn(8, 16, dtype=np.float32)
+    tn[2, 3] = np.nan
+    names_first(["apply", "learned", "--table", d.save("tn.npy", tn), "--in", x3, "--out", o], "--table", [o],
+                also=["finite", "row 2"])
     # an xPos scale base so small that no position but c fits float32 is the scale base's fault
     for role in ("query", "key"):
         names_first(["apply", "xpos", "--role", role, "--scale-base", "1e-300", "--in", x, "--out", o],
