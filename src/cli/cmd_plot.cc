@@ -10,6 +10,7 @@
 //                    gate opens on spaces (a query that counts words) against the plain token count
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <complex>
 #include <cstdio>
@@ -183,6 +184,15 @@ void check_options(const PlotState& st, const CLI::App& app) {
 
 void run_plot(const PlotState& st, const CLI::App& app) {
   if (st.out.empty()) fail(Status::Invalid("--out", "expected a .png path"));
+  {  // the picture is a PNG: its name says so (a device such as /dev/stdout is written as it is)
+    std::string ext = std::filesystem::path(st.out).extension().string();
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::error_code ec;
+    const bool device = std::filesystem::exists(st.out, ec) && !std::filesystem::is_regular_file(st.out, ec) &&
+                        !std::filesystem::is_directory(st.out, ec);
+    if (ext != ".png" && !device)
+      fail(Status::Invalid("--out", "expected a path ending in .png (the picture is a PNG), got '" + st.out + "'"));
+  }
   check_options(st, app);
   if (system("command -v gnuplot >/dev/null 2>&1") != 0)
     fail(Status::Io("--out", "plots need gnuplot (apt-get install gnuplot-nox)"));

@@ -203,6 +203,7 @@ def plot_draws_every_picture(d):
     expect_error(["plot", "cope-positions", "--text", "", "--out", r], "--text", [r])  # not the default sentence
     expect_error(["plot", "cope-positions", "--text", "caf\u00e9 au lait", "--out", r], "--text", [r])
     expect_error(["plot", "rope-decay", "--len", 1 << 20, "--dim", 4096, "--out", r], "--len", [r])  # minutes of work
+    expect_error(["plot", "sine-waves", "--out", os.path.join(d, "r.jpg")], "--out", [os.path.join(d, "r.jpg")])
     run("plot", "cope-positions", "--text", "a b 'c' d", "--out", r)
     assert_picture(r)
 
