@@ -19,11 +19,29 @@ void fail(Status s) { throw Failure{std::move(s)}; }
 std::string one_line(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char c : s) {
+  const auto hex = [&](unsigned char c) {
+    char b[8];
+    std::snprintf(b, sizeof b, "\\x%02X", c);
+    out += b;
+  };
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
     if (c == '\n' || c == '\r' || c == '\t') {
       if (!out.empty() && out.back() != ' ') out.push_back(' ');
-    } else {
-      out.push_back(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      hex(c);  // other control bytes (an input's bytes quoted in a message) are shown, not sent
+    } else if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+    } else {  // UTF-8 passes whole ("×"); a byte outside a well-formed sequence is shown as \xNN
+      const std::size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+      bool whole = n > 0 && i + n <= s.size();
+      for (std::size_t k = 1; whole && k < n; ++k) whole = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+      if (!whole) {
+        hex(c);
+        continue;
+      }
+      out.append(s, i, n);
+      i += n - 1;
     }
   }
   while (!out.empty() && out.back() == ' ') out.pop_back();

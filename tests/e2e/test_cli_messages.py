@@ -337,6 +337,10 @@ def flags_outside_commands_and_flag_values_are_named(d):
     # a config read from a device without end stops at 16 MiB
     if os.path.exists("/dev/zero"):
         names_first(["rope-config", "/dev/zero"], "CONFIG", also=["16 MiB"])
+    # a byte of the input quoted in a message (here the .npy magic, 0x93) is shown escaped, not sent raw
+    r = subprocess.run([POSENC, "rope-config", x], capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"\\x93" in r.stderr and b"\x93" not in r.stderr, r.stderr
+    r.stderr.decode("utf-8")  # the line is UTF-8
 
 
 @case
