@@ -15,6 +15,7 @@
 #include "enc/rope/rope_check.h"
 #include "enc/rope/rotary_plan.h"
 #include "posenc/attention.h"
+#include "core/format.h"
 
 namespace posenc::attn {
 
@@ -165,7 +166,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   d->scale = 1.0 / std::sqrt(static_cast<double>(d->D));
   if (p.scale) {
     if (!std::isfinite(*p.scale) || *p.scale <= 0)
-      return Status::Invalid("scale", "expected a finite value > 0, got " + std::to_string(*p.scale));
+      return Status::Invalid("scale", "expected a finite value > 0, got " + format_number(*p.scale));
     d->scale = *p.scale;
   }
   constexpr I kMaxOffset = I{1} << 53;  // positions stay exact in double and far from overflow
@@ -199,7 +200,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
         const std::vector<double> m = to_doubles(t.slopes);
         for (std::size_t h = 0; h < m.size(); ++h)
           if (!std::isfinite(m[h]))
-            return Status::Invalid("slopes", "expected finite values, got " + std::to_string(m[h]) +
+            return Status::Invalid("slopes", "expected finite values, got " + format_number(m[h]) +
                                                  " at head " + std::to_string(h));
       }
       break;

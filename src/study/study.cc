@@ -1,5 +1,6 @@
 // The study (posenc/study.h): corpus loading, training one model per encoding, evaluation by length.
 #include "posenc/study.h"
+#include "core/format.h"
 
 #include <algorithm>
 #include <chrono>
@@ -135,7 +136,7 @@ Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok
   const double norm = opt.step(m.params(), m.grads());
   if (grad_norm) *grad_norm = norm;
   const double loss = r.value().nll / double(r.value().count);
-  if (!std::isfinite(loss)) return Status::Internal("training diverged (loss " + std::to_string(loss) + ")");
+  if (!std::isfinite(loss)) return Status::Internal("training diverged (loss " + format_number(loss) + ")");
   return loss;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "posenc/bias.h"
+#include "core/format.h"
 
 namespace posenc::fire {
 
@@ -20,7 +21,7 @@ inline Status check_finite(const char* arg, const View& v) {
   const std::vector<double> x = to_doubles(v);
   for (std::size_t i = 0; i < x.size(); ++i)
     if (!std::isfinite(x[i]))
-      return Status::Invalid(arg, "expected finite values, got " + std::to_string(x[i]) + " at index " +
+      return Status::Invalid(arg, "expected finite values, got " + format_number(x[i]) + " at index " +
                                       std::to_string(i));
   return Status::Ok();
 }
@@ -42,11 +43,11 @@ inline Status check_tensors(const FireTensors& t, std::int64_t H, std::int64_t* 
   for (const auto& [arg, v] : all) POSENC_RETURN_IF_ERROR(check_finite(arg, *v));
   const double c = t.c.get(0), L = t.threshold.get(0);
   if (!(c > 0))
-    return Status::Invalid("c", "expected a value > 0 (ψ(x) = log(c·x + 1)), got " + std::to_string(c) +
+    return Status::Invalid("c", "expected a value > 0 (ψ(x) = log(c·x + 1)), got " + format_number(c) +
                                     " (taken as given: keep it positive during training)");
   if (!(L > 0))
     return Status::Invalid("threshold", "expected a value > 0 (the normaliser's threshold L), got " +
-                                            std::to_string(L) + " (taken as given: keep it positive during training)");
+                                            format_number(L) + " (taken as given: keep it positive during training)");
   return Status::Ok();
 }
 

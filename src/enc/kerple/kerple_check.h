@@ -7,6 +7,7 @@
 
 #include "enc/kerple/kerple_math.h"
 #include "posenc/bias.h"
+#include "core/format.h"
 
 namespace posenc::kerple {
 
@@ -30,7 +31,7 @@ inline Status check_params(const KerpleParams& p, const View& r1, const View& r2
     if (!in_domain(power, a[h], b[h], &w1, &w2)) {
       const bool first = !w1.empty();
       return Status::Invalid(first ? "r1" : "r2", (first ? w1 : w2) + ", got " +
-                                                     std::to_string(first ? a[h] : b[h]) + " at head " +
+                                                     format_number(first ? a[h] : b[h]) + " at head " +
                                                      std::to_string(h) +
                                                      " (KERPLE's parameters are taken as given; clamp "
                                                      "them after each optimiser step)");

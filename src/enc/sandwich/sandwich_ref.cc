@@ -15,6 +15,7 @@
 #include "enc/sandwich/sandwich_math.h"
 #include "posenc/bias.h"
 #include "posenc/reference.h"
+#include "core/format.h"
 
 namespace posenc {
 
@@ -28,7 +29,7 @@ Status sandwich_validate(const SandwichParams& p) {
     return Status::Invalid("sinusoid_dim", "expected an even number in 2 .. " + std::to_string(kMaxSinusoidDim) +
                                                " (d/2 frequencies), got " + std::to_string(p.sinusoid_dim));
   if (!std::isfinite(p.base) || !(p.base > 0))
-    return Status::Invalid("base", "expected a finite value > 0, got " + std::to_string(p.base));
+    return Status::Invalid("base", "expected a finite value > 0, got " + format_number(p.base));
   return Status::Ok();
 }
 
