@@ -121,9 +121,16 @@ void run_attention(AttentionState& st) {
   if (want_grads) {
     dout = read_input("--grad-out", st.grad_out);
     require_float_tensor("--grad-out", dout);
+    if (dout.dtype() != q.dtype())  // as apply's dY keeps X's dtype
+      fail(Status::Invalid("--grad-out", std::string("expected ") + dtype_name(q.dtype()) + " like --q, got " +
+                                             dtype_name(dout.dtype())));
   }
   EncodingTensors t = encoding_tensors(st.params);
   Tensor qpos, kpos;
+  // rope2d and mrope take their rotations from the position ids; an offset then only places the
+  // causal mask, and without --causal it would be ignored
+  if (!p.causal && st.q_offset_opt->count() > 0 && st.q_positions_opt->count() > 0)
+    fail(Status::Invalid("--q-offset", "not read with --q-positions unless --causal (it only places the mask)"));
   if (st.q_positions_opt->count() > 0) {
     qpos = read_positions("--q-positions", st.q_positions);
     t.q_positions = qpos.view();

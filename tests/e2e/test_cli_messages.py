@@ -415,6 +415,14 @@ def errors_name_the_flag_that_caused_them(d):
     assert np.isinf(load(o, "float32")).any()
     os.remove(o)
     names_first(["bench", "--memory", "--memory-dtype", ""], "--memory-dtype")
+    # attention's dO keeps q's dtype (as apply's dY keeps X's); a query offset beside query positions
+    # without --causal would be ignored
+    g64 = d.save("g64.npy", randn(1, 4, 2, 8))
+    names_first(["attention", "nope", "--q", q, "--k", k, "--v", v, "--grad-out", g64, "--grad-q", d.out("gq.npy"),
+                 "--out", o], "--grad-out", [o], also=["float32 like --q"])
+    qp = d.save("qp.npy", np.arange(8, dtype=np.int64).reshape(2, 4))
+    names_first(["attention", "rope2d", "--q", q, "--k", k, "--v", v, "--q-positions", qp, "--k-positions", qp,
+                 "--q-offset", 3, "--out", o], "--q-offset", [o])
     # booleans say every spelling they take
     names_first(["apply", "rope", "--rope-type", "yarn", "--factor", 2, "--original-max-position", 4,
                  "--truncate", "maybe", "--in", x, "--out", o], "--truncate", [o], also=["yes/no"])
