@@ -108,6 +108,11 @@ void run_bias(BiasState& st) {
       dtype_from = name;
     }
   }
+  if (e.id == Encoding::kFire && dtype_from != nullptr)  // one dtype for the MLP, as kerple's r1 and r2
+    for (const ParamSpec& ps : e.params)
+      if (ps.type == "tensor" && st.params.tensor(ps.name) != nullptr && st.params.tensor(ps.name)->dtype() != dtype)
+        fail(Status::Invalid("--" + ps.name, std::string("expected ") + dtype_name(dtype) + " like --" + dtype_from +
+                                                 ", got " + dtype_name(st.params.tensor(ps.name)->dtype())));
   if (st.dtype_opt->count() > 0) {
     const DType want = parse_float_dtype("--dtype", st.dtype);
     if (dtype_from != nullptr && want != dtype)

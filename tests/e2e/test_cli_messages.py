@@ -394,6 +394,8 @@ def errors_name_the_flag_that_caused_them(d):
             "--threshold", d.save("th.npy", np.ones(1)), "--heads", H, "--q-len", 4, "--k-len", 4]
     names_first(["bias", "fire", "--mlp-w1", d.save("w1.npy", np.full(W, 1e308)), *fire, "--out", b], "--mlp-w1", [b],
                 also=["+inf"])
+    names_first(["bias", "fire", "--mlp-w1", d.save("w1f.npy", np.ones(W, dtype=np.float32)), *fire, "--out", b],
+                "--mlp-w1", [b], also=["like --mlp-w2"])  # one dtype for the MLP
     # flags that would be ignored: nope's positions, rope2d mixed's --theta beside --freqs, an empty
     # list (it read as no list), --attention-factor for angles, --eval-tokens with --task
     names_first(["apply", "nope", "--offset", 3, "--in", x, "--out", o], "--offset", [o])
