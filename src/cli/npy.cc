@@ -259,8 +259,20 @@ const char* npy_descr(DType t) {
 
 // ---- reading -----------------------------------------------------------------------------------
 
+namespace {
+// The regular files this run read as inputs (flag, resolved path): an output may not replace one.
+std::vector<std::pair<std::string, std::string>>& inputs_read() {
+  static std::vector<std::pair<std::string, std::string>> files;
+  return files;
+}
+}  // namespace
+
 Expected<Tensor> read_npy(const std::string& path, const std::string& flag) {
   std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) {
+    const std::string key = std::filesystem::canonical(path, ec).string();
+    if (!ec) inputs_read().emplace_back(flag, key);
+  }
   if (std::filesystem::is_directory(path, ec))
     return Status::Io(flag, "cannot read " + q(path) + ": is a directory, expected a .npy file");
   errno = 0;
@@ -442,6 +454,12 @@ Status OutputSet::commit() {
     *out = npy_bytes(*e.tensor);
     return Status::Ok();
   };
+  // 0. no output replaces a file this run read (its input would be gone; write elsewhere)
+  for (const Entry& e : entries_)
+    for (const auto& [in_flag, in_key] : inputs_read())
+      if (!e.in_place && e.key == in_key)
+        return Status::Invalid(e.flag, "names the same file as the input " + in_flag + " (" + q(e.path) +
+                                           "); write the output elsewhere");
   // 1. every temporary (regular destinations)
   std::string bytes;
   for (const Entry& e : entries_) {

@@ -70,6 +70,16 @@ def output_into_fifo(d):
         assert got == [f.read()], "the FIFO carried other bytes than the file output"
 
 
+@case("an output that names an input of the same run is an error, the input kept")
+def output_over_an_input(d):
+    x = x_npy(d)
+    before = open(x, "rb").read()
+    expect_error(["apply", "rope", "--in", x, "--out", x], "--out")
+    os.symlink(os.path.basename(x), d.out("link.npy"))  # through a link too
+    expect_error(["apply", "rope", "--in", x, "--out", d.out("link.npy")], "--out")
+    assert open(x, "rb").read() == before, "the input was replaced"
+
+
 @case("a link that loops is an error naming --out")
 def output_link_loop(d):
     os.symlink("b.npy", d.out("a.npy"))
