@@ -10,12 +10,12 @@
 #include <string>
 #include <utility>
 
+#include "core/format.h"
 #include "enc/fire/fire_check.h"
 #include "enc/kerple/kerple_check.h"
 #include "enc/rope/rope_check.h"
 #include "enc/rope/rotary_plan.h"
 #include "posenc/attention.h"
-#include "core/format.h"
 
 namespace posenc::attn {
 
@@ -172,11 +172,11 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   constexpr I kMaxOffset = I{1} << 53;  // positions stay exact in double and far from overflow
   // every position, the first and the last of each call, within [-2^53, 2^53]
   d->k_off = p.k_offset;
-  if (d->k_off > kMaxOffset || d->k_off < -kMaxOffset || d->k_off > kMaxOffset - std::max<I>(d->N - 1, 0))
+  if (d->k_off < -kMaxOffset || d->k_off > kMaxOffset - std::max<I>(d->N - 1, 0))
     return Status::OutOfRange("k_offset", "expected k_offset in [-2^53, 2^53 - (N - 1)] (every key's position within "
                                           "+-2^53), got " + str(d->k_off) + " with N = " + str(d->N));
   d->q_off = p.q_offset ? *p.q_offset : d->k_off + d->N - d->M;
-  if (d->q_off > kMaxOffset || d->q_off < -kMaxOffset || d->q_off > kMaxOffset - std::max<I>(d->M - 1, 0))
+  if (d->q_off < -kMaxOffset || d->q_off > kMaxOffset - std::max<I>(d->M - 1, 0))
     return Status::OutOfRange("q_offset", "expected q_offset in [-2^53, 2^53 - (M - 1)] (every query's position "
                                           "within +-2^53), got " + str(d->q_off) + " with M = " + str(d->M));
 

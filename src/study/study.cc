@@ -1,6 +1,5 @@
 // The study (posenc/study.h): corpus loading, training one model per encoding, evaluation by length.
 #include "posenc/study.h"
-#include "core/format.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +11,8 @@
 #include <memory>
 #include <random>
 #include <sstream>
+
+#include "core/format.h"
 
 namespace posenc {
 namespace {

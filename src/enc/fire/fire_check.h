@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "posenc/bias.h"
 #include "core/format.h"
+#include "posenc/bias.h"
 
 namespace posenc::fire {
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "core/format.h"
 #include "enc/kerple/kerple_math.h"
 #include "posenc/bias.h"
-#include "core/format.h"
 
 namespace posenc::kerple {
 

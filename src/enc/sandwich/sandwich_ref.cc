@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "core/format.h"
 #include "enc/alibi/bias_geometry.h"
 #include "enc/sandwich/sandwich_math.h"
 #include "posenc/bias.h"
 #include "posenc/reference.h"
-#include "core/format.h"
 
 namespace posenc {
 
