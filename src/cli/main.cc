@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
   // A flag before any command: name it (CLI11 would only ask for a command).
   if (argc >= 2 && argv[1][0] == '-') {
     const std::string flag = std::string(argv[1]).substr(0, std::string(argv[1]).find('='));
+    if (flag == "--version" && argc > 2)  // CLI11 would print the version and ignore the rest
+      return print_error("--version: takes nothing after it, got '" + std::string(argv[2]) + "'", 2);
     if (flag != "-h" && flag != "--help" && flag != "--version") {
       std::string names;
       for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();

@@ -311,6 +311,8 @@ def stdout_that_cannot_be_written_is_an_error(d):
 def flags_outside_commands_and_flag_values_are_named(d):
     names_first(["--bogus"], "--bogus", also=["unknown flag"])
     names_first(["--bogus=3", "list"], "--bogus")
+    names_first(["--version", "list"], "--version")
+    assert run("--version").stdout.startswith("posenc ")
     names_first(["list", "--json=3"], "--json", also=["takes no value"])
     names_first(["bench", "--memory=0"], "--memory", also=["takes no value"])
     names_first(["bench", "--filter", ""], "--filter", also=["empty"])

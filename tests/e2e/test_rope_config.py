@@ -406,6 +406,8 @@ def bad_configs_and_flags_name_the_field(d):
     expect_error(["rope-config", d.out("missing.json")], "CONFIG")
     # a folder, a number beyond double, a head dimension past 2^20, frequencies beyond float32
     expect_error(["rope-config", d.path], "CONFIG")
+    assert "given twice" in expect_error(["rope-config", d.write("dup.json", '{"rope_theta": 10000, "head_dim": 8, '
+                                                               '"rope_theta": 500000}')], "rope_theta")
     assert "number overflow" in expect_error(["rope-config", d.write("huge.json", '{"rope_theta": 1e400, "head_dim": 8}')], "CONFIG")
     expect_error(["rope-config", variant(head_dim=1 << 32)], "head dimension <= 2^20")
     expect_error(["rope-config", variant(hidden_size=1 << 32, num_attention_heads=1)], "head dimension <= 2^20")

@@ -34,6 +34,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -143,14 +144,27 @@ std::string lower(std::string s) {
 
 Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
   json j;
+  // A key given twice in one object: the JSON library keeps the last, so which the user meant is
+  // unknown; refused. The parser's callback sees every key with its object's depth.
+  std::vector<std::set<std::string>> keys;
+  std::string twice;
+  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.resize(static_cast<std::size_t>(depth) + 1);
+    if (event == json::parse_event_t::object_start) keys[static_cast<std::size_t>(depth)].clear();
+    if (event == json::parse_event_t::key && depth >= 1 && static_cast<std::size_t>(depth) <= keys.size() &&
+        !keys[static_cast<std::size_t>(depth) - 1].insert(parsed.get<std::string>()).second && twice.empty())
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = json::parse(text);
+    j = json::parse(text, note_keys);
   } catch (const json::exception& e) {  // a syntax error, or a number beyond double ("1e400")
     std::string what = e.what();
     if (const std::size_t at = what.find("] "); what.rfind("[json.exception", 0) == 0 && at != std::string::npos)
       what.erase(0, at + 2);
     return Status::Invalid("config", "not valid JSON: " + what);
   }
+  if (!twice.empty()) return Status::Invalid(twice, "given twice in one object of the config");
   if (!j.is_object()) return Status::Invalid("config", "expected a JSON object (a config.json)");
   const Reader top{j, ""};
   RopeModelConfig out;
