@@ -149,11 +149,14 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
   std::vector<std::set<std::string>> keys;
   std::string twice;
   const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys.resize(static_cast<std::size_t>(depth) + 1);
-    if (event == json::parse_event_t::object_start) keys[static_cast<std::size_t>(depth)].clear();
-    if (event == json::parse_event_t::key && depth >= 1 && static_cast<std::size_t>(depth) <= keys.size() &&
-        !keys[static_cast<std::size_t>(depth) - 1].insert(parsed.get<std::string>()).second && twice.empty())
+    const auto d = static_cast<std::size_t>(depth);
+    if (event == json::parse_event_t::object_start) {  // a new object at depth d: its key set, empty
+      keys.resize(d + 1);
+      keys[d].clear();
+    } else if (event == json::parse_event_t::key && d >= 1 && d <= keys.size() &&
+               !keys[d - 1].insert(parsed.get<std::string>()).second && twice.empty()) {
       twice = parsed.get<std::string>();
+    }
     return true;
   };
   try {
