@@ -193,7 +193,10 @@ struct RopeCase {
 };
 const RopeCase kRopeCases[] = {{1, 1, 1, 2, 0},   {2, 3, 2, 6, 4},    {1, 19, 3, 64, 0},
                                {2, 3, 2, 130, 0}, {1, 19, 2, 128, 64}, {1, 989, 1, 64, 0},
-                               {2, 19, 2, 130, 66}};
+                               {2, 19, 2, 130, 66},
+                               // Head dimensions whose tables cap a block of tokens (rope_cpu.cc's
+                               // kBlockFloats): 4 tokens a block at D = 4096, 1 at D = 16384.
+                               {1, 7, 1, 4096, 0}, {1, 3, 1, 16384, 16382}};
 
 TEST(FastElementwiseRope, MatchesReferenceEveryTargetDtypeOption) {
   int n = 0;

@@ -23,11 +23,13 @@
 // the pass-through tail r .. D−1 is copied when out of place. With a plan the r/2 angles of a token
 // are the plan's (its positions' components times their frequencies, or mixed x·θˣ + y·θʸ, formed
 // in double) and the table is scaled per pair by a·ρ (xPos; ρ = ζ^(±(m−c)/s) in double, rounded
-// once); mixed's per-head angles make its table per (token, head). The sin/cos of a token cost ~1% of
-// its rows (64 angles for 64 rows of 128 at the benchmark's shape), so no recurrence over positions
-// here. Large outputs (fast::kStreamMinBytes), of every dtype, are written with non-temporal stores
+// once); mixed's per-head angles make its table per (token, head). The sin/cos of a token cost a few
+// percent of its rows (64 angles, ~60 ns with the interleaved expansion, for 64 rows of 128 at the
+// benchmark's shape, ~2.5 µs at memory speed), so no recurrence over positions here. Tokens go in
+// blocks (kBlockTokens): the tables of a block first, then its rows tensor by tensor. Large outputs (fast::kStreamMinBytes), of every dtype, are written with non-temporal stores
 // (whole vectors, 2N elements a step; measured choice: run_fast). OpenMP
 // over tokens (B·L); one thread calls the kernel directly.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -160,7 +162,9 @@ void RotateRow(const T* x, T* y, bool interleaved, std::int64_t r, const Trig& g
 // rotation; ce, co, se, so [r/4 + 1] for bfloat16's half layout), with scratch for the reduction.
 struct TrigBuf {
   std::int64_t half = 0, r = 0;
-  float stack_buf[2048];
+  // Aligned, so that the tables' vector loads stay within cache lines (unaligned, each C and S load
+  // of the interleaved rotation straddled two).
+  alignas(64) float stack_buf[2048];
   double stack_ang[512];
   std::vector<float> heap_buf;
   std::vector<double> heap_ang;
@@ -172,7 +176,14 @@ struct TrigBuf {
     if (2 * half > 512) heap_ang.resize(static_cast<std::size_t>(2 * half));
     red = need > 2048 ? heap_buf.data() : stack_buf;
     quad = red + half;
-    s = quad + half;
+    point(quad + half);
+    ang = 2 * half > 512 ? heap_ang.data() : stack_ang;
+  }
+  // Floats of one token's tables (s, c, C, S, ce, co, se, so), rounded up to whole cache lines.
+  std::int64_t table_floats() const { return (2 * half + 2 * r + 4 * (half / 2 + 1) + 15) / 16 * 16; }
+  // Places the tables (s .. so) at base: TrigBuf's own buffer, or a slot of a block of tokens.
+  void point(float* base) {
+    s = base;
     c = s + half;
     C = c + half;
     S = C + r;
@@ -180,13 +191,29 @@ struct TrigBuf {
     co = ce + half / 2 + 1;
     se = co + half / 2 + 1;
     so = se + half / 2 + 1;
-    ang = 2 * half > 512 ? heap_ang.data() : stack_ang;
   }
   Trig trig() const { return Trig{C, S, c, s, ce, co, se, so}; }
   // The expansions RotateRow reads for storage T and the layout.
   void expand(bool interleaved, bool pairs) {
     if (interleaved && !pairs) {
-      for (std::int64_t k = 0; k < half; ++k) {
+      std::int64_t k = 0;
+#if HWY_TARGET != HWY_SCALAR
+      // A vector at a time: C is c with each lane doubled (lanes 0 .. N/2−1, then N/2 .. N−1), S
+      // the same of s with its even lanes negated.
+      const hn::ScalableTag<float> df;
+      const hn::RebindToSigned<decltype(df)> di;
+      const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+      const auto lo = hn::IndicesFromVec(df, hn::ShiftRight<1>(hn::Iota(di, 0)));
+      const auto hi = hn::IndicesFromVec(df, hn::ShiftRight<1>(hn::Iota(di, static_cast<std::int32_t>(N))));
+      for (; k + N <= half; k += N) {
+        const auto cv = hn::LoadU(df, c + k), sv = hn::LoadU(df, s + k), nv = hn::Neg(sv);
+        hn::StoreU(hn::TableLookupLanes(cv, lo), df, C + 2 * k);
+        hn::StoreU(hn::TableLookupLanes(cv, hi), df, C + 2 * k + N);
+        hn::StoreU(hn::OddEven(hn::TableLookupLanes(sv, lo), hn::TableLookupLanes(nv, lo)), df, S + 2 * k);
+        hn::StoreU(hn::OddEven(hn::TableLookupLanes(sv, hi), hn::TableLookupLanes(nv, hi)), df, S + 2 * k + N);
+      }
+#endif
+      for (; k < half; ++k) {
         C[2 * k] = C[2 * k + 1] = c[k];
         S[2 * k] = -s[k];
         S[2 * k + 1] = s[k];
@@ -215,6 +242,16 @@ struct TrigBuf {
   }
 };
 
+// Tokens whose tables are formed together before their rows are rotated, one tensor after the
+// other: q's rows of the block, then k's. In a stand-alone loop of the same rotation (one thread,
+// q and k [1, 4096, 32, 128] float32 out of place, alternating rounds in one process), walking q and
+// k a token at a time (four streams in flight) ran at 17–19 GB/s in phases of this VM, seconds
+// long, where walking all of q and then all of k ran at 24–26. Blocks of 16 tokens (q's 256 KiB,
+// then k's) keep two streams at a time; a block's tables take 16 slots of TrigBuf::table_floats()
+// (36 KiB at r = 128), capped at kBlockFloats for very wide heads.
+constexpr std::int64_t kBlockTokens = 16;
+constexpr std::int64_t kBlockFloats = std::int64_t{1} << 16;
+
 template <typename T>
 void RopeImpl(const rope_fast::Job& j) {
   const std::int64_t half = j.r / 2, r = j.r;
@@ -224,56 +261,76 @@ void RopeImpl(const rope_fast::Job& j) {
   const bool per_head = pl && pl->per_head();
   const std::int64_t A = pl ? pl->axes : 1;
   fast::parallel_ranges(j.B * j.L, j.threads, [&](std::int64_t t0, std::int64_t t1) {
-    // On the stack for common sizes (TrigBuf).
+    // On the stack for common sizes (TrigBuf); a block's tables in a buffer each thread keeps.
     TrigBuf tb(half, r);
-    const Trig g = tb.trig();
+    float* const own = tb.s;
+    const std::int64_t slot = tb.table_floats();
+    const std::int64_t nb =
+        per_head ? 1 : std::max<std::int64_t>(1, std::min({kBlockTokens, t1 - t0, kBlockFloats / slot}));
+    float* slots = nullptr;
+    if (nb > 1) {
+      static thread_local std::vector<float> block;
+      block.resize(static_cast<std::size_t>(nb * slot + 16));
+      const auto a = reinterpret_cast<std::uintptr_t>(block.data());
+      slots = reinterpret_cast<float*>((a + 63) & ~std::uintptr_t{63});
+    }
+    const auto table = [&](std::int64_t i) { tb.point(slots ? slots + i * slot : own); };
     std::int64_t p[3] = {0, 0, 0};
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t b = t / j.L, l = t % j.L;
-      if (pl) {
-        for (std::int64_t a = 0; a < A; ++a) p[a] = j.pos[(b * A + a) * j.L + l];
-        if (!per_head) {
-          tb.plan_trig(*pl, p, 0, j.sign, j.role);
+    for (std::int64_t u0 = t0; u0 < t1; u0 += nb) {
+      const std::int64_t u1 = std::min(u0 + nb, t1);
+      for (std::int64_t t = u0; t < u1; ++t) {
+        table(t - u0);
+        const std::int64_t b = t / j.L, l = t % j.L;
+        if (pl) {
+          for (std::int64_t a = 0; a < A; ++a) p[a] = j.pos[(b * A + a) * j.L + l];
+          if (!per_head) {
+            tb.plan_trig(*pl, p, 0, j.sign, j.role);
+            tb.expand(j.interleaved, kPairs);
+          }
+        } else {
+          if (j.hf) {
+            // transformers' angle: the float32 product of ω_k (a float32 value) and the float32
+            // position, formed exactly in double and rounded once to float32.
+            const double fm = static_cast<double>(static_cast<float>(j.pos[t]));
+            for (std::int64_t k = 0; k < half; ++k)
+              tb.ang[k] = j.sign * static_cast<double>(static_cast<float>(fm * j.inv[k]));
+            SinCosRow(1.0, tb.ang, static_cast<std::size_t>(half), tb.red, tb.quad, tb.s, tb.c);
+          } else {
+            SinCosRow(j.sign * static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), tb.red,
+                      tb.quad, tb.s, tb.c);
+          }
+          if (j.scale != 1.0f)
+            for (std::int64_t k = 0; k < half; ++k) {
+              tb.s[k] *= j.scale;
+              tb.c[k] *= j.scale;
+            }
           tb.expand(j.interleaved, kPairs);
         }
-      } else {
-        if (j.hf) {
-          // transformers' angle: the float32 product of ω_k (a float32 value) and the float32
-          // position, formed exactly in double and rounded once to float32.
-          const double fm = static_cast<double>(static_cast<float>(j.pos[t]));
-          for (std::int64_t k = 0; k < half; ++k)
-            tb.ang[k] = j.sign * static_cast<double>(static_cast<float>(fm * j.inv[k]));
-          SinCosRow(1.0, tb.ang, static_cast<std::size_t>(half), tb.red, tb.quad, tb.s, tb.c);
-        } else {
-          SinCosRow(j.sign * static_cast<double>(j.pos[t]), j.inv, static_cast<std::size_t>(half), tb.red, tb.quad,
-                    tb.s, tb.c);
-        }
-        if (j.scale != 1.0f)
-          for (std::int64_t k = 0; k < half; ++k) {
-            tb.s[k] *= j.scale;
-            tb.c[k] *= j.scale;
-          }
-        tb.expand(j.interleaved, kPairs);
       }
       for (int ti = 0; ti < j.nt; ++ti) {
         const rope_fast::Tensor& tn = j.t[ti];
-        const T* xb = static_cast<const T*>(tn.in) + b * tn.is[0] + l * tn.is[1];
-        T* yb = static_cast<T*>(tn.out) + b * tn.os[0] + l * tn.os[1];
-        for (std::int64_t hh = 0; hh < tn.H; ++hh) {
-          if (per_head) {  // mixed: the angles of this head
-            tb.plan_trig(*pl, p, hh, j.sign, j.role);
-            tb.expand(j.interleaved, kPairs);
+        for (std::int64_t t = u0; t < u1; ++t) {
+          table(t - u0);
+          const Trig g = tb.trig();
+          const std::int64_t b = t / j.L, l = t % j.L;
+          const T* xb = static_cast<const T*>(tn.in) + b * tn.is[0] + l * tn.is[1];
+          T* yb = static_cast<T*>(tn.out) + b * tn.os[0] + l * tn.os[1];
+          for (std::int64_t hh = 0; hh < tn.H; ++hh) {
+            if (per_head) {  // mixed (one token a block, p its position): the angles of this head
+              tb.plan_trig(*pl, p, hh, j.sign, j.role);
+              tb.expand(j.interleaved, kPairs);
+            }
+            const T* x = xb + hh * tn.is[2];
+            T* y = yb + hh * tn.os[2];
+            const bool st =
+                j.stream && StreamAligned(df, y) && (j.interleaved || StreamAligned(df, y + half));
+            if (st)
+              RotateRow<true>(x, y, j.interleaved, r, g);
+            else
+              RotateRow<false>(x, y, j.interleaved, r, g);
+            if (tn.D > r && static_cast<const void*>(x) != static_cast<const void*>(y))
+              std::memcpy(y + r, x + r, static_cast<std::size_t>(tn.D - r) * sizeof(T));
           }
-          const T* x = xb + hh * tn.is[2];
-          T* y = yb + hh * tn.os[2];
-          const bool st =
-              j.stream && StreamAligned(df, y) && (j.interleaved || StreamAligned(df, y + half));
-          if (st)
-            RotateRow<true>(x, y, j.interleaved, r, g);
-          else
-            RotateRow<false>(x, y, j.interleaved, r, g);
-          if (tn.D > r && static_cast<const void*>(x) != static_cast<const void*>(y))
-            std::memcpy(y + r, x + r, static_cast<std::size_t>(tn.D - r) * sizeof(T));
         }
       }
     }
