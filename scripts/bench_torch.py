@@ -2,7 +2,11 @@
 """posenc's kernels against the PyTorch code people run today, one thread each, in one run.
 
     /usr/bin/python3 scripts/bench_torch.py [--posenc build/posenc] [--seeds ../shared/seeds]
-                                            [--repeats 5] [--no-attention]
+                                            [--repeats 5] [--no-attention] [--threads 1]
+
+--threads N (with --no-attention) gives both sides N threads for RoPE instead: torch's own pool
+(its elementwise ops; its OpenBLAS stays at one thread, which RoPE does not call) and posenc bench
+--threads N. Everything below says one thread, the default.
 
 A program, not a test (it only prints). Needs /usr/bin/python3 with torch and numpy.
 
@@ -52,6 +56,7 @@ ap.add_argument("--seeds", default=os.path.join(HERE, "..", "..", "shared", "see
                 help="the folder holding the seed articles 000_*.txt .. 004_*.txt")
 ap.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median)")
 ap.add_argument("--no-attention", action="store_true", help="RoPE only")
+ap.add_argument("--threads", type=int, default=1, help="threads for torch and for posenc (default 1)")
 ap.add_argument("--default-malloc", action="store_true",
                 help="time torch with glibc's default malloc settings (see above)")
 ARGS = ap.parse_args()
@@ -73,7 +78,12 @@ except ImportError as e:
 sys.path.insert(0, HERE)
 import torch_model  # noqa: E402  (its set_threads: torch's pool and its OpenBLAS pool at one thread)
 
-BLAS_PINNED = torch_model.set_threads(1)
+if ARGS.threads < 1:
+    sys.exit(f"bench_torch.py: --threads: expected a positive count, got {ARGS.threads}")
+if ARGS.threads > 1 and not ARGS.no_attention:
+    sys.exit("bench_torch.py: --threads: more than one thread times RoPE only; add --no-attention")
+BLAS_PINNED = torch_model.set_threads(ARGS.threads)
+THREADS = f"{ARGS.threads} thread" + ("s" if ARGS.threads > 1 else "")
 torch.manual_seed(0)
 
 
@@ -133,7 +143,7 @@ def median_seconds_grad(fn):
 
 
 def posenc_rows(filt):
-    argv = [ARGS.posenc, "bench", "--filter", filt, "--threads", "1", "--json"]
+    argv = [ARGS.posenc, "bench", "--filter", filt, "--threads", str(ARGS.threads), "--json"]
     r = subprocess.run(argv, capture_output=True, text=True, env=CALLER_ENV)
     if r.returncode != 0:
         sys.exit(f"bench_torch.py: {' '.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
@@ -179,7 +189,7 @@ def bench_rope():
     if not inter or not half:
         sys.exit("bench_torch.py: posenc bench gave no rope.forward.qk.{interleaved,half} float32 rows")
 
-    print(f"RoPE q+k {[B, L, H, D]} float32, 1 thread; GB/s = 4·numel·4 bytes / s (as posenc bench)")
+    print(f"RoPE q+k {[B, L, H, D]} float32, {THREADS}; GB/s = 4·numel·4 bytes / s (as posenc bench)")
     print(f"{'implementation':58s} {'seconds':>9s} {'GB/s':>7s}  {'posenc':>7s} {'speedup':>8s}")
     for name, t, ref in [("torch seed002 apply_rotary_emb (complex, Llama)", t_complex, inter),
                          ("torch seed002 rotary_position_embedding (element-wise)", t_elem, inter),
@@ -201,7 +211,7 @@ def bench_attention():
     slopes = torch.tensor(load(2, "get_slopes")["get_slopes"](H), dtype=torch.float32)
     rows = posenc_rows(r"attention\.(forward|backward) alibi .* float32")
     print()
-    print(f"Attention, ALiBi symmetric + causal, H={H}, d={D}, float32, 1 thread; useful GFLOP/s = "
+    print(f"Attention, ALiBi symmetric + causal, H={H}, d={D}, float32, {THREADS}; useful GFLOP/s = "
           "4·H·L²·d/2 (backward 2.5x)")
     print(f"{'':10s} {'L':>5s} {'torch s':>9s} {'GFLOP/s':>8s}  {'posenc s':>9s} {'GFLOP/s':>8s} "
           f"{'speedup':>8s}")
