@@ -26,9 +26,10 @@
 // once); mixed's per-head angles make its table per (token, head). The sin/cos of a token cost a few
 // percent of its rows (64 angles, ~60 ns with the interleaved expansion, for 64 rows of 128 at the
 // benchmark's shape, ~2.5 µs at memory speed), so no recurrence over positions here. Tokens go in
-// blocks (kBlockTokens): the tables of a block first, then its rows tensor by tensor. Large outputs (fast::kStreamMinBytes), of every dtype, are written with non-temporal stores
-// (whole vectors, 2N elements a step; measured choice: run_fast). OpenMP
-// over tokens (B·L); one thread calls the kernel directly.
+// blocks (kBlockTokens): the tables of a block first, then its rows tensor by tensor. Large outputs
+// (fast::kStreamMinBytes), of every dtype, are written with non-temporal stores (whole vectors, 2N
+// elements a step; measured choice: run_fast). OpenMP over tokens (B·L); one thread calls the
+// kernel directly.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
