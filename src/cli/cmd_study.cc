@@ -8,7 +8,6 @@
 // default run on a 2-core machine trains two encodings at once, each on one thread, and gives the same
 // numbers bit for bit as `--threads 1`). Workers take the next encoding from the parent over a pipe
 // and send back progress lines and each result as JSON (doubles round-trip exactly).
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -421,22 +420,19 @@ bool is_whole_png_file(const std::string& path) {
   return is_whole_png(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
 }
 
-// Proves before any training that --out can take files: a probe file created and removed in
-// the directory itself, or, for a directory still to be made, a probe directory beside it (as root,
+// Proves before any training that --out can take files: a probe file in the directory itself
+// (probe_dir_errno), or, for a directory still to be made, a probe directory beside it (as root,
 // access() says yes where mkdir then fails, as under /proc).
 void probe_out(const std::string& out, bool exists) {
-  const std::string probe = exists ? out + "/.tmp-" + std::to_string(getpid()) + "-probe"
-                                   : out + ".tmp-" + std::to_string(getpid()) + "-probe";
   if (exists) {
-    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT, 0644);  // our own name: a stale one is reused
-    if (fd < 0) fail(Status::Io("--out", "cannot write into directory " + out + ": " + std::strerror(errno)));
-    close(fd);
-    unlink(probe.c_str());
-  } else {
-    if (mkdir(probe.c_str(), 0777) != 0 && errno != EEXIST)  // a stale probe of ours is reused
-      fail(Status::Io("--out", "cannot create directory " + out + ": " + std::strerror(errno)));
-    rmdir(probe.c_str());
+    if (const int e = probe_dir_errno(out); e != 0)
+      fail(Status::Io("--out", "cannot write into directory " + out + ": " + std::strerror(e)));
+    return;
   }
+  const std::string probe = out + ".tmp-" + std::to_string(getpid()) + "-probe";
+  if (mkdir(probe.c_str(), 0777) != 0 && errno != EEXIST)  // a stale probe of ours is reused
+    fail(Status::Io("--out", "cannot create directory " + out + ": " + std::strerror(errno)));
+  rmdir(probe.c_str());
 }
 
 void run_study(const StudyState& st) {

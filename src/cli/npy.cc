@@ -365,6 +365,15 @@ std::string npy_bytes(const Tensor& t) {
   return out;
 }
 
+int probe_dir_errno(const std::string& dir) {
+  const std::string probe = dir + "/.posenc-tmp-" + std::to_string(::getpid()) + "-probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT, 0600);  // our own name: a stale one is reused
+  if (fd < 0) return errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return 0;
+}
+
 Status write_npy(const std::string& path, const Tensor& t, const std::string& flag) {
   OutputSet set;
   POSENC_RETURN_IF_ERROR(set.reserve(flag, path));
@@ -406,13 +415,8 @@ Status OutputSet::reserve(const std::string& flag, const std::string& path) {
                                 (std::filesystem::exists(dir, ec) ? " is not a directory" : " does not exist"));
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return Status::Io(flag, "cannot write " + q(path) + ": directory " + q(dir) + " is not writable");
-  {  // a probe proves it (access() says yes to root where creating then fails, as under /proc)
-    const std::string probe = dir + "/.posenc-tmp-" + std::to_string(::getpid()) + "-probe";
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT, 0600);  // our own name: a stale one is reused
-    if (fd < 0) return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(errno));
-    ::close(fd);
-    ::unlink(probe.c_str());
-  }
+  if (const int e = probe_dir_errno(dir); e != 0)
+    return Status::Io(flag, "cannot write " + q(path) + ": " + errno_text(e));
   entries_.push_back({flag, path, key, false, nullptr, {}, false});
   return Status::Ok();
 }

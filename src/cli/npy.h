@@ -54,6 +54,11 @@ Expected<Tensor> read_npy(const std::string& path, const std::string& flag);
 // Serialises a tensor to .npy bytes (header + data).
 std::string npy_bytes(const Tensor& t);
 
+// 0 when a file can be created in directory dir, else the errno of the failed attempt: a probe file
+// of this process is created and removed (as root, access() says yes where creating then fails, as
+// under /proc).
+int probe_dir_errno(const std::string& dir);
+
 // Writes one file via a temporary beside it and a rename.
 Status write_npy(const std::string& path, const Tensor& t, const std::string& flag);
 
