@@ -246,10 +246,11 @@ struct TrigBuf {
 // Tokens whose tables are formed together before their rows are rotated, one tensor after the
 // other: q's rows of the block, then k's. In a stand-alone loop of the same rotation (one thread,
 // q and k [1, 4096, 32, 128] float32 out of place, alternating rounds in one process), walking q and
-// k a token at a time (four streams in flight) ran at 17–19 GB/s in phases of this VM, seconds
-// long, where walking all of q and then all of k ran at 24–26. Blocks of 16 tokens (q's 256 KiB,
-// then k's) keep two streams at a time; a block's tables take 16 slots of TrigBuf::table_floats()
-// (36 KiB at r = 128), capped at kBlockFloats for very wide heads.
+// k a token at a time (four streams in flight) ran at 16–19 GB/s in phases of this VM, seconds
+// long, where walking all of q and then all of k ran at 23–26 (means over the slow rounds of 14
+// runs). Blocks of 16 tokens (q's 256 KiB, then k's) keep two streams at a time; a block's tables
+// take 16 slots of TrigBuf::table_floats() (36 KiB at r = 128), capped at kBlockFloats for very
+// wide heads.
 constexpr std::int64_t kBlockTokens = 16;
 constexpr std::int64_t kBlockFloats = std::int64_t{1} << 16;
 
