@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "enc/kerple/kerple_math.h"
+#include "enc/bias/kerple/kerple_math.h"
 #include "posenc/absolute.h"
 #include "posenc/bias.h"
 #include "posenc/half.h"

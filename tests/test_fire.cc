@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "enc/fire/fire_math.h"
+#include "enc/bias/fire/fire_math.h"
 #include "posenc/bias.h"
 #include "posenc/reference.h"
 #include "testing.h"

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "model/shard_pool.h"
-#include "posenc/model.h"
+#include "study/shard_pool.h"
+#include "study/model.h"
 #include "posenc/registry.h"
 #include "posenc/threads.h"
 #include "testing.h"

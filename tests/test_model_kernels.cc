@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "model/model_kernels.h"
+#include "study/model_kernels.h"
 #include "testing.h"
 
 namespace posenc {

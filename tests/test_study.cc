@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "posenc/study.h"
+#include "study/study.h"
 
 namespace posenc {
 namespace {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
@@ -41,7 +42,11 @@ inline ::testing::AssertionResult AllClose(const std::vector<double>& got, const
     if (both_inf) continue;
     if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) {
       if (bad < 5)
-        msg += " [" + std::to_string(i) + "] got " + std::to_string(g) + " want " + std::to_string(w) + ";";
+      {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " [%zu] got %.6g want %.6g;", i, g, w);
+        msg += buf;
+      }
       ++bad;
     }
   }

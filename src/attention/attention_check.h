@@ -11,10 +11,10 @@
 #include <utility>
 
 #include "core/format.h"
-#include "enc/fire/fire_check.h"
-#include "enc/kerple/kerple_check.h"
-#include "enc/rope/rope_check.h"
-#include "enc/rope/rotary_plan.h"
+#include "enc/bias/fire/fire_check.h"
+#include "enc/bias/kerple/kerple_check.h"
+#include "enc/rotary/rope/rope_check.h"
+#include "enc/rotary/rotary_plan.h"
 #include "posenc/attention.h"
 
 namespace posenc::attn {

@@ -435,7 +435,7 @@ HWY_AFTER_NAMESPACE();
 #include <utility>
 
 #include "attention/attention_fused.h"
-#include "enc/cope/cope_math.h"
+#include "enc/contextual/cope/cope_math.h"
 
 namespace posenc {
 HWY_EXPORT(GetCopeKernels);

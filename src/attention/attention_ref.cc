@@ -77,16 +77,16 @@
 #include <string>
 #include <vector>
 
-#include "enc/alibi/alibi_math.h"
-#include "enc/cope/cope_math.h"
-#include "enc/fire/fire_check.h"
-#include "enc/fire/fire_math.h"
-#include "enc/kerple/kerple_math.h"
-#include "enc/sandwich/sandwich_math.h"
-#include "enc/rope/rope_math.h"
-#include "enc/rope/rotary_plan.h"
-#include "enc/t5/t5_math.h"
-#include "enc/xl/xl_math.h"
+#include "enc/bias/alibi/alibi_math.h"
+#include "enc/contextual/cope/cope_math.h"
+#include "enc/bias/fire/fire_check.h"
+#include "enc/bias/fire/fire_math.h"
+#include "enc/bias/kerple/kerple_math.h"
+#include "enc/bias/sandwich/sandwich_math.h"
+#include "enc/rotary/rope/rope_math.h"
+#include "enc/rotary/rotary_plan.h"
+#include "enc/bias/t5/t5_math.h"
+#include "enc/bias/xl/xl_math.h"
 #include "attention/attention_check.h"
 #include "posenc/attention.h"
 

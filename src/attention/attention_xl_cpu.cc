@@ -67,7 +67,7 @@
 #include "attention/attention_fused.h"
 #include "attention/attention_tiles.h"
 #include "attention/tile_gemm.h"
-#include "enc/xl/xl_math.h"
+#include "enc/bias/xl/xl_math.h"
 
 namespace posenc::fused {
 namespace {

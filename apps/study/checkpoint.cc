@@ -1,0 +1,184 @@
+// Checkpoints in the safetensors format (posenc/model.h): an 8-byte little-endian header length, a
+// JSON header mapping each tensor name to {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}
+// (byte offsets into the data that follows) plus "__metadata__" (string values only: here the
+// model's config as JSON under "posenc.config"), then the raw little-endian data.
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "posenc/bias.h"
+#include "study/model.h"
+#include "posenc/rope.h"
+
+namespace posenc {
+namespace {
+
+nlohmann::json config_json(const ModelConfig& c) {
+  return {{"encoding", encoding_info(c.encoding).name},
+          {"vocab", c.vocab},
+          {"d_model", c.d_model},
+          {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},
+          {"d_ff", c.d_ff},
+          {"max_len", c.max_len},
+          {"xl_dim", c.xl_dim},
+          {"cope_npos", c.cope_npos},
+          {"rope", {{"layout", rope_layout_name(c.rope.layout)}, {"rotary_dim", c.rope.rotary_dim},
+                    {"theta", c.rope.theta}}},
+          {"alibi", {{"variant", alibi_variant_name(c.alibi.variant)}}},
+          {"t5", {{"num_buckets", c.t5.num_buckets}, {"max_distance", c.t5.max_distance}}},
+          {"rope2d", {{"variant", rope2d_variant_name(c.rope2d.variant)},
+                      {"layout", rope_layout_name(c.rope2d.rope.layout)}, {"theta", c.rope2d.rope.theta}}},
+          {"mrope", {{"variant", mrope_variant_name(c.mrope.variant)}, {"mrope_section", c.mrope.mrope_section}}},
+          {"xpos", {{"scale_base", c.xpos.scale_base}, {"gamma", c.xpos.gamma}}},
+          {"kerple", {{"kernel", kerple_kernel_name(c.kerple.kernel)}}},
+          {"sandwich", {{"sinusoid_dim", c.sandwich.sinusoid_dim}, {"base", c.sandwich.base}}},
+          {"fire_width", c.fire_width},
+          {"sinusoid_base", c.sinusoid_base}};
+}
+
+Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
+  ModelConfig c;
+  try {
+    Expected<EncodingInfo> e = find_encoding(j.at("encoding").get<std::string>());
+    if (!e.ok()) return e.status();
+    c.encoding = e.value().id;
+    c.vocab = j.at("vocab").get<std::int64_t>();
+    c.d_model = j.at("d_model").get<std::int64_t>();
+    c.n_layers = j.at("n_layers").get<std::int64_t>();
+    c.n_heads = j.at("n_heads").get<std::int64_t>();
+    c.d_ff = j.at("d_ff").get<std::int64_t>();
+    c.max_len = j.at("max_len").get<std::int64_t>();
+    c.xl_dim = j.at("xl_dim").get<std::int64_t>();
+    c.cope_npos = j.at("cope_npos").get<std::int64_t>();
+    Expected<RopeLayout> layout = parse_rope_layout(j.at("rope").at("layout").get<std::string>());
+    if (!layout.ok()) return layout.status();
+    c.rope.layout = layout.value();
+    c.rope.rotary_dim = j.at("rope").at("rotary_dim").get<std::int64_t>();
+    c.rope.theta = j.at("rope").at("theta").get<double>();
+    Expected<AlibiVariant> var = parse_alibi_variant(j.at("alibi").at("variant").get<std::string>());
+    if (!var.ok()) return var.status();
+    c.alibi.variant = var.value();
+    c.t5.num_buckets = j.at("t5").at("num_buckets").get<std::int64_t>();
+    c.t5.max_distance = j.at("t5").at("max_distance").get<std::int64_t>();
+    c.sinusoid_base = j.at("sinusoid_base").get<double>();
+    // Keys written since rope2d, mrope, xpos, KERPLE, Sandwich and FIRE joined the model (absent: the
+    // defaults).
+    if (j.contains("rope2d")) {
+      Expected<Rope2dVariant> v = parse_rope2d_variant(j.at("rope2d").at("variant").get<std::string>());
+      if (!v.ok()) return v.status();
+      c.rope2d.variant = v.value();
+      Expected<RopeLayout> l = parse_rope_layout(j.at("rope2d").at("layout").get<std::string>());
+      if (!l.ok()) return l.status();
+      c.rope2d.rope.layout = l.value();
+      c.rope2d.rope.theta = j.at("rope2d").at("theta").get<double>();
+    }
+    if (j.contains("mrope")) {
+      Expected<MropeVariant> v = parse_mrope_variant(j.at("mrope").at("variant").get<std::string>());
+      if (!v.ok()) return v.status();
+      c.mrope.variant = v.value();
+      c.mrope.mrope_section = j.at("mrope").at("mrope_section").get<std::vector<std::int64_t>>();
+    }
+    if (j.contains("xpos")) {
+      c.xpos.scale_base = j.at("xpos").at("scale_base").get<double>();
+      c.xpos.gamma = j.at("xpos").at("gamma").get<double>();
+    }
+    if (j.contains("kerple")) {
+      Expected<KerpleKernel> k = parse_kerple_kernel(j.at("kerple").at("kernel").get<std::string>());
+      if (!k.ok()) return k.status();
+      c.kerple.kernel = k.value();
+    }
+    if (j.contains("sandwich")) {
+      c.sandwich.sinusoid_dim = j.at("sandwich").at("sinusoid_dim").get<std::int64_t>();
+      c.sandwich.base = j.at("sandwich").at("base").get<double>();
+    }
+    if (j.contains("fire_width")) c.fire_width = j.at("fire_width").get<std::int64_t>();
+  } catch (const nlohmann::json::exception& ex) {
+    return Status::Invalid("checkpoint", std::string("bad posenc.config: ") + ex.what());
+  }
+  POSENC_RETURN_IF_ERROR(validate_config(c));
+  return c;
+}
+
+}  // namespace
+
+Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<float>& params) {
+  const std::vector<ParamInfo> layout = param_layout(c);
+  nlohmann::json h;
+  h["__metadata__"] = {{"format", "posenc"}, {"posenc.config", config_json(c).dump()}};
+  std::size_t at = 0;
+  for (const ParamInfo& p : layout) {
+    h[p.name] = {{"dtype", "F32"}, {"shape", p.shape}, {"data_offsets", {at, at + p.size * 4}}};
+    at += p.size * 4;
+  }
+  if (params.size() * 4 != at) return Status::Invalid("params", "size does not match the config's layout");
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out;
+  out.reserve(8 + header.size() + at);
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += header;
+  for (const ParamInfo& p : layout)  // x86-64 and every target here are little-endian
+    out.append(reinterpret_cast<const char*>(params.data() + p.offset), p.size * 4);
+  return out;
+}
+
+Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params) {
+  Expected<std::string> bytes = checkpoint_bytes(c, params);
+  if (!bytes.ok()) return bytes.status();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(bytes.value().data(), std::streamsize(bytes.value().size()));
+    if (!f.good()) {
+      std::remove(tmp.c_str());
+      return Status::Io("checkpoint", "cannot write " + path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Status::Io("checkpoint", "cannot write " + path);
+  }
+  return Status::Ok();
+}
+
+Expected<Checkpoint> load_checkpoint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::Io("checkpoint", "cannot read " + path);
+  unsigned char len[8];
+  if (!f.read(reinterpret_cast<char*>(len), 8)) return Status::Invalid("checkpoint", path + " is not safetensors");
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(len[i]) << (8 * i);
+  if (n > (std::uint64_t{1} << 26)) return Status::Invalid("checkpoint", path + ": header length " + std::to_string(n));
+  std::string header(n, '\0');
+  if (!f.read(header.data(), std::streamsize(n))) return Status::Invalid("checkpoint", path + ": truncated header");
+  nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) return Status::Invalid("checkpoint", path + ": header is not JSON");
+  if (!h.contains("__metadata__") || !h["__metadata__"].contains("posenc.config"))
+    return Status::Invalid("checkpoint", path + ": no posenc.config in __metadata__");
+  nlohmann::json cj = nlohmann::json::parse(h["__metadata__"]["posenc.config"].get<std::string>(), nullptr, false);
+  if (cj.is_discarded()) return Status::Invalid("checkpoint", path + ": posenc.config is not JSON");
+  Expected<ModelConfig> c = config_from_json(cj);
+  if (!c.ok()) return c.status();
+  Checkpoint ck;
+  ck.config = c.value();
+  const std::vector<ParamInfo> layout = param_layout(ck.config);
+  std::size_t total = 0;
+  for (const ParamInfo& p : layout) total = std::max(total, p.offset + p.size);
+  ck.params.assign(total, 0.f);
+  std::string data((std::istreambuf_iterator<char>(f)), {});
+  for (const ParamInfo& p : layout) {
+    if (!h.contains(p.name)) return Status::Invalid("checkpoint", path + ": missing tensor " + p.name);
+    const nlohmann::json& t = h[p.name];
+    if (t.value("dtype", "") != "F32" || t.value("shape", std::vector<std::int64_t>{}) != p.shape)
+      return Status::Invalid("checkpoint", path + ": tensor " + p.name + " is not F32 of the config's shape");
+    const auto off = t.at("data_offsets").get<std::vector<std::size_t>>();
+    if (off.size() != 2 || off[1] - off[0] != p.size * 4 || off[1] > data.size())
+      return Status::Invalid("checkpoint", path + ": bad data_offsets for " + p.name);
+    std::memcpy(ck.params.data() + p.offset, data.data() + off[0], p.size * 4);
+  }
+  return ck;
+}
+
+}  // namespace posenc
