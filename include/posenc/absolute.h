@@ -6,6 +6,7 @@
 
 namespace posenc {
 
+// The sinusoid's wavelength base (finite, > 0).
 struct SinusoidalParams {
   double base = 10000.0;  // PE[p, 2i] = sin(p / base^(2i/D)), PE[p, 2i+1] = cos(p / base^(2i/D))
 };

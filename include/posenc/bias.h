@@ -21,6 +21,7 @@ struct BiasGeometry {
 // ---- ALiBi (Press et al. 2022): −m_h·|i − j|; variants symmetric, nonsymmetric, learned ---------
 enum class AlibiVariant { kSymmetric, kNonsymmetric, kLearned };
 
+// The variant; slopes or weights are tensor arguments of alibi_bias.
 struct AlibiParams {
   AlibiVariant variant = AlibiVariant::kSymmetric;
 };
@@ -41,6 +42,7 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
                            const View& dbias, const View& dweights);
 
 // ---- T5 relative buckets (Raffel et al. 2020; Mesh TensorFlow's _relative_position_bucket) -----
+// The bucketing of relative positions (checked by t5_validate).
 struct T5Params {
   bool bidirectional = true;
   std::int64_t num_buckets = 32;
@@ -60,6 +62,7 @@ Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& db
 // ---- KERPLE (Chi et al. 2022): log −r1·log(1 + r2·d), power −r1·d^r2; d = |qp − kp| ----------
 enum class KerpleKernel { kLog, kPower };
 
+// The kernel; r1 and r2 are tensor arguments of kerple_bias.
 struct KerpleParams {
   KerpleKernel kernel = KerpleKernel::kLog;
 };
@@ -76,6 +79,7 @@ Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const 
                             const View& dbias, const View& dr1, const View& dr2);
 
 // ---- Sandwich (Chi et al. 2023): summed sinusoid products, shifted and compressed per head -------
+// The sinusoid whose products form the bias (checked by sandwich_validate).
 struct SandwichParams {
   std::int64_t sinusoid_dim = 128;  // d̄, even, 2 … 65536 (d̄/2 terms per distance; beyond is a typo)
   double base = 10000.0;            // finite, > 0

@@ -15,7 +15,7 @@ namespace posenc {
 // ---- rope2d ---------------------------------------------------------------------------------------
 enum class Rope2dVariant { kAxial, kMixed };
 const char* rope2d_variant_name(Rope2dVariant v);  // "axial" / "mixed"
-Expected<Rope2dVariant> parse_rope2d_variant(const std::string& s);
+Expected<Rope2dVariant> parse_rope2d_variant(const std::string& s);  // inverse of the above
 
 // 2D RoPE (RoPE-ViT): positions (x, y) per token.
 struct Rope2dParams {
@@ -44,7 +44,7 @@ Expected<std::vector<double>> rope2d_mixed_init(std::int64_t heads, std::int64_t
 // ---- mrope ----------------------------------------------------------------------------------------
 enum class MropeVariant { kChunked, kInterleaved };
 const char* mrope_variant_name(MropeVariant v);  // "chunked" / "interleaved"
-Expected<MropeVariant> parse_mrope_variant(const std::string& s);
+Expected<MropeVariant> parse_mrope_variant(const std::string& s);  // inverse of the above
 
 // M-RoPE (Qwen2-VL): positions (t, h, w) per token; pair k reads the axis mrope_section assigns it.
 struct MropeParams {
@@ -84,7 +84,7 @@ Expected<MropePositions> mrope_positions(const std::vector<MropeSegment>& segmen
 // ---- xpos -----------------------------------------------------------------------------------------
 enum class XposRole { kQuery, kKey };
 const char* xpos_role_name(XposRole r);  // "query" / "key"
-Expected<XposRole> parse_xpos_role(const std::string& s);
+Expected<XposRole> parse_xpos_role(const std::string& s);  // inverse of the above
 
 // xPos: RoPE's rotation with a per-pair decay ζ^(±(m − c)/scale_base).
 struct XposParams {
@@ -108,6 +108,7 @@ std::int64_t xpos_center(const XposParams& p, std::int64_t n);
 // ---- tables (what posenc table writes) --------------------------------------------------------------
 // The angle φ and factor a·ρ of every pair for one sequence of L tokens at pos, [heads, L, r/2] each
 // (heads = H of freqs for rope2d mixed, else 1); validation and errors as the forward's.
+// A table of angles φ and scales a·ρ, [heads, length, pairs] each (C order).
 struct RotaryTable {
   std::int64_t heads = 1, length = 0, pairs = 0;
   std::vector<double> angle, scale;

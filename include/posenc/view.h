@@ -37,10 +37,10 @@ struct View {
   static View contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
   static View contiguous(const void* data, DType dtype, const std::vector<std::int64_t>& shape);
 
-  bool present() const { return data != nullptr; }
-  std::int64_t dim(int i) const { return shape[static_cast<std::size_t>(i)]; }
-  std::int64_t numel() const;
-  bool is_contiguous() const;
+  bool present() const { return data != nullptr; }  // false: an absent optional argument
+  std::int64_t dim(int i) const { return shape[static_cast<std::size_t>(i)]; }  // shape[i]
+  std::int64_t numel() const;      // the product of the shape (1 for ndim 0)
+  bool is_contiguous() const;      // C-order strides (dimensions of size 1 aside)
   std::string shape_str() const;  // "[2, 3, 4]"
   std::vector<std::int64_t> shape_vec() const { return {shape.begin(), shape.begin() + ndim}; }
 
