@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """posenc's kernels against the PyTorch code people run today, one thread each, in one run.
 
-    /usr/bin/python3 scripts/bench_torch.py [--posenc build/posenc] [--seeds ../shared/seeds]
+    /usr/bin/python3 scripts/bench_torch.py [--posenc build/posenc] [--articles ../shared/seeds]
                                             [--repeats 5] [--no-attention] [--threads 1]
 
 --threads N (with --no-attention) gives both sides N threads for RoPE instead: torch's own pool
@@ -13,19 +13,19 @@ A program, not a test (it only prints). Needs /usr/bin/python3 with torch and nu
 RoPE on q and k of shape [1, 4096, 32, 128] float32, torch.set_num_threads(1) and its BLAS (Debian's
 OpenBLAS, whose pthread pool ignores torch.set_num_threads) at one thread too
 (torch_model.set_threads):
-  * the articles' own code, read at run time from the seed articles (nothing is copied into this
+  * the articles' own code, read at run time from the source articles (nothing is copied into this
     repository; the code blocks are located by their def name, as tests/e2e/test_articles.py does):
-    seed 002's Llama-style complex form (precompute_freqs_cis once, not timed, as Llama does at
-    initialisation; apply_rotary_emb timed) and seed 002's element-wise rotary_position_embedding
-    (it builds its table inside every call; it takes [B, H, L, D], so it gets transposed views);
+    the Llama-style complex form of “Position Embedding” (docs/articles.md; precompute_freqs_cis
+    once, not timed, as Llama does at initialisation; apply_rotary_emb timed) and its element-wise
+    rotary_position_embedding (it builds its table inside every call; it takes [B, H, L, D], so it gets transposed views);
   * our own Hugging Face style rotate_half (cos/sin cached as [L, D], not timed, as HF caches them).
   against `posenc bench --filter 'rope.forward' --threads 1 --json` (interleaved pairs for the complex
   and element-wise forms, the half layout for rotate_half). Bytes are counted as posenc bench counts
   them: q and k read and written, 4·numel·4 bytes, whatever temporaries torch makes on the way.
 
 Attention (unless --no-attention): PyTorch eager attention with a symmetric ALiBi bias (slopes from
-seed 002's get_slopes) and a causal mask, 8 heads, d = 64, float32, one thread, L in {1024, 2048,
-4096} (2048 is the issue's example; posenc's bench rows are at 1024 and 4096): scores = q·kᵀ/√d +
+get_slopes of “Position Embedding”) and a causal mask, 8 heads, d = 64, float32, one thread, L in
+{1024, 2048, 4096} (2048 is the issue's example; posenc's bench rows are at 1024 and 4096): scores = q·kᵀ/√d +
 bias (the [H, L, L] bias and mask precomputed once, not timed), softmax, ·v; the backward by
 autograd (dq, dk, dv). Useful GFLOP/s as posenc counts them (4·H·L²·d, halved for causal; backward
 2.5× the forward), against `posenc bench --filter 'attention.* alibi' --threads 1 --json`.
@@ -52,8 +52,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--posenc", default=os.path.join(HERE, "..", "build", "posenc"), help="the posenc binary")
-ap.add_argument("--seeds", default=os.path.join(HERE, "..", "..", "shared", "seeds"),
-                help="the folder holding the seed articles 000_*.txt .. 004_*.txt")
+ap.add_argument("--articles", default=os.path.join(HERE, "..", "..", "shared", "seeds"),
+                help="the folder holding the source articles 000_*.txt .. 004_*.txt")
 ap.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median)")
 ap.add_argument("--no-attention", action="store_true", help="RoPE only")
 ap.add_argument("--threads", type=int, default=1, help="threads for torch and for posenc (default 1)")
@@ -89,33 +89,33 @@ torch.manual_seed(0)
 
 # ---- the articles' code, read at run time (the approach of tests/e2e/test_articles.py) -----------
 
-def seed_text(seed):
-    files = sorted(glob.glob(os.path.join(ARGS.seeds, f"{seed:03d}_*.txt")))
+def article_text(num):
+    files = sorted(glob.glob(os.path.join(ARGS.articles, f"{num:03d}_*.txt")))
     if not files:
-        sys.exit(f"bench_torch.py: seed {seed:03d} not found in {ARGS.seeds} (--seeds)")
+        sys.exit(f"bench_torch.py: article {num:03d} not found in {ARGS.articles} (--articles)")
     with open(files[0], encoding="utf-8") as f:
         return f.read()
 
 
-def definition(seed, name):
-    """Source of the top-level def `name` in the seed's fenced python code."""
+def definition(num, name):
+    """Source of the top-level def `name` in article num's fenced python code."""
     fence = r"^```(python|py)\b[^\n]*\n(.*?)^```"
-    blocks = [m.group(2) for m in re.finditer(fence, seed_text(seed), re.S | re.M)]
+    blocks = [m.group(2) for m in re.finditer(fence, article_text(num), re.S | re.M)]
     hits = [b for b in blocks if re.search(rf"^\s*(def|class)\s+{name}\b", b, re.M)]
     if len(hits) != 1:
-        sys.exit(f"bench_torch.py: expected one code block of seed {seed:03d} defining {name}, "
+        sys.exit(f"bench_torch.py: expected one code block of article {num:03d} defining {name}, "
                  f"found {len(hits)}")
     for node in ast.parse(hits[0]).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
             return ast.get_source_segment(hits[0], node)
-    sys.exit(f"bench_torch.py: seed {seed:03d}: {name} is not a top-level definition")
+    sys.exit(f"bench_torch.py: article {num:03d}: {name} is not a top-level definition")
 
 
-def load(seed, *names):
+def load(num, *names):
     import typing
     ns = {"torch": torch, "math": math, "Tuple": typing.Tuple}
     for name in names:
-        exec(compile(definition(seed, name), f"<seed {seed:03d}: {name}>", "exec"), ns)
+        exec(compile(definition(num, name), f"<article {num:03d}: {name}>", "exec"), ns)
     return ns
 
 
@@ -191,8 +191,8 @@ def bench_rope():
 
     print(f"RoPE q+k {[B, L, H, D]} float32, {THREADS}; GB/s = 4·numel·4 bytes / s (as posenc bench)")
     print(f"{'implementation':58s} {'seconds':>9s} {'GB/s':>7s}  {'posenc':>7s} {'speedup':>8s}")
-    for name, t, ref in [("torch seed002 apply_rotary_emb (complex, Llama)", t_complex, inter),
-                         ("torch seed002 rotary_position_embedding (element-wise)", t_elem, inter),
+    for name, t, ref in [("torch “Position Embedding” apply_rotary_emb (complex, Llama)", t_complex, inter),
+                         ("torch “Position Embedding” rotary_position_embedding (element-wise)", t_elem, inter),
                          ("torch rotate_half (HF style, ours)", t_half, half)]:
         print(f"{name:58s} {t:9.4f} {gb / t:7.2f}  {ref['throughput']:7.2f} {t / ref['seconds']:7.1f}x")
     for r in (inter, half):

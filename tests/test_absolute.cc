@@ -19,7 +19,8 @@ using testing::to_float;
 
 std::vector<double> as_doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-// PE[p, :] written as seed 004's code does it: div_term = exp(2i·(−ln(base)/D)).
+// PE[p, :] written as the code of “Positional Encoding” (docs/articles.md) does it:
+// div_term = exp(2i·(−ln(base)/D)).
 std::vector<double> pe_row(double p, std::int64_t D, double base) {
   std::vector<double> row(static_cast<std::size_t>(D));
   for (std::int64_t i = 0; i < D / 2; ++i) {
@@ -32,24 +33,24 @@ std::vector<double> pe_row(double p, std::int64_t D, double base) {
 
 // ---- sinusoidal ---------------------------------------------------------------------------------
 
-// Seed 003: getPositionEncoding(seq_len=4, d=4, n=100) prints this matrix ("I am a robot").
-const std::vector<double> kSeed003Matrix = {
+// “三角函数式位置编码” (docs/articles.md): getPositionEncoding(seq_len=4, d=4, n=100) prints this matrix ("I am a robot").
+const std::vector<double> kArticleMatrix = {
     0.,         1.,          0.,         1.,          //
     0.84147098, 0.54030231,  0.09983342, 0.99500417,  //
     0.90929743, -0.41614684, 0.19866933, 0.98006658,  //
     0.14112001, -0.9899925,  0.29552021, 0.95533649,
 };
 
-TEST(SinusoidalTable, Seed003WorkedExampleFloat64) {
+TEST(SinusoidalTable, ArticlesWorkedExampleFloat64) {
   std::vector<double> out(16, 7.0);
   ASSERT_TRUE(sinusoidal_table({.base = 100.0}, {}, V(out, {4, 4})).ok());
-  EXPECT_TRUE(AllClose(out, kSeed003Matrix, 1e-8, 0));  // printed to 8 decimals
+  EXPECT_TRUE(AllClose(out, kArticleMatrix, 1e-8, 0));  // printed to 8 decimals
 }
 
-TEST(SinusoidalTable, Seed003WorkedExampleFloat32) {
+TEST(SinusoidalTable, ArticlesWorkedExampleFloat32) {
   std::vector<float> out(16, 7.0f);
   ASSERT_TRUE(sinusoidal_table({.base = 100.0}, {}, V(out, {4, 4})).ok());
-  EXPECT_TRUE(AllClose(as_doubles(out), kSeed003Matrix, 2e-7, 0));
+  EXPECT_TRUE(AllClose(as_doubles(out), kArticleMatrix, 2e-7, 0));
 }
 
 TEST(SinusoidalTable, ExplicitIdsAndOffset) {

@@ -1,4 +1,5 @@
-// ALiBi (Press et al. 2022): slopes, the three variants of seed 002, caller slopes, the learned
+// ALiBi (Press et al. 2022): slopes, the three variants of the article
+// “Position Embedding” (docs/articles.md), caller slopes, the learned
 // variant's gradient. Expectations are computed here, on their own.
 #include <cmath>
 #include <cstdint>
@@ -23,10 +24,10 @@ using Vec = std::vector<double>;
 using Sz = std::size_t;
 const double kInf = std::numeric_limits<double>::infinity();
 
-// Seed 002's get_slopes, written again: for a power of two n, start = 2^(−2^−(log2 n − 3)), slopes
+// That article's get_slopes, written again: for a power of two n, start = 2^(−2^−(log2 n − 3)), slopes
 // start·start^i; otherwise the slopes of the closest smaller power of two, then every other slope of
 // twice that, up to n.
-Vec seed002_slopes(int n) {
+Vec articles_slopes(int n) {
   auto pow2 = [](int n) {
     const double start = std::pow(2.0, -std::pow(2.0, -(std::log2(static_cast<double>(n)) - 3)));
     Vec s;
@@ -37,7 +38,7 @@ Vec seed002_slopes(int n) {
   if (lg == std::floor(lg)) return pow2(n);
   const int closest = 1 << static_cast<int>(std::floor(lg));
   Vec s = pow2(closest);
-  const Vec twice = seed002_slopes(2 * closest);
+  const Vec twice = articles_slopes(2 * closest);
   for (int i = 0; i < n - closest; ++i) s.push_back(twice[static_cast<Sz>(2 * i)]);
   return s;
 }
@@ -64,7 +65,7 @@ TEST(AlibiSlopes, EightHeadsAreOneHalfToOne256th) {
   EXPECT_TRUE(AllClose(alibi_slopes(8), want, 0, 1e-15));
 }
 
-TEST(AlibiSlopes, NonPowersOfTwoFollowSeed002sRule) {
+TEST(AlibiSlopes, NonPowersOfTwoFollowArticlesRule) {
   // 6 heads: 4's slopes 2^−2, 2^−4, 2^−6, 2^−8, then 8's 2^−1, 2^−3.
   EXPECT_TRUE(AllClose(alibi_slopes(6), {0.25, 0.0625, 1. / 64, 1. / 256, 0.5, 0.125}, 0, 1e-15));
   // 12 heads: 8's slopes 2^−1 … 2^−8, then 16's 2^−0.5, 2^−1.5, 2^−2.5, 2^−3.5.
@@ -72,7 +73,7 @@ TEST(AlibiSlopes, NonPowersOfTwoFollowSeed002sRule) {
   for (int h = 1; h <= 8; ++h) want12.push_back(std::ldexp(1.0, -h));
   for (double e : {0.5, 1.5, 2.5, 3.5}) want12.push_back(std::sqrt(0.5) * std::ldexp(1.0, -static_cast<int>(e - 0.5)));
   EXPECT_TRUE(AllClose(alibi_slopes(12), want12, 0, 1e-14));
-  for (int n = 1; n <= 70; ++n) EXPECT_TRUE(AllClose(alibi_slopes(n), seed002_slopes(n), 0, 1e-13)) << n;
+  for (int n = 1; n <= 70; ++n) EXPECT_TRUE(AllClose(alibi_slopes(n), articles_slopes(n), 0, 1e-13)) << n;
 }
 
 // ---- symmetric ---------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ TEST(Alibi, CallerSlopesAreUsedPerHead) {
 
 TEST(Alibi, NonsymmetricMasksAndSharesSlopes) {
   const BiasGeometry g{6, 5, 5, 0, 0};
-  const Vec m = seed002_slopes(3);  // H/2 heads
+  const Vec m = articles_slopes(3);  // H/2 heads
   const Vec want = build(g, [&](std::int64_t h, std::int64_t r) {
     const bool past_head = h < 3;
     if (past_head && r > 0) return -kInf;    // heads 0..2 see j ≤ i

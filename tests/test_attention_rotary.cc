@@ -2,7 +2,7 @@
 // reference (posenc::reference, double) and the public dispatcher:
 //   * building blocks: the attention equals nope attention of q and k rotated by the public
 //     elementwise functions (rope2d_forward, mrope_forward, xpos_forward with the same centre); for
-//     mixed under grouped-query heads, of the keys rotated per query head (attention.h's rule);
+//     mixed under grouped-query heads, of the keys rotated per query head (docs/attention.md's rule);
 //   * central differences of a random-projection loss for dq, dk, dv and mixed's dfreqs;
 //   * properties: xPos's output depends on offsets only (a shift of both changes nothing, the
 //     centre included), a decode step equals the last prefill row (mrope, xpos), 2D positions

@@ -22,7 +22,7 @@ using testing::to_float;
 using Vec = std::vector<double>;
 using Sz = std::size_t;
 
-// (1) Seed 000: the block-diagonal rotation matrix R_{Θ,m} (d×d), θ_k = theta^(−(2k)/d), sin on the
+// (1) “位置编码” (docs/articles.md): the block-diagonal rotation matrix R_{Θ,m} (d×d), θ_k = theta^(−(2k)/d), sin on the
 // sub-diagonal and −sin on the super-diagonal; y = R·x.
 Vec rotate_matrix(const Vec& x, std::int64_t m, double theta) {
   const Sz d = x.size();
@@ -41,7 +41,7 @@ Vec rotate_matrix(const Vec& x, std::int64_t m, double theta) {
   return y;
 }
 
-// (2) Seed 002's complex form (Llama): (x_{2k} + i·x_{2k+1})·e^{i·m·freq_k}, freq_k = 1/theta^(2k/d).
+// (2) “Position Embedding”'s complex form (Llama): (x_{2k} + i·x_{2k+1})·e^{i·m·freq_k}, freq_k = 1/theta^(2k/d).
 Vec rotate_complex(const Vec& x, std::int64_t m, double theta) {
   const Sz d = x.size();
   Vec y(d);
@@ -55,7 +55,7 @@ Vec rotate_complex(const Vec& x, std::int64_t m, double theta) {
   return y;
 }
 
-// (3) Seed 002's element-wise form: x⊙cos + rotate_every_two(x)⊙sin, rotate_every_two(x) =
+// (3) “Position Embedding”'s element-wise form: x⊙cos + rotate_every_two(x)⊙sin, rotate_every_two(x) =
 // (−x1, x0, −x3, x2, …), cos/sin repeat_interleave'd, div_term = exp(2k·(−ln theta / d)).
 Vec rotate_elementwise(const Vec& x, std::int64_t m, double theta) {
   const Sz d = x.size();
@@ -100,7 +100,7 @@ Vec as_doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // ---- the three formulations --------------------------------------------------------------------
 
-TEST(Rope, InterleavedAgreesWithSeed000MatrixSeed002ComplexAndElementwise) {
+TEST(Rope, InterleavedAgreesWithArticlesMatrixComplexAndElementwiseForms) {
   const std::int64_t B = 2, L = 5, H = 3, D = 8;
   const Vec x = randn(B * L * H * D, 21);
   std::vector<std::int64_t> ids = {0, 1, 2, 3, 4, 9, 40, 7, 1000, 3};

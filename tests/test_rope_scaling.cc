@@ -41,7 +41,7 @@ RopeFrequencies freqs(const RopeParams& p, I D, I call_len = 0) {
 // ---- the schemes, written again in long double ---------------------------------------------------
 LD w0(LD theta, I k, I r) { return powl(theta, -2.0L * static_cast<LD>(k) / static_cast<LD>(r)); }
 
-// ω_k of p for rotary dimension r and call length n, from the definitions in posenc/rope.h.
+// ω_k of p for rotary dimension r and call length n, from the definitions in docs/rope.md.
 LD exact_inv(const RopeParams& p, I r, I n, I k) {
   const LD theta = p.theta, s = p.factor, L = static_cast<LD>(p.original_max_position);
   LD w = 0;

@@ -1,5 +1,6 @@
 // posenc check — the articles' four properties of a positional encoding, measured per encoding of the
-// catalogue and printed as a table (seed 001 lists them):
+// catalogue and printed as a table (“语言模型为什么需要位置编码”,
+// docs/articles.md, lists them):
 //   unique     a distinct code per position: the smallest distance between the codes of two positions
 //              in [0, --len) (absolute: table rows; rope: R(p)·x for a fixed x; rope2d, mrope, xpos: their
 //              rotation of x at positions p in every component, xpos as queries). Bias encodings have

@@ -1,7 +1,8 @@
 // posenc plot WHAT --out F.png — the pictures the articles draw, computed by posenc and drawn by
 // gnuplot (pngcairo), data inline in the script:
-//   sinusoid-matrix  the sinusoidal table as a heat map (seed 003: 100 positions × 512 dims, n = 10000)
-//   sine-waves       sin(k / n^(2x/d)) over x for positions k = 0, 4, 8, 12 (seed 003's four panels)
+//   sinusoid-matrix  the sinusoidal table as a heat map (as “三角函数式位置编码”
+//                    plots it, docs/articles.md: 100 positions × 512 dims, n = 10000)
+//   sine-waves       sin(k / n^(2x/d)) over x for positions k = 0, 4, 8, 12 (that article's four panels)
 //   rope-decay       RoFormer's long-term decay (Su et al. 2021, §3.4.3, Fig. 2): the bound
 //                    (1/(d/2))·Σ_j |Σ_{i<j} e^{i·Δ·θ_i}| against the relative distance Δ
 //   alibi-bias       ALiBi's bias −m_h·(i − j) per head for a causal L × L window (Press et al. 2022)

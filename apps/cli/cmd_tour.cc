@@ -31,9 +31,9 @@ std::vector<double> randn(std::size_t n, unsigned seed) {
   return v;
 }
 
-// Seed 003: getPositionEncoding(seq_len=4, d=4, n=100), "I am a robot".
+// “三角函数式位置编码” (docs/articles.md): getPositionEncoding(seq_len=4, d=4, n=100), "I am a robot".
 void sinusoid_example() {
-  heading("Sinusoidal table, seed 003's example: 4 positions, d = 4, base n = 100");
+  heading("Sinusoidal table, an article's example: 4 positions, d = 4, base n = 100");
   std::printf("  PE[p, 2i] = sin(p / 100^(2i/4)), PE[p, 2i+1] = cos(p / 100^(2i/4))\n");
   Tensor t(DType::kF64, {4, 4});
   SinusoidalParams p;
@@ -126,9 +126,9 @@ void t5_example() {
       static_cast<long long>(exact), static_cast<long long>(p.max_distance));
 }
 
-// Seed 001: "我妈想你了" and "我想你妈了" hold the same tokens; without positions attention cannot tell.
+// “语言模型为什么需要位置编码” (docs/articles.md): "我妈想你了" and "我想你妈了" hold the same tokens; without positions attention cannot tell.
 void order_example() {
-  heading("Same tokens, two orders (seed 001): 我妈想你了 / 我想你妈了");
+  heading("Same tokens, two orders (an article's example): 我妈想你了 / 我想你妈了");
   const std::vector<std::string> tokens = {"我", "妈", "想", "你", "了"};
   const std::vector<std::size_t> a = {0, 1, 2, 3, 4}, b = {0, 2, 3, 1, 4};  // token ids in order
   const std::int64_t L = 5, D = 8;

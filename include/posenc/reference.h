@@ -1,9 +1,5 @@
-// posenc/reference.h — the plain references: scalar, double accumulation, readable — the oracle.
-//
-// Same signatures, arguments, validation and error Status (argument names) as the public entry points
-// of absolute.h, rope.h, rotary.h and bias.h. The public posenc:: functions are the fast dispatchers (Highway
-// SIMD + OpenMP, src/enc/<enc>/<enc>_cpu.cc); they are tested against these, and fall back to them
-// for what the kernels do not cover (float64, a non-contiguous innermost dimension, partial aliasing).
+// posenc/reference.h — the plain references: scalar, double accumulation, the oracle of the fast paths.
+// Same signatures, validation and error Status as absolute.h, rope.h, rotary.h and bias.h.
 #pragma once
 
 #include "posenc/absolute.h"

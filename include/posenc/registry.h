@@ -1,5 +1,5 @@
-// posenc/registry.h — the one catalogue of encodings. The CLI, the tests and the benchmarks walk this
-// list; adding an encoding is a folder under src/enc plus one entry in src/core/registry.cc.
+// posenc/registry.h — the one catalogue of encodings, walked by the CLI, the tests and the benchmarks.
+// Adding an encoding is a folder under src/enc plus one entry in src/core/registry.cc.
 #pragma once
 
 #include <string>
@@ -46,8 +46,11 @@ struct EncodingInfo {
   std::vector<ParamSpec> params;
 };
 
+// Every encoding, in the order of Encoding.
 const std::vector<EncodingInfo>& registry();
+// The entry named `name` ("rope"); an unknown name is an error listing the known ones.
 Expected<EncodingInfo> find_encoding(const std::string& name);
+// The entry of `id` (every Encoding has one).
 const EncodingInfo& encoding_info(Encoding id);
 
 }  // namespace posenc

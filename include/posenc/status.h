@@ -1,6 +1,5 @@
-// posenc/status.h — errors as values. The library never exits or aborts on user input: every entry
-// point that can fail on bad input returns a Status (or an Expected<T>), naming the offending argument
-// and what was expected. Only the CLI turns a Status into an exit code.
+// posenc/status.h — errors as values: every entry point that can fail on bad input returns a Status
+// (or an Expected<T>) naming the offending argument; the library never exits or aborts on input.
 #pragma once
 
 #include <string>

@@ -1,21 +1,5 @@
-// posenc/view.h — non-owning tensor views and the conventions every entry point shares.
-//
-// A View is a pointer, a dtype, a shape and strides (in elements, not bytes). Views never own memory;
-// the caller keeps the buffer alive for the duration of the call. A default-constructed View (null
-// data) means "absent" for optional arguments.
-//
-// Conventions (tested in tests/test_positions.cc, tests/test_view.cc and throughout):
-//   * q/k/v and rotary inputs are tokens-major [B, L, H, D] (the articles' layout);
-//     absolute encodings act on embeddings [B, L, D]; biases are [H, Lq, Lk].
-//   * positions are int32 or int64, shape [L] (shared by the batch) or [B, L]; when no positions are
-//     given, token l sits at position offset + l. Encodings with A position components per token
-//     (rotary.h: 2D RoPE (x, y), M-RoPE (t, h, w)) take [A, L] or [B, A, L]; without ids every
-//     component of token l is offset + l (text: M-RoPE on such positions is RoPE).
-//   * relative distance is key position − query position.
-//   * in attention, query i of M sits at q_offset + i and key j at k_offset + j; by default
-//     k_offset = 0 and q_offset = k_offset + N − M, so a prefill and a decode step are one code path
-//     and a shard of a long sequence, given its global offsets, computes exactly its piece.
-//   * ALiBi's bias is −m·|i−j| and is not divided by √d; the attention scale multiplies q·kᵀ only.
+// posenc/view.h — non-owning tensor views (data, dtype, shape, strides in elements) and positions.
+// Layouts and position conventions shared by every entry point: docs/attention.md (Views, …).
 #pragma once
 
 #include <array>
@@ -40,6 +24,8 @@ inline bool is_int(DType t) { return t == DType::kI32 || t == DType::kI64; }
 
 constexpr int kMaxDims = 6;
 
+// A view of caller-owned memory, kept alive by the caller during a call; a default View (null data)
+// means "absent" for an optional argument.
 struct View {
   void* data = nullptr;
   DType dtype = DType::kF32;
@@ -51,10 +37,10 @@ struct View {
   static View contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
   static View contiguous(const void* data, DType dtype, const std::vector<std::int64_t>& shape);
 
-  bool present() const { return data != nullptr; }
-  std::int64_t dim(int i) const { return shape[static_cast<std::size_t>(i)]; }
-  std::int64_t numel() const;
-  bool is_contiguous() const;
+  bool present() const { return data != nullptr; }  // false: an absent optional argument
+  std::int64_t dim(int i) const { return shape[static_cast<std::size_t>(i)]; }  // shape[i]
+  std::int64_t numel() const;      // the product of the shape (1 for ndim 0)
+  bool is_contiguous() const;      // C-order strides (dimensions of size 1 aside)
   std::string shape_str() const;  // "[2, 3, 4]"
   std::vector<std::int64_t> shape_vec() const { return {shape.begin(), shape.begin() + ndim}; }
 

@@ -75,7 +75,7 @@ inline std::string describe(const AttentionParams& p) {
   return s;
 }
 
-// The positions a rotary encoding reads and its plan (see attention.h): 1D q_off + i, k_off + j, or
+// The positions a rotary encoding reads and its plan (see docs/attention.md): 1D q_off + i, k_off + j, or
 // the multi-dimensional q_positions / k_positions of rope2d and mrope (absent: the 1D position in
 // every component).
 inline Status check_rotary(const AttentionParams& p, const EncodingTensors& t, Dims* d) {
@@ -96,7 +96,7 @@ inline Status check_rotary(const AttentionParams& p, const EncodingTensors& t, D
   };
   POSENC_RETURN_IF_ERROR(side("q_positions", t.q_positions, d->q_off, d->M, &d->q_ids, &d->q_batched));
   POSENC_RETURN_IF_ERROR(side("k_positions", t.k_positions, d->k_off, d->N, &d->k_ids, &d->k_batched));
-  // The call's own length: the largest query or key position (component) + 1 (see rope.h).
+  // The call's own length: the largest query or key position (component) + 1 (see docs/rope.md).
   const I call_len = std::max<I>(0, std::max(rotary::call_length(d->q_ids), rotary::call_length(d->k_ids)));
   auto build = [&]() -> Expected<rotary::Plan> {
     switch (p.encoding) {

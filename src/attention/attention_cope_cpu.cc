@@ -1,4 +1,4 @@
-// The fused (flash-style) CoPE attention (Golovneva et al. 2024; the formula in posenc/attention.h
+// The fused (flash-style) CoPE attention (Golovneva et al. 2024; the formula in docs/attention.md
 // and cope_math.h, the derivatives in attention_ref.cc), forward and backward, float32 / bfloat16 /
 // float16 q/k/v with float32 math. Called by the dispatcher of attention_cpu.cc, whose tile
 // machinery (attention_tiles.h) it shares. Tested against the reference in

@@ -1,7 +1,7 @@
 """What the end-to-end tests share (imported by tests/e2e/test_*.py; not a test itself).
 
-Every e2e test takes one command line, `--posenc PATH [--seeds DIR] [-k NAME]` (a test that cannot
-run without the seeds says so with seeds_required()), registers its cases with @case (named after
+Every e2e test takes one command line, `--posenc PATH [--articles DIR] [-k NAME]` (a test that
+cannot run without the source articles says so with articles_required()), registers its cases with @case (named after
 the function) or @case("a sentence"), and ends with `sys.exit(main())`: each case prints one line
 (PASS with what the case returned, if anything; FAIL with the failing line), the last line is exactly
 "N passed, M failed", and the exit status is 1 if any case failed (77, ctest's skip, where an oracle
@@ -30,7 +30,9 @@ import traceback
 _ap = argparse.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").splitlines()[0]
                               if getattr(sys.modules["__main__"], "__doc__", None) else None)
 _ap.add_argument("--posenc", required=True, help="the posenc binary")
-_ap.add_argument("--seeds", default="", help="the seed articles (used by the tests that need them)")
+_ap.add_argument("--articles", default="",
+                 help="the folder of the source articles 000_*.txt .. 004_*.txt (docs/articles.md), "
+                      "for the tests that need them")
 _ap.add_argument("-k", default="", help="run only the cases whose name contains this string")
 ARGS = _ap.parse_args()
 POSENC = os.path.abspath(ARGS.posenc)
@@ -49,11 +51,11 @@ def case(fn_or_name):
     return fn_or_name
 
 
-def seeds_required():
-    """--seeds, or argparse's usage error (exit 2) where the command line lacks it."""
-    if not ARGS.seeds:
-        _ap.error("the following arguments are required: --seeds")
-    return ARGS.seeds
+def articles_required():
+    """--articles, or argparse's usage error (exit 2) where the command line lacks it."""
+    if not ARGS.articles:
+        _ap.error("the following arguments are required: --articles")
+    return ARGS.articles
 
 
 def skip(reason):

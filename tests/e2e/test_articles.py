@@ -1,18 +1,20 @@
 #!/usr/bin/python3
-"""The five seed articles' own code as the oracle for the posenc CLI.
+"""The five source articles' own code (docs/articles.md) as the oracle for the posenc CLI.
 
-    /usr/bin/python3 tests/e2e/test_articles.py --posenc PATH/TO/posenc --seeds PATH/TO/shared/seeds
+    /usr/bin/python3 tests/e2e/test_articles.py --posenc PATH/TO/posenc --articles PATH/TO/shared/seeds
 
+The articles are named by title below (docs/articles.md); their files are 000_*.txt .. 004_*.txt.
 Nothing from the articles is copied into this repository: at run time the fenced ```python (and
-seed 004's ```py) blocks are read from the seed files, the definitions a case needs are located by
-their `def`/`class` name (ast), and only those definitions are exec'd in a namespace holding torch,
-numpy and math. Where an article's code has a bug, the smallest textual fix is applied at run time
-and named in the case's line (see PATCHES). Code that is not runnable as is (seed 002's ALiBi
-fragments use `self.` and `.cuda()`) is run after two mechanical rewrites, explained in alibi_lines().
+“Positional Encoding”'s ```py) blocks are read from the article files, the definitions a case needs
+are located by their `def`/`class` name (ast), and only those definitions are exec'd in a namespace
+holding torch, numpy and math. Where an article's code has a bug, the smallest textual fix is
+applied at run time and named in the case's line (see PATCHES). Code that is not runnable as is
+(“Position Embedding”'s ALiBi fragments use `self.` and `.cuda()`) is run after two mechanical
+rewrites, explained in alibi_lines().
 
 Each case prints one line (PASS with what it measured, or FAIL); the last line is exactly "N passed,
-M failed"; exit 1 if any case failed, 2 without --seeds, 77 (skip) with a one-line reason when the
-seeds, numpy or torch are missing (tests/e2e/harness.py). Each posenc run may take 60 s.
+M failed"; exit 1 if any case failed, 2 without --articles, 77 (skip) with a one-line reason when the
+articles, numpy or torch are missing (tests/e2e/harness.py). Each posenc run may take 60 s.
 docs/articles.md lists every discrepancy between the articles and the papers that these cases pin.
 """
 import ast
@@ -26,11 +28,11 @@ import sys
 import types
 import typing
 
-from harness import ARGS, case, case_dir, close, expect_error, main, run, seeds_required, skip
+from harness import ARGS, case, case_dir, close, expect_error, main, run, articles_required, skip
 
-seeds_required()  # the folder holding the seed articles 000_*.txt .. 004_*.txt
-if not os.path.isdir(ARGS.seeds) or not glob.glob(os.path.join(ARGS.seeds, "00[0-4]_*.txt")):
-    skip(f"seed articles not found in {ARGS.seeds}")
+articles_required()  # the folder holding the source articles 000_*.txt .. 004_*.txt
+if not os.path.isdir(ARGS.articles) or not glob.glob(os.path.join(ARGS.articles, "00[0-4]_*.txt")):
+    skip(f"source articles not found in {ARGS.articles}")
 try:
     import numpy as np
 except ImportError:
@@ -46,19 +48,19 @@ torch.set_num_threads(2)
 # Reading the articles' code
 # ------------------------------------------------------------------------------------------------
 
-# The known bugs, each fixed by the smallest textual patch (old must occur exactly once, so a seed
+# The known bugs, each fixed by the smallest textual patch (old must occur exactly once, so an article
 # that changes makes the case fail loudly instead of silently testing something else).
 PATCHES = {
-    # Seed 000, RoPE._forward_l: the `]` closing the list belongs before `, dim=-1`
+    # “位置编码”, RoPE._forward_l: the `]` closing the list belongs before `, dim=-1`
     # (as written it is a SyntaxError).
     "000-rope-bracket": ("torch.zeros_like(pos), dim=-1\n        ])",
                          "torch.zeros_like(pos)\n        ], dim=-1)"),
-    # Seed 000, RoPE._forward_l: `repeat_interleave(2)` without dim flattens the [L, D/2] angles to
+    # “位置编码”, RoPE._forward_l: `repeat_interleave(2)` without dim flattens the [L, D/2] angles to
     # [L·D], so diagonal_scatter raises ("expected src to have a size equal to the slice of self");
     # the main diagonal of each [D, D] matrix needs cos repeated along the last dimension.
     "000-rope-repeat": ("torch.cos(pos).repeat_interleave(2)",
                         "torch.cos(pos).repeat_interleave(2, dim=-1)"),
-    # Seed 002, PositionalEncoding.forward: the buffer is [1, max_len, D] (rearrange '... -> 1 ...'),
+    # “Position Embedding”, PositionalEncoding.forward: the buffer is [1, max_len, D] (rearrange '... -> 1 ...'),
     # so `[:x.shape[1]]` slices the batch axis (a no-op) and x + pe fails to broadcast unless
     # L == max_len. The rows to take are those of axis 1.
     "002-pe-slice": ("self.positional_encodings[:x.shape[1]]",
@@ -66,24 +68,24 @@ PATCHES = {
 }
 
 
-def seed_text(seed):
-    files = sorted(glob.glob(os.path.join(ARGS.seeds, f"{seed:03d}_*.txt")))
+def article_text(num):
+    files = sorted(glob.glob(os.path.join(ARGS.articles, f"{num:03d}_*.txt")))
     if not files:
-        raise AssertionError(f"seed {seed:03d} not found in {ARGS.seeds}")
+        raise AssertionError(f"article {num:03d} not found in {ARGS.articles}")
     with open(files[0], encoding="utf-8") as f:
         return f.read()
 
 
 @functools.lru_cache(maxsize=None)
-def code_blocks(seed):
-    """The fenced python code blocks of a seed, in order (```python, ```python hl_lines=..., ```py)."""
-    return [m.group(2) for m in re.finditer(r"^```(python|py)\b[^\n]*\n(.*?)^```", seed_text(seed), re.S | re.M)]
+def code_blocks(num):
+    """The fenced python code blocks of article num, in order (```python, ```python hl_lines=..., ```py)."""
+    return [m.group(2) for m in re.finditer(r"^```(python|py)\b[^\n]*\n(.*?)^```", article_text(num), re.S | re.M)]
 
 
-def block_defining(seed, name):
-    hits = [b for b in code_blocks(seed) if re.search(rf"^\s*(def|class)\s+{name}\b", b, re.M)]
+def block_defining(num, name):
+    hits = [b for b in code_blocks(num) if re.search(rf"^\s*(def|class)\s+{name}\b", b, re.M)]
     if len(hits) != 1:
-        raise AssertionError(f"seed {seed:03d}: expected one code block defining {name}, found {len(hits)}")
+        raise AssertionError(f"article {num:03d}: expected one code block defining {name}, found {len(hits)}")
     return hits[0]
 
 
@@ -91,22 +93,22 @@ def patched(text, patches):
     for key in patches:
         old, new = PATCHES[key]
         if text.count(old) != 1:
-            raise AssertionError(f"patch {key} no longer applies (the seed changed?)")
+            raise AssertionError(f"patch {key} no longer applies (the article changed?)")
         text = text.replace(old, new)
     return text
 
 
-def definition(seed, name, patches=()):
-    """Source of the top-level def/class `name` in seed's code, after the named patches."""
-    text = patched(block_defining(seed, name), patches)
+def definition(num, name, patches=()):
+    """Source of the top-level def/class `name` in article num's code, after the named patches."""
+    text = patched(block_defining(num, name), patches)
     for node in ast.parse(text).body:  # raises SyntaxError when a needed patch is missing
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
             return ast.get_source_segment(text, node)
-    raise AssertionError(f"seed {seed:03d}: {name} is not a top-level definition")
+    raise AssertionError(f"article {num:03d}: {name} is not a top-level definition")
 
 
 def rearrange(tensor, pattern):
-    """Stand-in for einops.rearrange (not installed): seed 002 only uses '... -> 1 ...'."""
+    """Stand-in for einops.rearrange (not installed): “Position Embedding” only uses '... -> 1 ...'."""
     if pattern.replace(" ", "") != "...->1...":
         raise NotImplementedError(f"rearrange pattern {pattern!r}")
     return tensor.unsqueeze(0)
@@ -117,16 +119,16 @@ def namespace():
             "functools": functools, "Tuple": typing.Tuple, "rearrange": rearrange}
 
 
-def load(seed, *names, patches=()):
-    """exec the named definitions of one seed (in order) in a fresh namespace; return the namespace."""
+def load(num, *names, patches=()):
+    """exec the named definitions of one article (in order) in a fresh namespace; return the namespace."""
     ns = namespace()
     for name in names:
-        exec(compile(definition(seed, name, patches), f"<seed {seed:03d}: {name}>", "exec"), ns)
+        exec(compile(definition(num, name, patches), f"<article {num:03d}: {name}>", "exec"), ns)
     return ns
 
 
 def alibi_lines(part, heads, maxpos):
-    """Run one of seed 002's three ALiBi fragments and return its namespace.
+    """Run one of “Position Embedding”'s three ALiBi fragments and return its namespace.
 
     The fragments are module-level statements written for a model's __init__ (`self.alibi = ...`) on
     a GPU (`.cuda()`), so not runnable as is. Two mechanical rewrites make them run unchanged
@@ -147,10 +149,10 @@ def alibi_lines(part, heads, maxpos):
               utils=types.SimpleNamespace(fill_with_neg_inf=lambda t: t.float().fill_(float("-inf")).type_as(t)))
     if part == "learned":
         k = text.index("slopes_left = -torch.sigmoid")
-        exec(compile(text[:k], "<seed 002: learned ALiBi params>", "exec"), ns)
+        exec(compile(text[:k], "<“Position Embedding”: learned ALiBi params>", "exec"), ns)
         ns["w_left"], ns["w_right"] = ns["slopes_left"], ns["slopes_right"]
         text = text[k:]
-    exec(compile(text, f"<seed 002: {part} ALiBi>", "exec"), ns)
+    exec(compile(text, f"<“Position Embedding”: {part} ALiBi>", "exec"), ns)
     return ns
 
 
@@ -221,19 +223,19 @@ def randn(*shape, dtype=torch.float32):
 
 # ---- sinusoidal ---------------------------------------------------------------------------------
 
-@case("seed003 getPositionEncoding(seq_len=4, d=4, n=100) vs table sinusoidal --base 100, and the printed output")
+@case("“三角函数式位置编码” getPositionEncoding(seq_len=4, d=4, n=100) vs table sinusoidal --base 100, and the printed output")
 def _():
     P = load(3, "getPositionEncoding")["getPositionEncoding"](seq_len=4, d=4, n=100)
     e64 = close(posenc("table", "sinusoidal", "--length", 4, "--dim", 4, "--base", 100, "--dtype", "float64"), P, **F64)
     e32 = close(posenc("table", "sinusoidal", "--length", 4, "--dim", 4, "--base", 100, "--dtype", "float32"), P, **F32)
     # The article prints the matrix (```bash block after the code), to 8 decimals.
-    printed = re.search(r"```bash\n(\[\[.*?\]\])\n```", seed_text(3), re.S).group(1)
+    printed = re.search(r"```bash\n(\[\[.*?\]\])\n```", article_text(3), re.S).group(1)
     rows = [[float(v) for v in row.split()] for row in re.findall(r"\[([^\[\]]+)\]", printed)]
     e_p = close(P, np.array(rows), rtol=0, atol=5.1e-9, what="article's printed matrix")
     return f"float64 err {e64:.1e}, float32 err {e32:.1e}; printed matrix reproduced to {e_p:.1e}"
 
 
-@case("seed003 getPositionEncoding(seq_len=100, d=512, n=10000) vs table sinusoidal (float64, float32)")
+@case("“三角函数式位置编码” getPositionEncoding(seq_len=100, d=512, n=10000) vs table sinusoidal (float64, float32)")
 def _():
     P = load(3, "getPositionEncoding")["getPositionEncoding"](seq_len=100, d=512, n=10000)
     e64 = close(posenc("table", "sinusoidal", "--length", 100, "--dim", 512, "--dtype", "float64"), P, **F64)
@@ -241,7 +243,7 @@ def _():
     return f"float64 err {e64:.1e}, float32 err {e32:.1e}"
 
 
-@case("seed003 getPositionEncoding rows 700..763 vs table sinusoidal --offset 700 (d=64, n=10000)")
+@case("“三角函数式位置编码” getPositionEncoding rows 700..763 vs table sinusoidal --offset 700 (d=64, n=10000)")
 def _():
     P = load(3, "getPositionEncoding")["getPositionEncoding"](seq_len=764, d=64, n=10000)[700:]
     e = close(posenc("table", "sinusoidal", "--length", 64, "--dim", 64, "--offset", 700, "--dtype", "float64"),
@@ -249,7 +251,7 @@ def _():
     return f"err {e:.1e}"
 
 
-@case("seed002 sinusoidal_embedding(128, 64) vs table sinusoidal (float32)")
+@case("“Position Embedding” sinusoidal_embedding(128, 64) vs table sinusoidal (float32)")
 def _():
     pe = load(2, "sinusoidal_embedding")["sinusoidal_embedding"](128, 64)  # [1, 128, 64], float32
     assert tuple(pe.shape) == (1, 128, 64), pe.shape
@@ -257,7 +259,7 @@ def _():
     return f"err {e:.1e}"
 
 
-@case("seed002 PositionalEncoding (patched 002-pe-slice) vs apply sinusoidal; unpatched fails unless L == max_len")
+@case("“Position Embedding” PositionalEncoding (patched 002-pe-slice) vs apply sinusoidal; unpatched fails unless L == max_len")
 def _():
     D, max_len = 32, 48
     x = randn(3, 20, D)
@@ -277,7 +279,7 @@ def _():
     return f"L=max_len err {e_full:.1e}; patched L=20 float32 err {e:.1e}, float64 err {e64:.1e}"
 
 
-@case("seed004 PositionalEncoding vs apply sinusoidal (float32, float64); its comment's formula is not the code's")
+@case("“Positional Encoding” PositionalEncoding vs apply sinusoidal (float32, float64); its comment's formula is not the code's")
 def _():
     D, L = 64, 40
     PE = load(4, "PositionalEncoding")["PositionalEncoding"]
@@ -297,7 +299,7 @@ def _():
     return f"float32 err {e32:.1e}, float64 err {e64:.1e}, L=7 err {es:.1e}"
 
 
-@case("seed000 SinusoidPE: 10000^(j/d) for every column j — even columns = paper, odd columns differ")
+@case("“位置编码” SinusoidPE: 10000^(j/d) for every column j — even columns = paper, odd columns differ")
 def _():
     D, L = 32, 256
     SP = load(0, "SinusoidPE")["SinusoidPE"]
@@ -319,7 +321,7 @@ def _():
             f"columns 2j+(j mod 2) to {e_art:.1e}")
 
 
-@case("seed000 AbsolutePE (nn.Embedding) vs apply learned --table, with --grad-table / --grad-in")
+@case("“位置编码” AbsolutePE (nn.Embedding) vs apply learned --table, with --grad-table / --grad-in")
 def _():
     N, L, D, max_len = 3, 10, 16, 12
     torch.manual_seed(7)
@@ -345,19 +347,19 @@ def rope000(D, theta=10000, dtype=torch.float32):
         return load(0, "RoPE", patches=["000-rope-bracket", "000-rope-repeat"])["RoPE"](D, theta)
 
 
-@case("seed000 RoPE rotation matrices (patched 000-rope-bracket, 000-rope-repeat) vs apply rope interleaved")
+@case("“位置编码” RoPE rotation matrices (patched 000-rope-bracket, 000-rope-repeat) vs apply rope interleaved")
 def _():
     # Without the two patches the article's RoPE does not run (SyntaxError, then diagonal_scatter's
-    # size error); both are checked here so that a fixed seed is noticed.
+    # size error); both are checked here so that a fixed article is noticed.
     try:
         load(0, "RoPE")
-        raise AssertionError("seed 000's RoPE unexpectedly parses without the bracket patch")
+        raise AssertionError("“位置编码”'s RoPE unexpectedly parses without the bracket patch")
     except SyntaxError:
         pass
     R = load(0, "RoPE", patches=["000-rope-bracket"])["RoPE"](8)
     try:
         R(torch.zeros(1, 3, 1, 8))
-        raise AssertionError("seed 000's RoPE unexpectedly runs without the repeat_interleave patch")
+        raise AssertionError("“位置编码”'s RoPE unexpectedly runs without the repeat_interleave patch")
     except RuntimeError:
         pass
     msg = []
@@ -372,7 +374,7 @@ def _():
     return "; ".join(msg)
 
 
-@case("seed000 RoPE with m = 1..L (the text's range; the code's is 0..L-1) = apply rope --offset 1")
+@case("“位置编码” RoPE with m = 1..L (the text's range; the code's is 0..L-1) = apply rope --offset 1")
 def _():
     B, L, H, D = 2, 12, 2, 16
     x = randn(B, L, H, D, dtype=torch.float64)
@@ -387,7 +389,7 @@ def _():
 
 
 def llama_rope(x, D, positions, n=None):
-    """seed 002's precompute_freqs_cis + apply_rotary_emb on x [B, L, H, D] at the given positions."""
+    """“Position Embedding”'s precompute_freqs_cis + apply_rotary_emb on x [B, L, H, D] at the given positions."""
     ns = load(2, "precompute_freqs_cis", "reshape_for_broadcast", "apply_rotary_emb")
     table = ns["precompute_freqs_cis"](D, n if n is not None else int(positions.max()) + 1)
     if positions.dim() == 1:
@@ -396,7 +398,7 @@ def llama_rope(x, D, positions, n=None):
                         for b in range(x.shape[0])])
 
 
-@case("seed002 apply_rotary_emb (complex, Llama) vs apply rope interleaved: offsets, --positions, float64 input")
+@case("“Position Embedding” apply_rotary_emb (complex, Llama) vs apply rope interleaved: offsets, --positions, float64 input")
 def _():
     B, L, H, D = 2, 20, 4, 32
     msg = []
@@ -418,7 +420,7 @@ def _():
     return ", ".join(msg)
 
 
-@case("seed002 apply_rotary_emb on the first R dims vs apply rope --rotary-dim R (rest passes through)")
+@case("“Position Embedding” apply_rotary_emb on the first R dims vs apply rope --rotary-dim R (rest passes through)")
 def _():
     B, L, H, D, R = 2, 16, 2, 48, 16
     x = randn(B, L, H, D)
@@ -428,7 +430,7 @@ def _():
     return f"err {e:.1e}"
 
 
-@case("seed002 rotary_position_embedding (element-wise; takes (batch, heads, seq, dim)) vs apply rope interleaved")
+@case("“Position Embedding” rotary_position_embedding (element-wise; takes (batch, heads, seq, dim)) vs apply rope interleaved")
 def _():
     B, L, H, D = 2, 24, 3, 32
     f = load(2, "rotary_position_embedding")["rotary_position_embedding"]
@@ -472,7 +474,7 @@ def _():
     return "; ".join(msg)
 
 
-@case("seed000's 'Llama splits halves' vs seed002's Llama code (adjacent pairs): half = interleaved up to a permutation")
+@case("“位置编码”'s 'Llama splits halves' vs “Position Embedding”'s Llama code (adjacent pairs): half = interleaved up to a permutation")
 def _():
     B, L, H, D = 2, 12, 2, 16
     x = randn(B, L, H, D)
@@ -483,10 +485,10 @@ def _():
     inter = posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x))
     e = close(half, want, **F32)
     assert np.abs(half - inter).max() > 1e-2, "the two layouts should differ on the same input"
-    return f"seed002 on permuted dims = posenc half, err {e:.1e}"
+    return f"“Position Embedding” on permuted dims = posenc half, err {e:.1e}"
 
 
-@case("rope gradient: apply rope --grad-out/--grad-in vs torch autograd of seed002 apply_rotary_emb")
+@case("rope gradient: apply rope --grad-out/--grad-in vs torch autograd of “Position Embedding” apply_rotary_emb")
 def _():
     msg = []
     for dtype in (torch.float32, torch.float64):
@@ -507,7 +509,7 @@ def _():
 HEADS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32]
 
 
-@case("seed002 get_slopes vs bias alibi (slope = −B[h,0,0] with --k-offset 1, and −B[h,0,1]) for H in " + str(HEADS))
+@case("“Position Embedding” get_slopes vs bias alibi (slope = −B[h,0,0] with --k-offset 1, and −B[h,0,1]) for H in " + str(HEADS))
 def _():
     get_slopes = load(2, "get_slopes")["get_slopes"]
     worst = 0.0
@@ -520,7 +522,7 @@ def _():
     return f"max err {worst:.1e}"
 
 
-@case("seed002 symmetric ALiBi lines (−slope·|j−i|) vs bias alibi --variant symmetric, incl. offsets")
+@case("“Position Embedding” symmetric ALiBi lines (−slope·|j−i|) vs bias alibi --variant symmetric, incl. offsets")
 def _():
     worst = 0.0
     for H in HEADS:
@@ -542,7 +544,7 @@ def _():
     return f"max err {worst:.1e}; bias == its transpose; --slopes shard ok"
 
 
-@case("seed002 nonsymmetric ALiBi lines (triu/tril −inf masks, slopes of H/2 repeated) vs --variant nonsymmetric")
+@case("“Position Embedding” nonsymmetric ALiBi lines (triu/tril −inf masks, slopes of H/2 repeated) vs --variant nonsymmetric")
 def _():
     worst = 0.0
     for H in [h for h in HEADS if h % 2 == 0]:
@@ -562,7 +564,7 @@ def _():
     return f"max err {worst:.1e} (−inf at the same places); odd H: article builds H−1 heads, posenc: {err!r}"
 
 
-@case("seed002 learned ALiBi lines (−sigmoid(w), triu(right) + tril(left)) vs --variant learned, and dW vs autograd")
+@case("“Position Embedding” learned ALiBi lines (−sigmoid(w), triu(right) + tril(left)) vs --variant learned, and dW vs autograd")
 def _():
     worst, worst_g = 0.0, 0.0
     for H in [1, 4, 6, 8]:
@@ -585,7 +587,7 @@ def _():
 # ---- T5 ------------------------------------------------------------------------------------------
 
 def t5_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
-    """OURS (the seeds describe T5 but give no code): Mesh TensorFlow's _relative_position_bucket as
+    """OURS (the articles describe T5 but give no code): Mesh TensorFlow's _relative_position_bucket as
     ported to Hugging Face T5, in torch, with the log term in float32 as both do.
     relative_position = key − query (long tensor)."""
     relative_buckets = torch.zeros_like(relative_position)
@@ -639,7 +641,7 @@ def softmax_attention(q, k, v, bias, scale):
     return torch.einsum("bhmn,bnhd->bmhd", torch.softmax(logits, dim=-1), v)
 
 
-@case("attention rope --causal vs seed000 RoPE (float64) on q, k + softmax attention; dQ, dK, dV by autograd")
+@case("attention rope --causal vs “位置编码” RoPE (float64) on q, k + softmax attention; dQ, dK, dV by autograd")
 def _():
     B, L, H, D = 2, 14, 3, 16
     q, k, v = (randn(B, L, H, D, dtype=torch.float64).requires_grad_(True) for _ in range(3))
@@ -657,7 +659,7 @@ def _():
     return f"out err {e[0]:.1e}, grads err {max(e[1:]):.1e}"
 
 
-@case("attention alibi nonsymmetric / learned vs seed002's ALiBi lines + its mask added to the logits; learned dW")
+@case("attention alibi nonsymmetric / learned vs “Position Embedding”'s ALiBi lines + its mask added to the logits; learned dW")
 def _():
     B, L, H, D = 2, 12, 4, 8
     q, k, v = (randn(B, L, H, D, dtype=torch.float64) for _ in range(3))

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """posenc attention with a NaN or inf in q, k or v, end to end, against PyTorch's plain attention.
 
-    /usr/bin/python3 tests/e2e/test_attention_nan.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_attention_nan.py --posenc PATH/TO/posenc [--articles ...] [-k NAME]
 
 The oracle is softmax(scale·q·kᵀ, masked_fill(−inf) when causal)·v in torch (float64, autograd for
 the gradients), grouped heads by repeating k and v. Each case runs `posenc attention nope` on .npy

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`posenc bench`'s interface end to end: what its rows say, never how fast anything is.
 
-    /usr/bin/python3 tests/e2e/test_bench.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_bench.py --posenc PATH/TO/posenc [--articles ...] [-k NAME]
 
 Benchmarks are programs, not tests: nothing here compares a time or a rate with anything. The cases
 run the cheapest rows (a RoPE decode step, attention at L = 1024, the memory rows at a tiny L) and

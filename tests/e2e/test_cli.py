@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The posenc command end to end: .npy files in, .npy files out, checked against numpy.
 
-    /usr/bin/python3 tests/e2e/test_cli.py --posenc PATH/TO/posenc --seeds PATH/TO/shared/seeds [-k NAME]
+    /usr/bin/python3 tests/e2e/test_cli.py --posenc PATH/TO/posenc --articles PATH/TO/shared/seeds [-k NAME]
 
 Every expectation is computed here, independently, in numpy from the formulas in the headers
 (include/posenc/*.h): the sinusoid, RoPE in both layouts, the learned table and its scatter-add
@@ -276,16 +276,16 @@ def help_exits_zero(d):
 @case
 def tour_computes_the_examples(d):
     out = run("tour").stdout
-    # seed 003: getPositionEncoding(seq_len=4, d=4, n=100)
+    # “三角函数式位置编码” (docs/articles.md): getPositionEncoding(seq_len=4, d=4, n=100)
     want = sinusoid(np.arange(4), 4, 100.0)
-    if ARGS.seeds and glob.glob(os.path.join(ARGS.seeds, "003_*.txt")):
-        # the article's own function, read from the seed
-        text = open(glob.glob(os.path.join(ARGS.seeds, "003_*.txt"))[0], encoding="utf-8").read()
+    if ARGS.articles and glob.glob(os.path.join(ARGS.articles, "003_*.txt")):
+        # the article's own function, read from its file
+        text = open(glob.glob(os.path.join(ARGS.articles, "003_*.txt"))[0], encoding="utf-8").read()
         start = text.index("def getPositionEncoding")
         src = text[start:text.index("return P", start) + len("return P")]
         ns = {"np": np}
         exec(src, ns)
-        close(ns["getPositionEncoding"](seq_len=4, d=4, n=100), want, "seed 003 vs formula")
+        close(ns["getPositionEncoding"](seq_len=4, d=4, n=100), want, "the article's getPositionEncoding vs formula")
     for row in want:
         assert " ".join(f"{x:11.8f}" for x in row) in out, f"tour lacks the row {row}"
     assert "2^-8" in out and "2^-0.5" in out, "ALiBi slopes for 8 and 12 heads"
@@ -358,7 +358,7 @@ def table_sinusoidal(d):
     run("table", "sinusoidal", "--length", 7, "--dim", 6, "--out", d.out("t.npy"))
     close(load(d.out("t.npy"), np.float64), sinusoid(np.arange(7), 6), "base 10000")
     run("table", "sinusoidal", "--length", 4, "--dim", 4, "--base", 100, "--out", d.out("t.npy"))
-    close(load(d.out("t.npy")), sinusoid(np.arange(4), 4, 100.0), "seed 003, base 100")
+    close(load(d.out("t.npy")), sinusoid(np.arange(4), 4, 100.0), "the article's example, base 100")
     run("table", "sinusoidal", "--length", 5, "--dim", 8, "--offset", 1000, "--dtype", "float32",
         "--out", d.out("t32.npy"))
     close(load(d.out("t32.npy"), np.float32), sinusoid(np.arange(1000, 1005), 8), "offset, float32",

@@ -2,7 +2,7 @@
 """The CLI's error messages: each names the flag the user gave, the one that is wrong, in the user's
 terms (no library argument names, no source files).
 
-    /usr/bin/python3 tests/e2e/test_cli_messages.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_cli_messages.py --posenc PATH/TO/posenc [--articles ...] [-k NAME]
 
 Every bad input must give exit 2, exactly one stderr line "posenc: FLAG: ...", nothing on stdout and
 no output file (harness.expect_error); here the line must also START with the flag that is wrong

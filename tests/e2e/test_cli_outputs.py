@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Where the posenc command's outputs go, and the errors of train, study and plot before any work.
 
-    /usr/bin/python3 tests/e2e/test_cli_outputs.py --posenc PATH/TO/posenc [--seeds IGNORED] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_cli_outputs.py --posenc PATH/TO/posenc [--articles IGNORED] [-k NAME]
 
 Outputs (cli/npy.h's OutputSet, every command): a symbolic link is followed and its target replaced,
 the link kept (also when the target does not exist yet); an existing FIFO is written in place, not

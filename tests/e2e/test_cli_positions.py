@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """posenc apply and table at the edges of their ranges, end to end, against numpy and Python's math.
 
-    /usr/bin/python3 tests/e2e/test_cli_positions.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_cli_positions.py --posenc PATH/TO/posenc [--articles ...] [-k NAME]
 
 Positions are bounded by 2^53 (include/posenc/view.h): a larger --offset (or one whose last token
 passes 2^53, or overflows int64) or --positions value is an error for every encoding apply runs

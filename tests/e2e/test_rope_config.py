@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """RoPE of released models end to end: posenc rope-config / table rope / apply / attention --config.
 
-    /usr/bin/python3 tests/e2e/test_rope_config.py --posenc PATH/TO/posenc [--seeds DIR] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_rope_config.py --posenc PATH/TO/posenc [--articles DIR] [-k NAME]
 
 The oracle is written here from the facts of Hugging Face transformers 4.56 (modeling_rope_utils.py
 after PR #40320, and the config classes of Llama, Qwen2, DeepSeek-V3, Phi-3 and GPT-NeoX), as

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """posenc's rotary encodings beyond 1D RoPE (rope2d, mrope, xpos) end to end, against numpy.
 
-    /usr/bin/python3 tests/e2e/test_rotary_cli.py --posenc PATH/TO/posenc [--seeds ...] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_rotary_cli.py --posenc PATH/TO/posenc [--articles ...] [-k NAME]
 
 Every expectation is computed here in numpy, each in the form of its source: RoPE-ViT's complex
 pairs (x rotations, then y rotations: compute_axial_cis; x·θˣ + y·θʸ: compute_mixed_cis),

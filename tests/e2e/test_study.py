@@ -2,7 +2,7 @@
 """posenc study, plot and check end to end: what they write, what they refuse, and that the study's
 worker processes change nothing in the numbers.
 
-    /usr/bin/python3 tests/e2e/test_study.py --posenc PATH/TO/posenc [--seeds IGNORED] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_study.py --posenc PATH/TO/posenc [--articles IGNORED] [-k NAME]
 
 The study runs here on a small generated corpus with a few steps (seconds, not minutes): the checks
 are about the command (results.json's shape, the CSV, the picture, `learned` reported as null past

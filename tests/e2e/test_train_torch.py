@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """posenc's training run replayed in PyTorch: the golden losses of a few steps at a fixed seed.
 
-    /usr/bin/python3 tests/e2e/test_train_torch.py --posenc PATH/TO/posenc [--seeds IGNORED] [-k NAME]
+    /usr/bin/python3 tests/e2e/test_train_torch.py --posenc PATH/TO/posenc [--articles IGNORED] [-k NAME]
 
 For each encoding that scripts/torch_model.py writes independently (nope, learned, sinusoidal,
 rope, alibi, t5), two cases. ENC: `posenc train` runs a few steps on one thread from a fixed seed,

@@ -1,7 +1,7 @@
 // The plans of the rotary encodings (rotary_plan.h): validation of their params and positions, the
 // per-pair angle sources and scales, and the plain double reference of the rotation every rotary
 // encoding shares. The formulas are those of rope_math.h (through rope::frequencies),
-// rope2d_math.h, mrope_math.h and xpos_math.h; see posenc/rotary.h.
+// rope2d_math.h, mrope_math.h and xpos_math.h; see docs/rotary.md.
 #include "enc/rotary/rotary_plan.h"
 
 #include <algorithm>

@@ -5,7 +5,8 @@
 //             sits at are 0)
 //
 // Source: BERT (Devlin et al. 2019) and GPT-2's position embeddings, a torch.nn.Embedding(max_len, D)
-// looked up at arange(L) (seeds 000 and 001). A position ≥ max_len is an error, never wrapped:
+// looked up at arange(L) (as “位置编码” and “语言模型为什么需要位置编码” describe it,
+// docs/articles.md). A position ≥ max_len is an error, never wrapped:
 // the table has no row for it.
 #include <string>
 

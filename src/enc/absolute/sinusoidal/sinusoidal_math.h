@@ -1,7 +1,8 @@
 // The sinusoid of Vaswani et al. 2017 (§3.5), written once:
 //   PE[p, 2i] = sin(p / base^(2i/D)),  PE[p, 2i+1] = cos(p / base^(2i/D)),  i = 0 .. D/2 − 1.
-// Seed 000's code divides by 10000^(j/D) for every dimension j (both members of a pair get different
-// frequencies); seeds 001, 002 and 004 use 2i/D as the paper does. posenc follows the paper.
+// The code of the article “位置编码” (docs/articles.md) divides by 10000^(j/D) for every dimension j
+// (both members of a pair get different frequencies); the other articles use 2i/D as the paper
+// does. posenc follows the paper.
 #pragma once
 
 #include <cmath>

@@ -5,9 +5,9 @@
 //   forward   y = x + PE[pos]                 x, y: [B, L, D]
 //   backward  dx = dy                         (PE has no parameters)
 //
-// Source: Vaswani et al. 2017, "Attention Is All You Need", §3.5 (base 10000); seeds 001, 002, 003
-// and 004 write the same formula (seed 003's worked example uses base n = 100, d = 4). Seed 000's
-// code divides by 10000^(j/D) for every dimension j, which is not the paper's formula (see
+// Source: Vaswani et al. 2017, "Attention Is All You Need", §3.5 (base 10000); four of the source
+// articles (docs/articles.md) write the same formula (“三角函数式位置编码”'s worked example uses base
+// n = 100, d = 4). The code of “位置编码” divides by 10000^(j/D) for every dimension j, which is not the paper's formula (see
 // sinusoidal_math.h, where the formula is written once).
 #include <cmath>
 #include <sstream>

@@ -12,8 +12,8 @@
 // Caller-given slopes [H] replace the rule's for symmetric and nonsymmetric (used per head as given).
 //
 // Source: Press et al. 2022, "Train Short, Test Long" (arXiv 2108.12409), §3, and the authors'
-// get_slopes (ofirpress/attention_with_linear_biases, issue 5); seed 002 gives the three variants
-// (its "Symmetric", "Nonsymmetric" and "Nonsymmetric with no mask" with sigmoid-squashed learned
+// get_slopes (ofirpress/attention_with_linear_biases, issue 5); the article “Position Embedding”
+// (docs/articles.md) gives the three variants (its "Symmetric", "Nonsymmetric" and "Nonsymmetric with no mask" with sigmoid-squashed learned
 // slopes, slopes_left = w[0] for the past, slopes_right = w[1] for the future). The slope rule is
 // written once in alibi_math.h. The bias is not divided by √d.
 #include <cmath>

@@ -3,7 +3,7 @@
 //   b_h(i, j) = f_h( ψ(i − j) / ψ(max(L, i)) ),   ψ(x) = log(c·x + 1),
 // with f a small MLP, R → R^H: f(x) = w2·relu(w1·x + b1) + b2 (W hidden units; the paper's
 // experiments use W = 32), and c, L learned scalars. posenc takes d = |i − j| for the distance (the
-// paper's models are causal, i ≥ j; see bias.h) and i = the query's global position qp.
+// paper's models are causal, i ≥ j; see docs/bias.md) and i = the query's global position qp.
 //
 // Written here once: ψ and its derivatives, the normalised distance x with ∂x/∂c and ∂x/∂L, the
 // MLP (the references evaluate it per pair) and its piecewise-linear form (the fast paths):

@@ -11,7 +11,7 @@
 // Source: Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
 // Transformers" (arXiv 2310.04418): b(i, j) = f_θ(ψ(i − j)/ψ(max(L, i))), ψ(x) = log(cx + 1), f_θ
 // an MLP with one ReLU hidden layer and an output per head, c and L learned. The paper's setting is
-// causal (i ≥ j); for keys after the query d = |i − j| (see bias.h). fire_math.h holds the formula.
+// causal (i ≥ j); for keys after the query d = |i − j| (see docs/bias.md). fire_math.h holds the formula.
 #include <string>
 #include <vector>
 

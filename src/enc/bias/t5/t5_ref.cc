@@ -9,8 +9,8 @@
 // max_distance, beyond which all share the last bucket of the direction.
 //
 // Source: Raffel et al. 2020 (T5, JMLR 21(140), §2.1 "Positional embeddings"); Mesh TensorFlow's
-// _relative_position_bucket, as ported to Hugging Face's T5Attention; seed 004 names T5's b_ij
-// (A = softmax(qk + b_ij)). The bucket is written once in t5_math.h.
+// _relative_position_bucket, as ported to Hugging Face's T5Attention; the article “语言模型为什么需要
+// 位置编码” (docs/articles.md) names T5's b_ij (A = softmax(qk + b_ij)). The bucket is written once in t5_math.h.
 #include <string>
 
 #include "enc/bias/bias_geometry.h"

@@ -1,4 +1,4 @@
-// M-RoPE's formulas written once (see posenc/rotary.h for the definitions).
+// M-RoPE's formulas written once (see docs/rotary.md for the definitions).
 //
 // Sources: Wang et al. 2024, Qwen2-VL (arXiv 2409.12191), its Multimodal Rotary Position Embedding;
 // transformers' Qwen2-VL apply_multimodal_rotary_pos_emb (chunked sections: the cos/sin of

@@ -1,5 +1,5 @@
 // M-RoPE's position ids of one sequence of text runs and image / video grids: transformers' Qwen2-VL
-// get_rope_index (see posenc/rotary.h and mrope_math.h), written from its rule.
+// get_rope_index (see docs/rotary.md and mrope_math.h), written from its rule.
 #include <algorithm>
 #include <string>
 

@@ -1,4 +1,4 @@
-// A Hugging Face config.json read as transformers ≥ 4.56 reads it for RoPE (see posenc/rope.h).
+// A Hugging Face config.json read as transformers ≥ 4.56 reads it for RoPE (see docs/rope.md).
 //
 // Facts relied on, from transformers' sources (src/transformers/modeling_rope_utils.py of the 4.56
 // line, after PR #40320 "explicit factor > implicit factor in YaRN"; the model configs named):

@@ -1,6 +1,6 @@
 // The frequencies of a RoPE call: validation of RopeParams and the one computation of ω_k and the
 // attention factor that every consumer reads (the references, the fast elementwise path, both
-// attentions, the CLI and the benchmarks). The formulas are rope_math.h's; see posenc/rope.h.
+// attentions, the CLI and the benchmarks). The formulas are rope_math.h's; see docs/rope.md.
 #include <cmath>
 #include <string>
 

@@ -1,5 +1,5 @@
 // RoPE's formulas written once: the pairs of a layout and the inverse frequency ω_k of every scheme
-// (see posenc/rope.h for the definitions and their sources).
+// (see docs/rope.md for the definitions and their sources).
 //
 // Each scheme is a template over its arithmetic T, evaluated twice by rope_freqs.cc:
 //   T = double: the accurate frequencies;

@@ -9,8 +9,9 @@
 //   layout interleaved: (a, b) = (2k, 2k+1);  layout half: (a, b) = (k, k + r/2)
 //   backward: a_f·R(−m) (R(m) is orthogonal, so (a_f·R(m))ᵀ = a_f·R(−m)).
 //
-// Source: Su et al. 2021, RoFormer (arXiv 2104.09864), eq. 34 (the block-diagonal R_{Θ,m}, seed 000)
-// and eq. 35 (the element-wise form, seed 002); Llama's complex form (seed 002); the half layout is
+// Source: Su et al. 2021, RoFormer (arXiv 2104.09864), eq. 34 (the block-diagonal R_{Θ,m}, as the
+// article “位置编码” builds it) and eq. 35 (the element-wise form); Llama's complex form (both as
+// “Position Embedding” writes them; docs/articles.md); the half layout is
 // GPT-NeoX / Hugging Face's rotate_half. ω_k, the angle (accurate: double; hf: transformers' float32
 // product) and a_f come from RopeFrequencies (rope_freqs.cc, the formulas in rope_math.h); cos and
 // sin of that angle are taken in double.

@@ -1,4 +1,4 @@
-// 2D RoPE's formulas written once (see posenc/rotary.h for the definitions).
+// 2D RoPE's formulas written once (see docs/rotary.md for the definitions).
 //
 // Source: Heo et al. 2024, Rotary Position Embedding for Vision Transformer (RoPE-ViT, arXiv
 // 2403.13298), its axial and mixed frequencies, as the authors' code (naver-ai/rope-vit,

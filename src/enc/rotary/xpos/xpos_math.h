@@ -1,4 +1,4 @@
-// xPos's formulas written once (see posenc/rotary.h for the definitions).
+// xPos's formulas written once (see docs/rotary.md for the definitions).
 //
 // Source: Sun et al. 2022, A Length-Extrapolatable Transformer (arXiv 2212.10554), §3: RoPE whose
 // pair k is scaled by ζ_k^(n/γ_s) on queries and ζ_k^(−n/γ_s) on keys, ζ_k = (2k/d + γ)/(1 + γ)
