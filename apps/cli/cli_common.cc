@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "core/param_text.h"
 
 namespace posenc::cli {
 
@@ -138,29 +139,17 @@ void check_lib(const Status& s, const FlagMap& extra) {
 
 // ---- values -----------------------------------------------------------------------------------
 
+// The value rules are the library's (core/param_text.h), shared with the C ABI's keys.
 std::int64_t parse_int(const std::string& flag, const std::string& text) {
-  std::int64_t v = 0;
-  const char* first = text.data();
-  const char* last = text.data() + text.size();
-  if (first != last && *first == '+') ++first;
-  const auto [ptr, ec] = std::from_chars(first, last, v);
-  if (text.empty() || ec != std::errc() || ptr != last)
-    fail(Status::Invalid(flag, "expected an integer, got '" + text + "'"));
-  return v;
+  return take(posenc::text::parse_int(flag, text));
 }
 
 double parse_float(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
-    fail(Status::Invalid(flag, "expected a finite number, got '" + text + "'"));
-  return v;
+  return take(posenc::text::parse_float(flag, text));
 }
 
 bool parse_bool(const std::string& flag, const std::string& text) {
-  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
-  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
-  fail(Status::Invalid(flag, "expected true or false (or 1/0, yes/no, on/off), got '" + text + "'"));
+  return take(posenc::text::parse_bool(flag, text));
 }
 
 DType parse_float_dtype(const std::string& flag, const std::string& text) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/cli_common.h"
+#include "posenc/c_api.h"
 
 namespace {
 
@@ -40,7 +41,7 @@ int finish_stdout() {
 int main(int argc, char** argv) {
   using namespace posenc::cli;
   CLI::App app{"posenc: positional encodings for transformers (NumPy .npy in, .npy out)", "posenc"};
-  app.set_version_flag("--version", "posenc 0.1.0");
+  app.set_version_flag("--version", std::string("posenc ") + posenc_version());
   app.require_subcommand(1, 1);
   app.fallthrough(false);
   app.option_defaults()->disable_flag_override();  // "--json=3" is an error, not true
