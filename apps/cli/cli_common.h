@@ -55,6 +55,14 @@ T take_lib(Expected<T> e, const FlagMap& extra = {}) {
 
 // The study's corpus (posenc/study.h's load_corpus), or a failure naming --corpus.
 Corpus corpus_or_fail(const std::string& path);
+// A failing study Status (study/run.h, study/results.h) with its argument turned into the flag
+// ("out" → "--out"); the text is kept as it is (it quotes paths).
+void check_study(const Status& s);
+template <class T>
+T take_study(Expected<T> e) {
+  if (!e.ok()) check_study(e.status());
+  return std::move(e).value();
+}
 
 // The single line main() prints for a failure (no newlines inside).
 std::string one_line(const std::string& s);
