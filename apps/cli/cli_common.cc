@@ -725,9 +725,4 @@ void require_feature_dim(const std::string& flag, const Tensor& t) {
     fail(Status::OutOfRange(flag, "expected a last dimension D <= 2^20 (1048576), got shape " + t.shape_str()));
 }
 
-bool is_whole_png(const std::string& b) {
-  static const char kSignature[] = "\x89PNG\r\n\x1a\n";
-  return b.size() >= 20 && b.compare(0, 8, kSignature, 8) == 0 && b.compare(b.size() - 8, 4, "IEND") == 0;
-}
-
 }  // namespace posenc::cli

@@ -79,9 +79,6 @@ CLI::Option* add_text(CLI::App* app, const std::string& flag, std::string* dest,
 // An .npy path option.
 CLI::Option* add_path(CLI::App* app, const std::string& flag, std::string* dest, const std::string& help);
 
-// True when bytes hold a PNG through to its IEND chunk (gnuplot exits 0 even when a full disk cut its
-// picture short).
-bool is_whole_png(const std::string& bytes);
 // Reads an input .npy file (a Failure names the flag).
 Tensor read_input(const std::string& flag, const std::string& path);
 // Requires a float tensor (data inputs: q, k, v, x, tables, gradients).
