@@ -693,14 +693,25 @@ Corpus corpus_or_fail(const std::string& path) {
   return std::move(c).value();
 }
 
+void check_study(const Status& s) {
+  if (s.ok()) return;
+  switch (s.code()) {
+    case Code::kInvalidArgument:
+      fail(Status::Invalid(flag_for(s.arg()), s.what()));
+    case Code::kOutOfRange:
+      fail(Status::OutOfRange(flag_for(s.arg()), s.what()));
+    case Code::kIo:
+      fail(Status::Io(flag_for(s.arg()), s.what()));
+    case Code::kInternal:
+    case Code::kOk:
+      break;
+  }
+  fail(s);
+}
+
 void require_feature_dim(const std::string& flag, const Tensor& t) {
   if (!t.shape().empty() && t.shape().back() > (std::int64_t{1} << 20))
     fail(Status::OutOfRange(flag, "expected a last dimension D <= 2^20 (1048576), got shape " + t.shape_str()));
-}
-
-bool is_whole_png(const std::string& b) {
-  static const char kSignature[] = "\x89PNG\r\n\x1a\n";
-  return b.size() >= 20 && b.compare(0, 8, kSignature, 8) == 0 && b.compare(b.size() - 8, 4, "IEND") == 0;
 }
 
 }  // namespace posenc::cli

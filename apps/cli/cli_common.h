@@ -55,6 +55,14 @@ T take_lib(Expected<T> e, const FlagMap& extra = {}) {
 
 // The study's corpus (posenc/study.h's load_corpus), or a failure naming --corpus.
 Corpus corpus_or_fail(const std::string& path);
+// A failing study Status (study/run.h, study/results.h) with its argument turned into the flag
+// ("out" → "--out"); the text is kept as it is (it quotes paths).
+void check_study(const Status& s);
+template <class T>
+T take_study(Expected<T> e) {
+  if (!e.ok()) check_study(e.status());
+  return std::move(e).value();
+}
 
 // The single line main() prints for a failure (no newlines inside).
 std::string one_line(const std::string& s);
@@ -71,9 +79,6 @@ CLI::Option* add_text(CLI::App* app, const std::string& flag, std::string* dest,
 // An .npy path option.
 CLI::Option* add_path(CLI::App* app, const std::string& flag, std::string* dest, const std::string& help);
 
-// True when bytes hold a PNG through to its IEND chunk (gnuplot exits 0 even when a full disk cut its
-// picture short).
-bool is_whole_png(const std::string& bytes);
 // Reads an input .npy file (a Failure names the flag).
 Tensor read_input(const std::string& flag, const std::string& path);
 // Requires a float tensor (data inputs: q, k, v, x, tables, gradients).

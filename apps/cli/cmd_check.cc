@@ -18,13 +18,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
 
 #include "cli/cli_common.h"
+#include "study/results.h"
 
 namespace posenc::cli {
 namespace {
@@ -193,53 +192,27 @@ struct StudyColumn {
 };
 
 StudyColumn read_study(const std::string& dir, bool named) {
-  namespace fs = std::filesystem;
   const std::string path = dir + "/results.json";
-  const auto bad = [&](const std::string& what) {
-    fail(Status::Invalid("--study", path + ": " + what + " (expected posenc study's results.json)"));
-  };
   StudyColumn out;
   std::error_code ec;
-  const fs::file_status fst = fs::status(path, ec);
-  if (!fs::exists(fst)) {
+  if (!std::filesystem::exists(std::filesystem::status(path, ec))) {
     if (named)  // a folder the user names must hold a study
       fail(Status::Io("--study", "no results.json in " + dir + " (expected posenc study's output directory)"));
     out.missing = "no study in " + dir;
     return out;
   }
-  if (!fs::is_regular_file(fst)) bad("not a regular file");
-  std::ifstream f(path);
-  if (!f) fail(Status::Io("--study", "cannot read " + path));
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded()) bad("not valid JSON");
-  if (!j.is_object() || !j.contains("encodings") || !j["encodings"].is_array())
-    bad("no \"encodings\" array");
-  for (const auto& r : j["encodings"]) {
-    if (!r.is_object() || !r.contains("encoding") || !r["encoding"].is_string())
-      bad("an entry of \"encodings\" without an \"encoding\" name");
-    const std::string name = r["encoding"].get<std::string>();
-    if (!r.contains("eval") || !r["eval"].is_array() || r["eval"].empty())
-      bad("\"" + name + "\" has no \"eval\" rows");
-    for (const auto& e : r["eval"]) {
-      if (!e.is_object() || !e.contains("len") || !e["len"].is_number_integer() || e["len"].get<I>() < 1)
-        bad("\"" + name + "\": an \"eval\" row without a positive integer \"len\"");
-      const bool has = e.contains("ppl");
-      const nlohmann::json p = has ? e["ppl"] : nlohmann::json();
-      const bool positive = p.is_number() && std::isfinite(p.get<double>()) && p.get<double>() > 0;
-      if (!has || !(p.is_null() || positive))
-        bad("\"" + name + "\": an \"eval\" row whose \"ppl\" is not a positive number or null");
-    }
-    const auto& a = r["eval"].front();
-    const auto& b = r["eval"].back();
-    const std::string bl = std::to_string(b["len"].get<I>()), al = std::to_string(a["len"].get<I>());
+  for (const StudyEntry& r : take_study(read_results_json(path))) {
+    const EvalPoint& a = r.eval.front();
+    const EvalPoint& b = r.eval.back();
+    const std::string bl = std::to_string(b.len), al = std::to_string(a.len);
     std::string cell;
-    if (a["ppl"].is_null())
+    if (!a.ppl)
       cell = "cannot run at " + al;
-    else if (b["ppl"].is_null())
+    else if (!b.ppl)
       cell = "cannot run at " + bl;
     else
-      cell = num(b["ppl"].get<double>() / a["ppl"].get<double>()) + "x ppl at " + bl + " vs " + al;
-    out.by_name[name] = cell;
+      cell = num(*b.ppl / *a.ppl) + "x ppl at " + bl + " vs " + al;
+    out.by_name[r.encoding] = cell;
   }
   return out;
 }

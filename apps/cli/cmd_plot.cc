@@ -16,13 +16,12 @@
 #include <complex>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <utility>
-#include <iterator>
 #include <sstream>
 
 #include "cli/cli_common.h"
+#include "study/gnuplot.h"
 #include "enc/contextual/cope/cope_math.h"
 #include "enc/absolute/sinusoidal/sinusoidal_math.h"
 
@@ -195,39 +194,26 @@ void run_plot(const PlotState& st, const CLI::App& app) {
       fail(Status::Invalid("--out", "expected a path ending in .png (the picture is a PNG), got '" + st.out + "'"));
   }
   check_options(st, app);
-  if (system("command -v gnuplot >/dev/null 2>&1") != 0)
-    fail(Status::Io("--out", "plots need gnuplot (apt-get install gnuplot-nox)"));
+  if (!gnuplot_found()) fail(Status::Io("--out", "plots need gnuplot (apt-get install gnuplot-nox)"));
   OutputSet outs;
   check(outs.reserve("--out", st.out));
   // gnuplot draws into the temporary folder; the picture is read back and written like any output
   std::error_code ec;
   const std::filesystem::path tmpdir = std::filesystem::temp_directory_path(ec);
-  const std::string tmp = (ec ? std::filesystem::path("/tmp") : tmpdir) /
-                          ("posenc-plot-" + std::to_string(getpid()) + ".png");
-  const std::string gp = script(st, tmp);
-  const std::string gpfile = tmp + ".gp";
-  {
-    std::ofstream f(gpfile);
-    f << gp;
-    f.close();  // the last of the script reaches the disk here
-    if (f.fail()) {
-      std::remove(gpfile.c_str());
-      fail(Status::Io("--out", "cannot write the gnuplot script " + gpfile));
-    }
-  }
-  const int rc = system(("gnuplot " + quoted(gpfile) + " 2>/dev/null").c_str());
-  std::remove(gpfile.c_str());
-  std::string png;
-  if (rc == 0) {
-    std::ifstream f(tmp, std::ios::binary);
-    png.assign(std::istreambuf_iterator<char>(f), {});
-  }
-  std::remove(tmp.c_str());
-  if (rc != 0) fail(Status::Io("--out", "gnuplot failed to draw " + st.out));
-  if (!is_whole_png(png))
-    fail(Status::Io("--out", "gnuplot could not write the whole picture to " + tmp + " (is that disk full?)"));
+  GnuplotJob job;
+  job.png = (ec ? std::filesystem::path("/tmp") : tmpdir) / ("posenc-plot-" + std::to_string(getpid()) + ".png");
+  job.script = script(st, job.png);
+  job.script_path = job.png + ".gp";
+  job.arg = "--out";
+  job.missing = "plots need gnuplot (apt-get install gnuplot-nox)";
+  job.script_failed = "cannot write the gnuplot script " + job.script_path;
+  job.draw_failed = "gnuplot failed to draw " + st.out;
+  job.incomplete = "gnuplot could not write the whole picture to " + job.png + " (is that disk full?)";
+  Expected<std::string> png = draw_png(job);
+  std::remove(job.png.c_str());
+  check(png.status());
   // written as every output is (cli/npy.h): replaced by a rename, a link's target, a device in place
-  outs.attach_bytes("--out", std::move(png));
+  outs.attach_bytes("--out", std::move(png).value());
   check(outs.commit());
   std::printf("wrote %s\n", st.out.c_str());
 }

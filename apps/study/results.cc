@@ -1,0 +1,196 @@
+// study/results.cc — results as JSON, CSV and a table, and results.json read back.
+#include "study/results.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace posenc {
+namespace {
+
+using json = nlohmann::json;
+
+json optional_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+// printf into a string.
+[[gnu::format(printf, 1, 2)]] std::string format(const char* fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) return {};
+  if (std::size_t(n) < sizeof buf) return std::string(buf, std::size_t(n));
+  std::string big(std::size_t(n) + 1, '\0');
+  va_start(ap, fmt);
+  std::vsnprintf(big.data(), big.size(), fmt, ap);
+  va_end(ap);
+  big.resize(std::size_t(n));
+  return big;
+}
+
+// A value with three decimals, "-" when missing.
+std::string three(const std::optional<double>& v) { return v ? format("%.3f", *v) : std::string("-"); }
+
+}  // namespace
+
+std::string result_to_json(const StudyResult& r) {
+  json j = {{"encoding", int(r.encoding)},
+            {"final_train_loss", r.final_train_loss},
+            {"train_seconds", r.train_seconds},
+            {"tokens_per_second", r.tokens_per_second}};
+  j["eval"] = json::array();
+  for (const EvalPoint& p : r.eval)
+    j["eval"].push_back({{"len", p.len}, {"ppl", optional_json(p.ppl)}, {"acc", optional_json(p.acc)}});
+  return j.dump();
+}
+
+Expected<StudyResult> result_from_json(const std::string& line) {
+  const json j = json::parse(line, nullptr, false);
+  if (j.is_discarded()) return Status::Invalid("result", "expected a result as JSON, got malformed text");
+  try {
+    StudyResult r;
+    r.encoding = Encoding(j.at("encoding").get<int>());
+    r.final_train_loss = j.at("final_train_loss").get<double>();
+    r.train_seconds = j.at("train_seconds").get<double>();
+    r.tokens_per_second = j.at("tokens_per_second").get<double>();
+    for (const json& p : j.at("eval")) {
+      EvalPoint pt;
+      pt.len = p.at("len").get<std::int64_t>();
+      if (!p.at("ppl").is_null()) pt.ppl = p.at("ppl").get<double>();
+      if (!p.at("acc").is_null()) pt.acc = p.at("acc").get<double>();
+      r.eval.push_back(pt);
+    }
+    return r;
+  } catch (const json::exception& e) {
+    return Status::Invalid("result", std::string("expected a study result, got JSON without its fields (") +
+                                         e.what() + ")");
+  }
+}
+
+std::string results_json(const StudyRun& run) {
+  const StudyConfig& cfg = run.cfg;
+  const bool acc = cfg.task.has_value();
+  json j;
+  j["train_len"] = cfg.train_len;
+  if (acc) j["task"] = task_name(*cfg.task);
+  j["corpus"] = run.corpus;
+  j["preset"] = run.preset;
+  j["steps"] = cfg.steps;
+  j["batch"] = cfg.batch;
+  j["seed"] = cfg.seed;
+  j["threads"] = run.threads;
+  j["workers"] = run.workers;
+  j["threads_per_worker"] = run.threads_per_worker;
+  j["eval_tokens"] = cfg.eval_tokens;
+  j["model"] = {{"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
+                {"n_heads", cfg.model.n_heads}, {"d_ff", cfg.model.d_ff}};
+  j["encodings"] = json::array();
+  for (const StudyResult& r : run.results) {
+    json e = {{"encoding", encoding_info(r.encoding).name},
+              {"final_train_loss", r.final_train_loss},
+              {"train_seconds", r.train_seconds},
+              {"tokens_per_second", r.tokens_per_second}};
+    e["eval"] = json::array();
+    for (const EvalPoint& p : r.eval) {
+      json pt = {{"len", p.len}, {"ppl", optional_json(p.ppl)}};
+      if (acc) pt["acc"] = optional_json(p.acc);
+      e["eval"].push_back(pt);
+    }
+    j["encodings"].push_back(e);
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string results_csv(const StudyRun& run) {
+  const bool acc = run.cfg.task.has_value();
+  std::string csv = acc ? "encoding,len,ppl,acc\n" : "encoding,len,ppl\n";
+  for (const StudyResult& r : run.results) {
+    const std::string name = encoding_info(r.encoding).name;
+    for (const EvalPoint& p : r.eval)
+      csv += name + "," + std::to_string(p.len) + "," + (p.ppl ? three(p.ppl) : "") +
+             (acc ? "," + (p.acc ? three(p.acc) : std::string()) : std::string()) + "\n";
+  }
+  return csv;
+}
+
+std::string results_table(const StudyRun& run) {
+  const StudyConfig& cfg = run.cfg;
+  const bool acc = cfg.task.has_value();
+  std::string t =
+      acc ? format("accuracy on %lld fresh examples per length (%s), trained at length %lld\n",
+                   (long long)cfg.eval_examples, run.corpus.c_str(), (long long)cfg.train_len)
+          : format("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
+                   (long long)cfg.eval_tokens, run.corpus.c_str(), (long long)cfg.train_len);
+  t += format("%-11s", "encoding");
+  for (std::int64_t m : cfg.eval_multiples) t += format(" %9lld", (long long)(m * cfg.train_len));
+  t += format(" %9s %9s\n", "last/1x", "tok/s");
+  for (const StudyResult& r : run.results) {
+    t += format("%-11s", encoding_info(r.encoding).name.c_str());
+    for (const EvalPoint& p : r.eval) t += format(" %9s", three(acc ? p.acc : p.ppl).c_str());
+    if (r.eval.empty()) {
+      t += format(" %9s %9.0f\n", "-", r.tokens_per_second);
+      continue;
+    }
+    const auto& a = acc ? r.eval.front().acc : r.eval.front().ppl;
+    const auto& b = acc ? r.eval.back().acc : r.eval.back().ppl;
+    t += format(" %9s %9.0f\n", a && b ? three(*b / *a).c_str() : "-", r.tokens_per_second);
+  }
+  return t;
+}
+
+Expected<std::vector<StudyEntry>> read_results_json(const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto bad = [&](const std::string& what) {
+    return Status::Invalid("study", path + ": " + what + " (expected posenc study's results.json)");
+  };
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::status(path, ec))) return bad("not a regular file");
+  std::ifstream f(path);
+  if (!f) return Status::Io("study", "cannot read " + path);
+  const json j = json::parse(f, nullptr, false);
+  if (j.is_discarded()) return bad("not valid JSON");
+  if (!j.is_object() || !j.contains("encodings") || !j["encodings"].is_array())
+    return bad("no \"encodings\" array");
+  std::vector<StudyEntry> out;
+  for (const json& r : j["encodings"]) {
+    if (!r.is_object() || !r.contains("encoding") || !r["encoding"].is_string())
+      return bad("an entry of \"encodings\" without an \"encoding\" name");
+    StudyEntry entry{r["encoding"].get<std::string>(), {}};
+    const std::string& name = entry.encoding;
+    if (!r.contains("eval") || !r["eval"].is_array() || r["eval"].empty())
+      return bad("\"" + name + "\" has no \"eval\" rows");
+    for (const json& e : r["eval"]) {
+      if (!e.is_object() || !e.contains("len") || !e["len"].is_number_integer() || e["len"].get<std::int64_t>() < 1)
+        return bad("\"" + name + "\": an \"eval\" row without a positive integer \"len\"");
+      const bool has = e.contains("ppl");
+      const json p = has ? e["ppl"] : json();
+      const bool positive = p.is_number() && std::isfinite(p.get<double>()) && p.get<double>() > 0;
+      if (!has || !(p.is_null() || positive))
+        return bad("\"" + name + "\": an \"eval\" row whose \"ppl\" is not a positive number or null");
+      EvalPoint pt;
+      pt.len = e["len"].get<std::int64_t>();
+      if (positive) pt.ppl = p.get<double>();
+      entry.eval.push_back(pt);
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+bool write_file(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return false;
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int e = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (wrote) return closed;
+  errno = e;
+  return false;
+}
+
+}  // namespace posenc

@@ -1,0 +1,52 @@
+// study/results.h — a study's results as text: one result as a JSON line (the workers send theirs to
+// the parent so), results.json, results.csv and the table `posenc study` prints, and results.json
+// read back (`posenc check`'s extrapolation column).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "study/study.h"
+#include "posenc/status.h"
+
+namespace posenc {
+
+// A finished study: its configuration, where and how it ran, and one result per encoding.
+struct StudyRun {
+  StudyConfig cfg;
+  std::string preset;  // "quick" or "full"
+  std::string corpus;  // the corpus's name ("bible-kjv", a path, "task copy")
+  int threads = 1, workers = 1, threads_per_worker = 1;
+  std::vector<StudyResult> results;  // in cfg.encodings' order
+};
+
+// One result as one line of JSON (the encoding by its number); doubles are written so that they
+// read back exactly.
+std::string result_to_json(const StudyResult& r);
+// The result result_to_json wrote; an error (naming "result") for any other text.
+Expected<StudyResult> result_from_json(const std::string& line);
+
+// results.json: the run's settings and, per encoding (by name), its loss, speed and evaluation
+// rows ("acc" only for a task; a missing value is null). Ends with a newline.
+std::string results_json(const StudyRun& run);
+// results.csv: "encoding,len,ppl" (",acc" for a task), one row per encoding and length; a missing
+// value is an empty field.
+std::string results_csv(const StudyRun& run);
+// The table: a title line, then per encoding its perplexity (accuracy for a task) at every length,
+// the last over the first ("last/1x") and tokens per second; a missing value is "-".
+std::string results_table(const StudyRun& run);
+
+// One encoding of a results.json as read back.
+struct StudyEntry {
+  std::string encoding;
+  std::vector<EvalPoint> eval;  // len >= 1 and ppl (a positive number or absent) in every row
+};
+// Reads a study's results.json whole. A file that is not the study's shape is an error naming
+// "study" and the field: "<path>: \"rope\" has no \"eval\" rows (expected posenc study's
+// results.json)".
+Expected<std::vector<StudyEntry>> read_results_json(const std::string& path);
+
+// Writes text to path; false (errno kept) when any of it did not reach the file (a full disk).
+bool write_file(const std::string& path, const std::string& text);
+
+}  // namespace posenc
