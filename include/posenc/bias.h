@@ -1,8 +1,11 @@
 // posenc/bias.h — logit biases: added to the attention logits scale·q·kᵀ, not scaled themselves.
 // Bias tensors are [H, M, N]: query i sits at q_offset + i, key j at k_offset + j; −inf marks a
-// (query, key) pair a head may not look at.
+// (query, key) pair a head may not look at. The geometry is attention.h's: q_offset defaults to
+// k_offset + N − M (the M queries are the last M positions of the N keys), so a bias computed here
+// is the bias attention_forward adds for the same M, N and offsets (docs/conventions.md).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +17,11 @@ struct BiasGeometry {
   std::int64_t heads = 1;
   std::int64_t q_len = 1;    // M
   std::int64_t k_len = 1;    // N
-  std::int64_t q_offset = 0;
+  std::optional<std::int64_t> q_offset;  // default k_offset + N − M, as attention.h's
   std::int64_t k_offset = 0;
+
+  // The position of query 0: q_offset, else k_offset + k_len − q_len.
+  std::int64_t query_offset() const { return q_offset.value_or(k_offset + k_len - q_len); }
 };
 
 // ---- ALiBi (Press et al. 2022, arXiv 2108.12409) -----------------------------------------------
