@@ -5,17 +5,19 @@
 // k = 0 .. r/2−1, and scaled by the attention factor a (1 unless the scheme says otherwise);
 // dimensions r .. D−1 pass through unchanged.
 //
-//   layout interleaved: pair k = (2k, 2k+1)       RoFormer eq. 34, seed 000's rotation matrix,
-//                                                  seed 002's complex (Llama) and element-wise forms
-//   layout half:        pair k = (k, k + r/2)      GPT-NeoX, Hugging Face Llama ("rotate_half")
+//   layout half (default): pair k = (k, k + r/2)   Hugging Face ("rotate_half"), GPT-NeoX, vLLM,
+//                                                  FlashInfer, Transformer Engine
+//   layout interleaved:    pair k = (2k, 2k+1)     RoFormer eq. 34, Meta's Llama code (complex
+//                                                  form), GPT-J, llama.cpp's default
+// (one rule for every rotary encoding and the CLI: docs/conventions.md)
 //
 //      x'_a = a·(x_a·cos(mω_k) − x_b·sin(mω_k))
 //      x'_b = a·(x_a·sin(mω_k) + x_b·cos(mω_k))
 //
-//   interleaved (r = 8):  x0 x1 | x2 x3 | x4 x5 | x6 x7       pairs are neighbours
-//                         k=0     k=1     k=2     k=3
 //   half        (r = 8):  x0 x1 x2 x3 | x4 x5 x6 x7           pair k = (x_k, x_{k+4})
 //                         k=0 1  2  3   k=0 1  2  3
+//   interleaved (r = 8):  x0 x1 | x2 x3 | x4 x5 | x6 x7       pairs are neighbours
+//                         k=0     k=1     k=2     k=3
 //
 // ---- frequency schemes (rope_type) --------------------------------------------------------------
 // ω⁰_k = theta^(−2k/r) is the RoFormer frequency; s = factor, L = original_max_position.
@@ -97,7 +99,7 @@ enum class LongropeFactors { kByLength, kShort, kLong };  // which LongRoPE list
 // Every field has a default; a field the chosen rope_type does not read must keep its default (an
 // error names it otherwise), so that nothing given is silently ignored.
 struct RopeParams {
-  RopeLayout layout = RopeLayout::kInterleaved;
+  RopeLayout layout = RopeLayout::kHalf;  // pairs (k, k + r/2), as Hugging Face
   std::int64_t rotary_dim = 0;  // r; 0 means the whole head dimension D. Must be even and ≤ D.
   double theta = 10000.0;
   RopeType rope_type = RopeType::kDefault;

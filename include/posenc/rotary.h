@@ -48,7 +48,8 @@
 // ---- xpos: xPos (Sun et al. 2022, A Length-Extrapolatable Transformer, arXiv 2212.10554; the
 //      authors' torchscale XPOS) -----------------------------------------------------------------
 // One position per token (rope.h's positions) and RoPE's rotation (φ_k = m·ω_k, rope.h's schemes;
-// the layout defaults to interleaved, torchscale's rotate_every_two), scaled per pair by
+// the layout defaults to half as everywhere; torchscale's rotate_every_two is interleaved), scaled
+// per pair by
 //   ζ_k = (2k/r + γ)/(1 + γ),  ρ_k = ζ_k^((m − c)/scale_base) for a query, ζ_k^(−(m − c)/scale_base)
 //   for a key,
 // so that a query at m and a key at n give Σ_k ζ_k^((m − n)/scale_base)·(the RoPE terms of pair k):
@@ -170,7 +171,7 @@ struct XposParams {
   double scale_base = 512.0;            // > 0
   double gamma = 0.4;                   // > 0
   std::optional<std::int64_t> center{};  // c; absent: ⌈n/2⌉, n the call's length
-  RopeParams rope{};                    // the rotation (layout interleaved by default)
+  RopeParams rope{};                    // the rotation (layout half by default)
 
   bool operator==(const XposParams&) const = default;
 };

@@ -20,8 +20,8 @@ namespace {
 // config.json only for rope itself.
 std::vector<ParamSpec> rope_specs(const std::string& layout_default, bool with_config) {
   std::vector<ParamSpec> v = {
-      {"layout", "choice", layout_default, {"interleaved", "half"},
-       "pairs (2k,2k+1) as RoFormer/Llama-complex, or (k,k+r/2) as GPT-NeoX/HF Llama", false},
+      {"layout", "choice", layout_default, {"half", "interleaved"},
+       "pairs (k,k+r/2) as Hugging Face/vLLM/GPT-NeoX, or (2k,2k+1) as RoFormer/Meta Llama/GPT-J", false},
       {"rotary-dim", "int", "0", {}, "dimensions that rotate (even, <= d; 0 = all)", false},
       {"theta", "float", "10000", {}, "frequency base", false},
       {"rope-type", "choice", "default", {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"},
@@ -78,7 +78,7 @@ std::vector<EncodingInfo> build() {
        "model's scaling: linear, ntk, dynamic, yarn, llama3, longrope)",
        "Su et al. 2021, RoFormer (arXiv 2104.09864); Chen et al. 2023 (arXiv 2306.15595); Peng et al. "
        "2023, YaRN (arXiv 2309.00071); Ding et al. 2024, LongRoPE (arXiv 2402.13753); Llama 3.1",
-       rope_specs("interleaved", true)},
+       rope_specs("half", true)},
       {Encoding::kAlibi, "alibi", Kind::kLogitBias,
        "linear biases: -m_h*|i-j| added to the logits, slopes by the paper's geometric rule",
        "Press et al. 2022, Train Short, Test Long (arXiv 2108.12409)",
@@ -141,8 +141,8 @@ std::vector<EncodingInfo> build() {
        "Heo et al. 2024, Rotary Position Embedding for Vision Transformer (RoPE-ViT, arXiv 2403.13298)",
        {{"variant", "choice", "axial", {"axial", "mixed"},
          "axial: fixed frequencies per axis; mixed: learned frequencies --freqs [2, H, r/2]", false},
-        {"layout", "choice", "interleaved", {"interleaved", "half"},
-         "pairs (2k,2k+1) as the authors' complex form, or (k,k+r/2)", false},
+        {"layout", "choice", "half", {"half", "interleaved"},
+         "pairs (k,k+r/2), or (2k,2k+1) as the authors' complex form", false},
         {"rotary-dim", "int", "0", {}, "dimensions that rotate (a multiple of 4, <= d; 0 = all)", false},
         {"theta", "float", "", {},
          "frequency base (default 100 for axial, 10 for mixed's initialisation, as the authors' code)", false},
@@ -166,7 +166,7 @@ std::vector<EncodingInfo> build() {
              {"gamma", "float", "0.4", {}, "zeta_k = (2k/r + gamma)/(1 + gamma)", false},
              {"center", "int", "", {},
               "position c where both scales are 1 (default ceil(n/2), n the call's length, as torchscale)", false}},
-            rope_specs("interleaved", false))},
+            rope_specs("half", false))},
   };
 }
 
