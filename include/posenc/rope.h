@@ -185,16 +185,24 @@ Status rope_apply_qk(const RopeParams& p, const View& q, const View& k, const Po
 //   rope_scaling.original_max_position_embeddings; longrope: L = the top-level
 //   original_max_position_embeddings, and then s = max_position_embeddings / L (as transformers,
 //   whatever rope_scaling.factor says), else L = max_position_embeddings and s = rope_scaling.factor.
+//   M-RoPE (Qwen2-VL, Qwen2.5-VL): rope_scaling {"type" or "rope_type": "mrope" (or "default"),
+//   "mrope_section": [s_t, s_h, s_w]} is the default scheme with mrope_section set (its sum must be
+//   r/2), as Qwen2VLConfig reads it.
 // A field transformers accepts but does not read for the scheme is listed in notes; an unknown
 // rope_type, an unknown field of rope_scaling, a top-level key about rope or rotary embeddings that
 // is not understood, a missing required field or a bad value is an error naming the field
-// ("rope_scaling.factor").
+// ("rope_scaling.factor"). A model without rotary embeddings (model_type bert, gpt2, … or
+// position_embedding_type other than "rotary", and no rope_theta or rope_scaling) is the error
+// "config: this model has no rotary embedding (model_type bert)".
 struct RopeModelConfig {
   RopeParams params;                       // layout .. inv_freq as the model was trained
   std::int64_t head_dim = 0;               // D of q and k
   std::int64_t max_position_embeddings = 0;  // 0 when absent
   std::string model_type;                  // "" when absent
   std::vector<std::string> notes;          // fields read but ignored, as transformers does
+  // M-RoPE (Qwen2-VL, Qwen2.5-VL): rope_scaling.mrope_section [s_t, s_h, s_w] (sum r/2), with
+  // rope_type "mrope" or "default"; empty for a 1D RoPE model. rotary.h's MropeParams take it.
+  std::vector<std::int64_t> mrope_section;
 };
 Expected<RopeModelConfig> rope_config_from_json(const std::string& json_text);
 

@@ -54,6 +54,15 @@ std::vector<ParamSpec> rope_specs(const std::string& layout_default, bool with_c
   return v;
 }
 
+// mrope's: RoPE's, and a config.json of an M-RoPE model (Qwen2-VL), which also sets the section.
+std::vector<ParamSpec> mrope_rope_specs() {
+  std::vector<ParamSpec> v = rope_specs("half", true);
+  v.back().help = "a Hugging Face config.json of an M-RoPE model (Qwen2-VL, Qwen2.5-VL): sets --mrope-section and "
+                  "the RoPE parameters (not --variant, --layout, --angles, --seq-len, --longrope-factors, which may "
+                  "be given with it)";
+  return v;
+}
+
 std::vector<ParamSpec> join(std::vector<ParamSpec> a, const std::vector<ParamSpec>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -157,7 +166,7 @@ std::vector<EncodingInfo> build() {
              {"mrope-section", "ints", "", {},
               "pairs per position row s_t,s_h,s_w summing to r/2 (required; Qwen2-VL: 16,24,24 for r = 128)",
               false}},
-            rope_specs("half", false))},
+            mrope_rope_specs())},
       {Encoding::kXpos, "xpos", Kind::kRotary,
        "rotary with a per-pair decay: q scaled by zeta_k^((m-c)/scale_base), k by zeta_k^(-(n-c)/scale_base), "
        "zeta_k = (2k/r + gamma)/(1 + gamma)",
