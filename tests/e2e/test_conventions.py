@@ -53,8 +53,10 @@ def bias_variants(d):
     r1 = d.save("r1.npy", RNG.uniform(0.2, 1.5, H))
     r2 = d.save("r2.npy", RNG.uniform(0.2, 1.5, H))
     W = 5
-    fire = ["--mlp-w1", d.save("w1.npy", RNG.standard_normal(W)), "--mlp-b1", d.save("b1.npy", RNG.standard_normal(W)),
-            "--mlp-w2", d.save("w2.npy", RNG.standard_normal((H, W))), "--mlp-b2", d.save("b2.npy", RNG.standard_normal(H)),
+    fire = ["--mlp-w1", d.save("w1.npy", RNG.standard_normal(W)),
+            "--mlp-b1", d.save("b1.npy", RNG.standard_normal(W)),
+            "--mlp-w2", d.save("w2.npy", RNG.standard_normal((H, W))),
+            "--mlp-b2", d.save("b2.npy", RNG.standard_normal(H)),
             "--c", d.save("c.npy", np.array([0.7])), "--threshold", d.save("L.npy", np.array([3.0]))]
     return [
         ("alibi", ["--variant", "symmetric"]),
