@@ -2,9 +2,9 @@
 
 Used by scripts/train_speed.py (tokens per second, PyTorch against posenc in one run) and by
 tests/e2e/test_train_torch.py (replays a posenc training run from its initial checkpoint and batches
-and compares the losses). Covers nope, learned, sinusoidal, rope (interleaved pairs, theta 10000,
-whole head), alibi (symmetric, the paper's slope rule) and t5 (a learned bias per layer over the
-decoder's unidirectional buckets), each written from the papers' formulas.
+and compares the losses). Covers nope, learned, sinusoidal, rope (the checkpoint's layout, half or
+interleaved; theta 10000, whole head), alibi (symmetric, the paper's slope rule) and t5 (a learned
+bias per layer over the decoder's unidirectional buckets), each written from the papers' formulas.
 
 Runs with Debian's /usr/bin/python3 (python3-torch, python3-numpy); never a runtime dependency.
 """
@@ -150,9 +150,12 @@ class Model(torch.nn.Module):
             q, k_, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # [B, H, L, D]
             if enc == "rope":
                 def rot(t):
-                    t2 = t.reshape(B, H, L, D // 2, 2)
-                    a0, a1 = t2[..., 0], t2[..., 1]
-                    return torch.stack([a0 * cos - a1 * sin, a0 * sin + a1 * cos], dim=-1).reshape(B, H, L, D)
+                    if cfg["rope"]["layout"] == "interleaved":  # pairs (2k, 2k+1)
+                        t2 = t.reshape(B, H, L, D // 2, 2)
+                        a0, a1 = t2[..., 0], t2[..., 1]
+                        return torch.stack([a0 * cos - a1 * sin, a0 * sin + a1 * cos], dim=-1).reshape(B, H, L, D)
+                    a0, a1 = t[..., : D // 2], t[..., D // 2:]  # half: pairs (k, k + D/2)
+                    return torch.cat([a0 * cos - a1 * sin, a0 * sin + a1 * cos], dim=-1)
                 q, k_ = rot(q), rot(k_)
             s = (q @ k_.transpose(-1, -2)) / math.sqrt(D)
             if bias is not None:

@@ -49,7 +49,7 @@ Vec build(const BiasGeometry& g, F f) {
   Vec b;
   for (std::int64_t h = 0; h < g.heads; ++h)
     for (std::int64_t i = 0; i < g.q_len; ++i)
-      for (std::int64_t j = 0; j < g.k_len; ++j) b.push_back(f(h, (g.k_offset + j) - (g.q_offset + i)));
+      for (std::int64_t j = 0; j < g.k_len; ++j) b.push_back(f(h, (g.k_offset + j) - (g.query_offset() + i)));
   return b;
 }
 
@@ -91,6 +91,45 @@ TEST(Alibi, SymmetricIsMinusSlopeTimesDistanceWithOffsets) {
     ASSERT_TRUE(alibi_bias({}, g, {}, {}, V(outf, {g.heads, g.q_len, g.k_len})).ok());
     EXPECT_TRUE(AllClose(Vec(outf.begin(), outf.end()), want, 1e-6, 1e-6));
   }
+}
+
+// attention.h's alignment: without q_offset the M queries are the last M of the N key positions
+// (q_offset = k_offset + N − M), for M < N, M = N and M > N.
+TEST(Alibi, DefaultQueryOffsetAlignsTheQueriesToTheLastKeys) {
+  struct Geo {
+    std::int64_t M, N, ko;
+  };
+  for (const Geo& s : {Geo{3, 7, 0}, Geo{5, 5, 2}, Geo{6, 2, 4}, Geo{1, 9, -3}}) {
+    BiasGeometry g;
+    g.heads = 4;
+    g.q_len = s.M;
+    g.k_len = s.N;
+    g.k_offset = s.ko;
+    EXPECT_FALSE(g.q_offset.has_value());
+    EXPECT_EQ(g.query_offset(), s.ko + s.N - s.M);
+    Vec want;
+    for (std::int64_t h = 0; h < 4; ++h)
+      for (std::int64_t i = 0; i < s.M; ++i)
+        for (std::int64_t j = 0; j < s.N; ++j) {
+          const std::int64_t qp = s.ko + s.N - s.M + i, kp = s.ko + j;
+          want.push_back(-std::ldexp(1.0, -2 * static_cast<int>(h + 1)) * static_cast<double>(std::llabs(qp - kp)));
+        }
+    Vec out;
+    ASSERT_TRUE(alibi_bias({}, g, {}, {}, out_view(out, g)).ok());
+    EXPECT_TRUE(AllClose(out, want, 1e-15, 0)) << s.M << " " << s.N;
+    // the reference reads the same default
+    Vec ref;
+    ASSERT_TRUE(reference::alibi_bias({}, g, {}, {}, out_view(ref, g)).ok());
+    EXPECT_TRUE(AllClose(ref, want, 1e-15, 0)) << s.M << " " << s.N;
+  }
+  // a default that puts a query beyond ±2^52 names q_offset
+  BiasGeometry far;
+  far.q_len = 3;
+  far.k_len = 1;
+  far.k_offset = -(std::int64_t{1} << 52);
+  Vec out;
+  const Status st = alibi_bias({}, far, {}, {}, out_view(out, far));
+  EXPECT_EQ(st.arg(), "q_offset") << st.message();
 }
 
 TEST(Alibi, CallerSlopesAreUsedPerHead) {

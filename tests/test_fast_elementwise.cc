@@ -990,7 +990,7 @@ TEST(FastElementwiseBias, BackwardsMatchTheReference) {
             for (std::int64_t j = 0; j < g.k_len; ++j) {
               const double v = std::fabs(db.v.get((h * g.q_len + i) * g.k_len + j));
               abs_sum += v;
-              abs_dist += v * static_cast<double>(std::llabs((g.k_offset + j) - (g.q_offset + i)));
+              abs_dist += v * static_cast<double>(std::llabs((g.k_offset + j) - (g.query_offset() + i)));
             }
         const double terms = static_cast<double>(g.q_len * g.k_len), slack = 3 * terms * 0x1p-53;
         // ALiBi, learned variant (the weights' σ' ≤ 1/4 scales the sums)
@@ -1126,7 +1126,7 @@ TEST(FastElementwiseBias, KerpleAndFireBackwardsMatchTheReference) {
             for (std::int64_t i = 0; i < g.q_len; ++i)
               for (std::int64_t j = 0; j < g.k_len; ++j) {
                 const kerple::Term t = kerple::term(k == KerpleKernel::kPower, r1.v.get(h), r2.v.get(h),
-                                                    static_cast<double>(std::llabs(g.k_offset + j - g.q_offset - i)));
+                                                    static_cast<double>(std::llabs(g.k_offset + j - g.query_offset() - i)));
                 bound += std::fabs(db.v.get((h * g.q_len + i) * g.k_len + j)) * std::max(std::fabs(t.d_r1), std::fabs(t.d_r2));
               }
           const double slack = 3 * static_cast<double>(g.q_len * g.k_len) * 0x1p-53 * bound;

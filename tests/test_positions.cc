@@ -161,7 +161,7 @@ TEST(Positions, RopeUpTo2To53IsExactInEveryPath) {
   for (I l = 0; l < L; ++l)
     for (I k = 0; k < D / 2; ++k)
       ang[static_cast<Sz>(l * D / 2 + k)] = std::ldexp(static_cast<double>(first + l), static_cast<int>(-2 * k));
-  const RopeParams p{.theta = 256.0};
+  const RopeParams p{.layout = RopeLayout::kInterleaved, .theta = 256.0};
   std::vector<float> xf = to_float(x), yf(x.size());
   const Vec want_f = rotate_ld(as_doubles(xf), ang, L, D), want = rotate_ld(x, ang, L, D);
   ASSERT_TRUE(rope_forward(p, V(xf, {1, L, 1, D}), {View{}, first}, V(yf, {1, L, 1, D})).ok());
@@ -196,10 +196,14 @@ TEST(Frequencies, TinyThetaRotatesAsTheDoubleReference) {
       ang[static_cast<Sz>(t * D / 2 + k)] = static_cast<double>(t / H) * w;
     }
   std::vector<float> xf = to_float(x), yf(x.size());
-  ASSERT_TRUE(rope_forward({.theta = theta}, V(xf, {1, L, H, D}), {}, V(yf, {1, L, H, D})).ok());
+  ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved, .theta = theta}, V(xf, {1, L, H, D}), {},
+                           V(yf, {1, L, H, D}))
+                  .ok());
   EXPECT_TRUE(AllClose(as_doubles(yf), rotate_ld(as_doubles(xf), ang, L * H, D), 1e-6, 1e-6));
   Vec xd = x, yd(x.size());
-  ASSERT_TRUE(rope_forward({.theta = theta}, V(xd, {1, L, H, D}), {}, V(yd, {1, L, H, D})).ok());
+  ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved, .theta = theta}, V(xd, {1, L, H, D}), {},
+                           V(yd, {1, L, H, D}))
+                  .ok());
   EXPECT_TRUE(AllClose(yd, rotate_ld(x, ang, L * H, D), 1e-12, 1e-12));
 }
 
@@ -284,7 +288,7 @@ TEST(Frequencies, Rope2dMixedHugeFrequencyMatchesTheDoubleAngles) {
         ang[static_cast<Sz>((l * H + h) * half + k)] =
             static_cast<double>(pos[static_cast<Sz>(l)]) * freqs[static_cast<Sz>(h * half + k)] +
             static_cast<double>(pos[static_cast<Sz>(L + l)]) * freqs[static_cast<Sz>((H + h) * half + k)];
-  const Rope2dParams p{.variant = Rope2dVariant::kMixed, .rope = {.theta = 10.0}};
+  const Rope2dParams p{.variant = Rope2dVariant::kMixed, .rope = {.layout = RopeLayout::kInterleaved, .theta = 10.0}};
   const Positions ps{View::contiguous(pos.data(), DType::kI64, {2, L}), 0};
   std::vector<float> xf = to_float(x), yf(x.size());
   ASSERT_TRUE(rope2d_forward(p, V(xf, {1, L, H, D}), ps, V(freqs, {2, H, half}), V(yf, {1, L, H, D})).ok());
@@ -345,7 +349,9 @@ TEST(Xpos, ScaleOverflowingTheOutputDtypeIsAnErrorWithTheLimit) {
 
   // float64 holds those scales (e^122): the call works and pair k's norm is scaled by ζ_k^(−(m−c)/s).
   Vec xd = x, yd(x.size());
-  ASSERT_TRUE(xpos_forward({}, XposRole::kKey, V(xd, {1, L, H, D}), {View{}, 100000}, V(yd, {1, L, H, D})).ok());
+  ASSERT_TRUE(xpos_forward({.rope = {.layout = RopeLayout::kInterleaved}}, XposRole::kKey, V(xd, {1, L, H, D}),
+                           {View{}, 100000}, V(yd, {1, L, H, D}))
+                  .ok());
   for (I l = 0; l < L; ++l)
     for (I k = 0; k < D / 2; ++k) {
       const long double zeta = (2.0L * k / D + 0.4L) / 1.4L;

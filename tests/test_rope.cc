@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "posenc/rope.h"
+#include "posenc/rotary.h"
 #include "testing.h"
 
 namespace posenc {
@@ -106,7 +107,7 @@ TEST(Rope, InterleavedAgreesWithArticlesMatrixComplexAndElementwiseForms) {
   std::vector<std::int64_t> ids = {0, 1, 2, 3, 4, 9, 40, 7, 1000, 3};
   const Positions pos{View::contiguous(ids.data(), DType::kI64, {B, L}), 0};
   Vec xc = x, y(x.size());
-  ASSERT_TRUE(rope_forward({}, V(xc, {B, L, H, D}), pos, V(y, {B, L, H, D})).ok());
+  ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved}, V(xc, {B, L, H, D}), pos, V(y, {B, L, H, D})).ok());
   EXPECT_TRUE(AllClose(y, apply_all(x, B, L, H, D, ids, D, 10000.0, rotate_matrix), 1e-12, 1e-12));
   EXPECT_TRUE(AllClose(y, apply_all(x, B, L, H, D, ids, D, 10000.0, rotate_complex), 1e-12, 1e-12));
   EXPECT_TRUE(AllClose(y, apply_all(x, B, L, H, D, ids, D, 10000.0, rotate_elementwise), 1e-12, 1e-12));
@@ -115,7 +116,9 @@ TEST(Rope, InterleavedAgreesWithArticlesMatrixComplexAndElementwiseForms) {
   const std::int64_t D6 = 6;
   const Vec x6 = randn(B * L * H * D6, 22);
   Vec x6c = x6, y6(x6.size());
-  ASSERT_TRUE(rope_forward({.theta = 500.0}, V(x6c, {B, L, H, D6}), pos, V(y6, {B, L, H, D6})).ok());
+  ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved, .theta = 500.0}, V(x6c, {B, L, H, D6}), pos,
+                           V(y6, {B, L, H, D6}))
+                  .ok());
   EXPECT_TRUE(AllClose(y6, apply_all(x6, B, L, H, D6, ids, D6, 500.0, rotate_matrix), 1e-12, 1e-12));
 }
 
@@ -147,6 +150,31 @@ TEST(Rope, HalfLayoutIsInterleavedOnPermutedPairs) {
       }
     EXPECT_TRUE(AllClose(y, want, 1e-12, 1e-12)) << "r=" << r;
   }
+}
+
+// The default layout is half, for RoPE and for every rotary encoding of rotary.h: rope_forward with
+// default parameters is transformers' form x·cos + rotate_half(x)·sin, cos and sin of cat(ω, ω)·m.
+TEST(Rope, DefaultLayoutIsHalfAsHuggingFace) {
+  EXPECT_EQ(RopeParams{}.layout, RopeLayout::kHalf);
+  EXPECT_EQ(Rope2dParams{}.rope.layout, RopeLayout::kHalf);
+  EXPECT_EQ(MropeParams{}.rope.layout, RopeLayout::kHalf);
+  EXPECT_EQ(XposParams{}.rope.layout, RopeLayout::kHalf);
+  const std::int64_t B = 1, L = 5, H = 2, D = 8, half = D / 2;
+  const Vec x = randn(B * L * H * D, 29);
+  Vec xc = x, y(x.size());
+  ASSERT_TRUE(rope_forward({}, V(xc, {B, L, H, D}), {{}, 7}, V(y, {B, L, H, D})).ok());
+  Vec want(x.size());
+  for (std::int64_t l = 0; l < L; ++l)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const Sz base = static_cast<Sz>((l * H + h) * D);
+      for (std::int64_t e = 0; e < D; ++e) {
+        const std::int64_t k = e % half;
+        const double ang = static_cast<double>(7 + l) * std::pow(10000.0, -static_cast<double>(2 * k) / D);
+        const double rot = e < half ? -x[base + static_cast<Sz>(e + half)] : x[base + static_cast<Sz>(e - half)];
+        want[base + static_cast<Sz>(e)] = x[base + static_cast<Sz>(e)] * std::cos(ang) + rot * std::sin(ang);
+      }
+    }
+  EXPECT_TRUE(AllClose(y, want, 1e-12, 1e-12));
 }
 
 TEST(Rope, PartialRotaryLeavesTrailingDimsUntouched) {
@@ -216,7 +244,7 @@ TEST(Rope, PositionsFlatBatchedInt32Int64AndOffsets) {
   const Vec x = randn(B * L * H * D, 28);
   auto check = [&](const Positions& pos, const std::vector<std::int64_t>& want_pos) {
     Vec xc = x, y(x.size());
-    ASSERT_TRUE(rope_forward({}, V(xc, {B, L, H, D}), pos, V(y, {B, L, H, D})).ok());
+    ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved}, V(xc, {B, L, H, D}), pos, V(y, {B, L, H, D})).ok());
     EXPECT_TRUE(AllClose(y, apply_all(x, B, L, H, D, want_pos, D, 1e4, rotate_complex), 1e-12, 1e-12));
   };
   std::vector<std::int32_t> flat32 = {4, 0, 9};
@@ -296,7 +324,7 @@ TEST(Rope, LargePositionsUseAnExactAngle) {
       want[t * D + 2 * k + 1] = static_cast<double>(x0 * s + x1 * c);
     }
   Vec xc = x, y(x.size());
-  ASSERT_TRUE(rope_forward({}, V(xc, {1, 2, 1, D}), pos, V(y, {1, 2, 1, D})).ok());
+  ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved}, V(xc, {1, 2, 1, D}), pos, V(y, {1, 2, 1, D})).ok());
   EXPECT_TRUE(AllClose(y, want, 1e-8, 0));
 
   std::vector<float> xf = to_float(x), yf(x.size());
@@ -308,7 +336,7 @@ TEST(Rope, LargePositionsUseAnExactAngle) {
       wantf[t * D + 2 * k] = static_cast<double>(x0 * cosl(a) - x1 * sinl(a));
       wantf[t * D + 2 * k + 1] = static_cast<double>(x0 * sinl(a) + x1 * cosl(a));
     }
-  ASSERT_TRUE(rope_forward({}, V(xf, {1, 2, 1, D}), pos, V(yf, {1, 2, 1, D})).ok());
+  ASSERT_TRUE(rope_forward({.layout = RopeLayout::kInterleaved}, V(xf, {1, 2, 1, D}), pos, V(yf, {1, 2, 1, D})).ok());
   EXPECT_TRUE(AllClose(as_doubles(yf), wantf, 1e-6, 1e-6));
 }
 

@@ -591,6 +591,45 @@ std::string config_error(const std::string& json) {
   return c.ok() ? std::string() : c.status().arg();
 }
 
+// Qwen2-VL's M-RoPE: "mrope" (or "default" with a section, as Qwen2.5-VL saves it) is the default
+// scheme plus mrope_section; the section must sum to r/2.
+TEST(RopeConfig, MropeSectionOfQwen2Vl) {
+  const std::string head = R"({"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28,
+      "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rope_scaling": )";
+  for (const std::string sc : {R"({"type": "mrope", "mrope_section": [16, 24, 24]})",
+                               R"({"rope_type": "mrope", "mrope_section": [16, 24, 24]})",
+                               R"({"type": "default", "rope_type": "default", "mrope_section": [16, 24, 24]})"}) {
+    const RopeModelConfig c = config(head + sc + "}");
+    EXPECT_EQ(c.head_dim, 128) << sc;
+    EXPECT_EQ(c.params.rotary_dim, 128) << sc;
+    EXPECT_EQ(c.params.theta, 1e6) << sc;
+    EXPECT_EQ(c.params.rope_type, RopeType::kDefault) << sc;
+    EXPECT_EQ(c.params.layout, RopeLayout::kHalf) << sc;
+    EXPECT_EQ(c.mrope_section, (std::vector<std::int64_t>{16, 24, 24})) << sc;
+  }
+  EXPECT_TRUE(config(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "rope_theta": 1e4})")
+                  .mrope_section.empty());
+  EXPECT_EQ(config_error(head + R"({"type": "mrope", "mrope_section": [16, 24, 20]}})"), "rope_scaling.mrope_section");
+  EXPECT_EQ(config_error(head + R"({"type": "mrope", "mrope_section": [16, 48]}})"), "rope_scaling.mrope_section");
+  EXPECT_EQ(config_error(head + R"({"type": "mrope"}})"), "rope_scaling.mrope_section");
+}
+
+// Models without RoPE: one error naming the config, "this model has no rotary embedding".
+TEST(RopeConfig, ModelsWithoutRotaryEmbeddingsAreAnError) {
+  for (const auto& [json, mt] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model_type": "bert", "position_embedding_type": "absolute", "hidden_size": 768,
+                "num_attention_heads": 12, "max_position_embeddings": 512})", "bert"},
+           {R"({"model_type": "gpt2", "n_positions": 1024, "n_embd": 768, "n_head": 12})", "gpt2"}}) {
+    auto c = rope_config_from_json(json);
+    ASSERT_FALSE(c.ok()) << mt;
+    EXPECT_EQ(c.status().arg(), "config");
+    EXPECT_EQ(c.status().what(), "this model has no rotary embedding (model_type " + mt + ")");
+  }
+  // position_embedding_type "rotary" (ESM) with rope_theta is read
+  EXPECT_EQ(config(R"({"model_type": "esm", "position_embedding_type": "rotary", "rope_theta": 10000,
+      "hidden_size": 64, "num_attention_heads": 2})").params.rotary_dim, 32);
+}
+
 TEST(RopeConfig, ReleasedModelsHandChecked) {
   // Llama 3.1 8B: head 4096/32 = 128, theta 5·10⁵, llama3 {8, 1, 4, 8192}: ω_0 kept, ω_63 divided by 8.
   const RopeModelConfig l = config(R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
@@ -666,7 +705,8 @@ TEST(RopeConfig, BadConfigsNameTheField) {
   EXPECT_EQ(config_error(c(R"("rope_theta": "big")")), "rope_theta");
   EXPECT_EQ(config_error(c(R"("rope_theta": -1)")), "rope_theta");
   EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"type": "su", "factor": 2})")), "rope_scaling.type");
-  EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"rope_type": "mrope"})")), "rope_scaling.rope_type");
+  EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"rope_type": "llama4"})")), "rope_scaling.rope_type");
+  EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"rope_type": "mrope"})")), "rope_scaling.mrope_section");
   EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"type": "linear", "rope_type": "yarn", "factor": 2})")), "rope_scaling.type");
   EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"factor": 2})")), "rope_scaling.rope_type");
   EXPECT_EQ(config_error(c(R"("rope_theta": 1e4, "rope_scaling": {"type": "linear", "facter": 2})")), "rope_scaling.facter");

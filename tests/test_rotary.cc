@@ -72,6 +72,7 @@ TEST(Rope2d, AxialHandWorked) {
   Vec x = {1, 0, 0, 2}, y(4);
   std::vector<std::int64_t> pos = {3, 5};  // [2, L = 1]: x = 3, y = 5
   Rope2dParams p;
+  p.rope.layout = RopeLayout::kInterleaved;  // pairs (0, 1), (2, 3)
   ASSERT_TRUE(rope2d_forward(p, V(x, {1, 1, 1, 4}), Positions{View::contiguous(pos.data(), DType::kI64, {2, 1}), 0},
                              View{}, V(y, {1, 1, 1, 4}))
                   .ok());
@@ -90,6 +91,7 @@ TEST(Rope2d, AxialMatchesTheAuthorsComplexFormAndHalfIsItsPermutation) {
   const Positions ps{View::contiguous(pos.data(), DType::kI32, {B, 2, L}), 0};
   for (double theta : {100.0, 10000.0}) {
     Rope2dParams p;
+    p.rope.layout = RopeLayout::kInterleaved;  // the authors' complex form
     p.rope.rotary_dim = r;
     p.rope.theta = theta;
     Vec want = x;
@@ -130,6 +132,7 @@ TEST(Rope2d, MixedMatchesTheComplexFormPerHead) {
   const Positions ps{View::contiguous(pos.data(), DType::kI64, {2, L}), 0};
   Rope2dParams p;
   p.variant = Rope2dVariant::kMixed;
+  p.rope.layout = RopeLayout::kInterleaved;  // the authors' complex form
   Vec want = x;
   for (I l = 0; l < L; ++l)
     for (I h = 0; h < H; ++h) {
@@ -541,6 +544,7 @@ TEST(Xpos, MatchesTorchscaleQueriesAndKeys) {
     const Vec x = randn(ix(n * H * D), 15);
     Vec xc = x, y(x.size()), yr(x.size());
     XposParams p;
+    p.rope.layout = RopeLayout::kInterleaved;  // torchscale's rotate_every_two
     for (XposRole role : {XposRole::kQuery, XposRole::kKey}) {
       const Vec want = xpos_torchscale(x, n, 0, H, D, role == XposRole::kKey);
       ASSERT_TRUE(xpos_forward(p, role, V(xc, {1, n, H, D}), Positions{}, V(y, {1, n, H, D})).ok());
@@ -554,7 +558,8 @@ TEST(Xpos, MatchesTorchscaleQueriesAndKeys) {
   const I n = 9;
   const Vec q = randn(ix(H * D), 16);
   Vec qc = q, y(q.size());
-  ASSERT_TRUE(xpos_forward(XposParams{}, XposRole::kQuery, V(qc, {1, 1, H, D}), Positions{View{}, n - 1},
+  ASSERT_TRUE(xpos_forward(XposParams{.rope = {.layout = RopeLayout::kInterleaved}}, XposRole::kQuery,
+                           V(qc, {1, 1, H, D}), Positions{View{}, n - 1},
                            V(y, {1, 1, H, D}))
                   .ok());
   EXPECT_TRUE(AllClose(y, xpos_torchscale(q, 1, n - 1, H, D, false), 1e-12, 1e-11));
@@ -567,6 +572,7 @@ TEST(Xpos, LogitDependsOnlyOnTheOffsetAndNormsScaleByRho) {
   const Vec q = randn(ix(D), 17), k = randn(ix(D), 18);
   XposParams p;
   p.scale_base = 16;  // strong decay: the test sees it
+  p.rope.layout = RopeLayout::kInterleaved;  // pair j = (2j, 2j+1) below
   auto logit = [&](I m, I n, I len) {
     Vec qc = q, kc = k, qy(ix(D)), ky(ix(D));
     XposParams pp = p;

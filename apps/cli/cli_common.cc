@@ -450,7 +450,9 @@ RopeModelConfig read_rope_config(const std::string& flag, const std::string& pat
   text.resize(static_cast<std::size_t>(in.gcount()));
   if (text.size() > kMaxConfig) fail(Status::OutOfRange(flag, "'" + path + "' is over 16 MiB: not a config.json"));
   auto c = rope_config_from_json(text);
-  if (!c.ok()) fail(Status::Invalid(flag, c.status().message() + " (in " + path + ")"));
+  if (!c.ok())  // "config" names the file as a whole: the flag says it
+    fail(Status::Invalid(flag, (c.status().arg() == "config" ? c.status().what() : c.status().message()) + " (in " +
+                                   path + ")"));
   return std::move(c).value();
 }
 
@@ -558,14 +560,26 @@ Rope2dParams rope2d_params(const ParamFlags& f) {
   return p;
 }
 
-MropeParams mrope_params(const ParamFlags& f) {
+MropeParams mrope_params(const ParamFlags& f, std::int64_t* config_head_dim) {
   MropeParams p;
   p.variant = take(parse_mrope_variant(f.choice("variant")));
-  if (!f.given("mrope-section"))
-    fail(Status::Invalid("--mrope-section", "is required for mrope: three sizes s_t,s_h,s_w summing to r/2 "
-                                            "(Qwen2-VL: 16,24,24 for r = 128)"));
-  p.mrope_section = parse_ints("--mrope-section", f.text_of("mrope-section"));
-  p.rope = rope_params(f);
+  if (f.given("config")) {  // the section and the frequencies from the config, as rope's --config
+    if (f.given("mrope-section"))
+      fail(Status::Invalid("--mrope-section", "cannot be combined with --config (the config sets "
+                                              "rope_scaling.mrope_section)"));
+    const RopeModelConfig c = read_rope_config("--config", f.text_of("config"));
+    if (c.mrope_section.empty())
+      fail(Status::Invalid("--config", "has no rope_scaling.mrope_section: not an M-RoPE model (model_type " +
+                                           (c.model_type.empty() ? std::string("absent") : c.model_type) + ", in " +
+                                           f.text_of("config") + ")"));
+    p.mrope_section = c.mrope_section;
+  } else {
+    if (!f.given("mrope-section"))
+      fail(Status::Invalid("--mrope-section", "is required for mrope: three sizes s_t,s_h,s_w summing to r/2 "
+                                              "(Qwen2-VL: 16,24,24 for r = 128), or --config"));
+    p.mrope_section = parse_ints("--mrope-section", f.text_of("mrope-section"));
+  }
+  p.rope = rope_params(f, config_head_dim);
   return p;
 }
 

@@ -183,8 +183,10 @@ FlagMap rope_names(const ParamFlags& f, const std::string& dim_flag);
 RopeModelConfig read_rope_config(const std::string& flag, const std::string& path);
 // rope2d: --variant, --layout, --rotary-dim, --theta (default 100 axial, 10 mixed).
 Rope2dParams rope2d_params(const ParamFlags& f);
-// mrope: --variant, --mrope-section (required) and RoPE's flags (rope_params, after load_tensors).
-MropeParams mrope_params(const ParamFlags& f);
+// mrope: --variant, --mrope-section (required) and RoPE's flags (rope_params, after load_tensors); or
+// --config, an M-RoPE model's config.json, for both (--mrope-section beside it is refused); its
+// head dimension into *config_head_dim when asked (0 without --config).
+MropeParams mrope_params(const ParamFlags& f, std::int64_t* config_head_dim = nullptr);
 // xpos: --scale-base, --gamma, --center and RoPE's flags (rope_params, after load_tensors).
 XposParams xpos_params(const ParamFlags& f);
 // "16,24,24" → {16, 24, 24} (a Failure names the flag).

@@ -182,7 +182,11 @@ void run_apply(ApplyState& st) {
       break;
     }
     case Encoding::kMrope: {
-      const MropeParams p = mrope_params(st.params);
+      std::int64_t config_D = 0;
+      const MropeParams p = mrope_params(st.params, &config_D);
+      if (config_D != 0 && x.shape().size() == 4 && x.shape()[3] != config_D)
+        fail(Status::Invalid("--in", "expected head dimension D = " + std::to_string(config_D) +
+                                         " (from --config), got shape " + x.shape_str()));
       check_lib(mrope_forward(p, x.view(), pos, y.view()), names);
       if (want_dx) check_lib(mrope_backward(p, dy.view(), pos, dx_view), names);
       break;

@@ -139,11 +139,11 @@ void run_attention(AttentionState& st) {
     kpos = read_positions("--k-positions", st.k_positions);
     t.k_positions = kpos.view();
   }
-  if (e.id == Encoding::kMrope) p.mrope = mrope_params(st.params);
   if (e.id == Encoding::kXpos) p.xpos = xpos_params(st.params);
-  if (e.id == Encoding::kRope) {
+  if (e.id == Encoding::kRope || e.id == Encoding::kMrope) {
     std::int64_t config_D = 0;
-    p.rope = rope_params(st.params, &config_D);
+    if (e.id == Encoding::kRope) p.rope = rope_params(st.params, &config_D);
+    else p.mrope = mrope_params(st.params, &config_D);
     if (config_D != 0 && q.shape()[3] != config_D)
       fail(Status::Invalid("--q", "expected head dimension D = " + std::to_string(config_D) +
                                       " (from --config), got shape " + q.shape_str()));

@@ -1,7 +1,9 @@
-// posenc bias ENC --heads H --q-len M --k-len N [--q-offset a] [--k-offset b] [params] --out B.npy
-//             [--grad-out dB.npy --grad-weights dW.npy | --grad-r1 … | --grad-mlp-w1 … ]
-// A logit-bias encoding's bias B [H, M, N] (query i at a + i, key j at b + j; −inf where a head may
-// not look), and the gradients of its learned tensors. B has the dtype of --weights (or --slopes,
+// posenc bias ENC --heads H --q-len M --k-len N [--q-offset a] [--k-offset b] [--causal] [params]
+//             --out B.npy [--grad-out dB.npy --grad-weights dW.npy | --grad-r1 … | --grad-mlp-w1 … ]
+// A logit-bias encoding's bias B [H, M, N] (query i at a + i, key j at b + j, with b = 0 and
+// a = b + N − M by default, as posenc attention; −inf where a head may not look, and with --causal
+// where the key's position exceeds the query's, as attention --causal masks), and the gradients of
+// its learned tensors (masked entries pass none). B has the dtype of --weights (or --slopes,
 // kerple's --r1, fire's --mlp-w2), else --dtype (default float64).
 #include <cmath>
 
@@ -26,8 +28,9 @@ bool has_bias(Encoding e) {
 }
 
 struct BiasState {
-  std::string enc, heads, q_len, k_len, q_offset = "0", k_offset = "0", dtype, out, grad_out;
-  CLI::Option *dtype_opt = nullptr, *grad_out_opt = nullptr;
+  std::string enc, heads, q_len, k_len, q_offset, k_offset = "0", dtype, out, grad_out;
+  bool causal = false;
+  CLI::Option *dtype_opt = nullptr, *grad_out_opt = nullptr, *q_offset_opt = nullptr;
   ParamFlags params;
 };
 
@@ -37,7 +40,7 @@ void run_bias(BiasState& st) {
   g.heads = parse_int("--heads", st.heads);
   g.q_len = parse_int("--q-len", st.q_len);
   g.k_len = parse_int("--k-len", st.k_len);
-  g.q_offset = parse_int("--q-offset", st.q_offset);
+  if (st.q_offset_opt->count() > 0) g.q_offset = parse_int("--q-offset", st.q_offset);  // else k_offset + N − M
   g.k_offset = parse_int("--k-offset", st.k_offset);
   if (g.heads < 1)
     fail(Status::Invalid("--heads", "expected a positive integer, got " + std::to_string(g.heads)));
@@ -133,6 +136,18 @@ void run_bias(BiasState& st) {
                                              "), got " + dtype_name(dbias.dtype())));
   }
 
+  // --causal: the mask of posenc attention --causal (key position > query position), applied to B;
+  // the masked entries of dB are not seen by any parameter.
+  const std::int64_t q0 = g.query_offset();
+  const auto masked = [&](std::int64_t i, std::int64_t j) { return st.causal && g.k_offset + j > q0 + i; };
+  if (st.causal && want_grads && dbias.shape() == std::vector<std::int64_t>{g.heads, g.q_len, g.k_len}) {
+    const View d = dbias.view();
+    for (std::int64_t h = 0; h < g.heads; ++h)
+      for (std::int64_t i = 0; i < g.q_len; ++i)
+        for (std::int64_t j = 0; j < g.k_len; ++j)
+          if (masked(i, j)) d.set((h * g.q_len + i) * g.k_len + j, 0.0);
+  }
+
   // ---- compute, then write
   const FlagMap names = {{"heads", "--heads"}, {"q_len", "--q-len"}, {"k_len", "--k-len"}};
   Tensor out;
@@ -169,6 +184,13 @@ void run_bias(BiasState& st) {
     default:
       fail(Status::Internal("posenc bias has no glue for " + e.name));
   }
+  if (st.causal) {
+    const View v = out.view();
+    for (std::int64_t h = 0; h < g.heads; ++h)
+      for (std::int64_t i = 0; i < g.q_len; ++i)
+        for (std::int64_t j = 0; j < g.k_len; ++j)
+          if (masked(i, j)) v.set((h * g.q_len + i) * g.k_len + j, -HUGE_VAL);
+  }
   // Finite parameters can still overflow (FIRE's MLP with weights near the largest double): a bias of
   // +inf or NaN (only masked entries are -inf) is refused, naming the parameters.
   {
@@ -203,8 +225,10 @@ Command add_bias_command(CLI::App& root) {
   add_text(app, "--heads", &st->heads, "number of heads H", "INT")->required();
   add_text(app, "--q-len", &st->q_len, "number of queries M", "INT")->required();
   add_text(app, "--k-len", &st->k_len, "number of keys N", "INT")->required();
-  add_text(app, "--q-offset", &st->q_offset, "position of query 0 (default 0)", "INT");
+  st->q_offset_opt =
+      add_text(app, "--q-offset", &st->q_offset, "position of query 0 (default k-offset + N - M, as attention)", "INT");
   add_text(app, "--k-offset", &st->k_offset, "position of key 0 (default 0)", "INT");
+  app->add_flag("--causal", st->causal, "-inf where the key's position exceeds the query's (as attention --causal)");
   st->dtype_opt = add_text(app, "--dtype", &st->dtype,
                            "float32 or float64 (default: the dtype of --weights, --slopes, --r1 or --mlp-w2, else float64)",
                            "float32|float64");

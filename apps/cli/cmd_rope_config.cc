@@ -5,7 +5,9 @@
 // transformers' own float32 computation, which --angles hf uses), and the attention factor that
 // multiplies cos and sin. --seq-len is the call's length for the schemes that depend on it
 // (dynamic beyond its window, longrope's short/long switch); without it they take transformers'
-// values at initialisation (dynamic: the window itself; longrope: the short factors).
+// values at initialisation (dynamic: the window itself; longrope: the short factors). An M-RoPE
+// config (Qwen2-VL) adds its mrope_section [s_t, s_h, s_w]. A model without RoPE (BERT, GPT-2) is
+// the error "CONFIG: this model has no rotary embedding (model_type bert)".
 // Errors name the config field ("rope_scaling.factor") on one stderr line; nothing is printed then.
 #include <cstdio>
 
@@ -73,6 +75,7 @@ void run_rope_config(RopeConfigState& st) {
     default:
       break;
   }
+  if (!c.mrope_section.empty()) o["mrope_section"] = c.mrope_section;  // M-RoPE (Qwen2-VL): posenc apply mrope --config
   o["attention_factor"] = f.attention_factor;
   o["inv_freq"] = f.inv_freq;
   o["inv_freq_hf"] = f.inv_freq_f32;

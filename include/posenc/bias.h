@@ -2,6 +2,7 @@
 // Formulas, parameter domains and papers: docs/bias.md.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,11 @@ struct BiasGeometry {
   std::int64_t heads = 1;
   std::int64_t q_len = 1;    // M
   std::int64_t k_len = 1;    // N
-  std::int64_t q_offset = 0;
+  std::optional<std::int64_t> q_offset;  // default k_offset + N − M, as attention.h's
   std::int64_t k_offset = 0;
+
+  // The position of query 0: q_offset, else k_offset + k_len − q_len.
+  std::int64_t query_offset() const { return q_offset.value_or(k_offset + k_len - q_len); }
 };
 
 // ---- ALiBi (Press et al. 2022): −m_h·|i − j|; variants symmetric, nonsymmetric, learned ---------

@@ -18,7 +18,7 @@ enum class LongropeFactors { kByLength, kShort, kLong };  // which LongRoPE list
 // Every field has a default; a field the chosen rope_type does not read must keep its default (an
 // error names it otherwise), so that nothing given is silently ignored.
 struct RopeParams {
-  RopeLayout layout = RopeLayout::kInterleaved;
+  RopeLayout layout = RopeLayout::kHalf;  // pairs (k, k + r/2), as Hugging Face
   std::int64_t rotary_dim = 0;  // r; 0 means the whole head dimension D. Must be even and ≤ D.
   double theta = 10000.0;
   RopeType rope_type = RopeType::kDefault;
@@ -91,13 +91,17 @@ Status rope_apply_qk(const RopeParams& p, const View& q, const View& k, const Po
                      const View& q_out, const View& k_out, bool backward = false);
 
 // ---- Hugging Face config.json -------------------------------------------------------------------
-// A model's RoPE as its config.json states it, read with transformers ≥ 4.56 semantics (docs/rope.md).
+// A model's RoPE as its config.json states it, read with transformers ≥ 4.56 semantics (docs/rope.md);
+// a model without rotary embeddings (BERT, GPT-2) is an error naming "config".
 struct RopeModelConfig {
   RopeParams params;                       // layout .. inv_freq as the model was trained
   std::int64_t head_dim = 0;               // D of q and k
   std::int64_t max_position_embeddings = 0;  // 0 when absent
   std::string model_type;                  // "" when absent
   std::vector<std::string> notes;          // fields read but ignored, as transformers does
+  // M-RoPE (Qwen2-VL, Qwen2.5-VL): rope_scaling.mrope_section [s_t, s_h, s_w] (sum r/2), with
+  // rope_type "mrope" or "default"; empty for a 1D RoPE model. rotary.h's MropeParams take it.
+  std::vector<std::int64_t> mrope_section;
 };
 // Parses config.json text; an unknown or unread rope field, a missing required field or a bad value is
 // an error naming the field ("rope_scaling.factor").

@@ -91,7 +91,7 @@ struct XposParams {
   double scale_base = 512.0;            // > 0
   double gamma = 0.4;                   // > 0
   std::optional<std::int64_t> center{};  // c; absent: ⌈n/2⌉, n the call's length
-  RopeParams rope{};                    // the rotation (layout interleaved by default)
+  RopeParams rope{};                    // the rotation (layout half by default)
 
   bool operator==(const XposParams&) const = default;
 };

@@ -20,8 +20,8 @@ namespace {
 // config.json only for rope itself.
 std::vector<ParamSpec> rope_specs(const std::string& layout_default, bool with_config) {
   std::vector<ParamSpec> v = {
-      {"layout", "choice", layout_default, {"interleaved", "half"},
-       "pairs (2k,2k+1) as RoFormer/Llama-complex, or (k,k+r/2) as GPT-NeoX/HF Llama", false},
+      {"layout", "choice", layout_default, {"half", "interleaved"},
+       "pairs (k,k+r/2) as Hugging Face/vLLM/GPT-NeoX, or (2k,2k+1) as RoFormer/Meta Llama/GPT-J", false},
       {"rotary-dim", "int", "0", {}, "dimensions that rotate (even, <= d; 0 = all)", false},
       {"theta", "float", "10000", {}, "frequency base", false},
       {"rope-type", "choice", "default", {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"},
@@ -54,6 +54,15 @@ std::vector<ParamSpec> rope_specs(const std::string& layout_default, bool with_c
   return v;
 }
 
+// mrope's: RoPE's, and a config.json of an M-RoPE model (Qwen2-VL), which also sets the section.
+std::vector<ParamSpec> mrope_rope_specs() {
+  std::vector<ParamSpec> v = rope_specs("half", true);
+  v.back().help = "a Hugging Face config.json of an M-RoPE model (Qwen2-VL, Qwen2.5-VL): sets --mrope-section and "
+                  "the RoPE parameters (not --variant, --layout, --angles, --seq-len, --longrope-factors, which may "
+                  "be given with it)";
+  return v;
+}
+
 std::vector<ParamSpec> join(std::vector<ParamSpec> a, const std::vector<ParamSpec>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -78,7 +87,7 @@ std::vector<EncodingInfo> build() {
        "model's scaling: linear, ntk, dynamic, yarn, llama3, longrope)",
        "Su et al. 2021, RoFormer (arXiv 2104.09864); Chen et al. 2023 (arXiv 2306.15595); Peng et al. "
        "2023, YaRN (arXiv 2309.00071); Ding et al. 2024, LongRoPE (arXiv 2402.13753); Llama 3.1",
-       rope_specs("interleaved", true)},
+       rope_specs("half", true)},
       {Encoding::kAlibi, "alibi", Kind::kLogitBias,
        "linear biases: -m_h*|i-j| added to the logits, slopes by the paper's geometric rule",
        "Press et al. 2022, Train Short, Test Long (arXiv 2108.12409)",
@@ -141,8 +150,8 @@ std::vector<EncodingInfo> build() {
        "Heo et al. 2024, Rotary Position Embedding for Vision Transformer (RoPE-ViT, arXiv 2403.13298)",
        {{"variant", "choice", "axial", {"axial", "mixed"},
          "axial: fixed frequencies per axis; mixed: learned frequencies --freqs [2, H, r/2]", false},
-        {"layout", "choice", "interleaved", {"interleaved", "half"},
-         "pairs (2k,2k+1) as the authors' complex form, or (k,k+r/2)", false},
+        {"layout", "choice", "half", {"half", "interleaved"},
+         "pairs (k,k+r/2), or (2k,2k+1) as the authors' complex form", false},
         {"rotary-dim", "int", "0", {}, "dimensions that rotate (a multiple of 4, <= d; 0 = all)", false},
         {"theta", "float", "", {},
          "frequency base (default 100 for axial, 10 for mixed's initialisation, as the authors' code)", false},
@@ -157,7 +166,7 @@ std::vector<EncodingInfo> build() {
              {"mrope-section", "ints", "", {},
               "pairs per position row s_t,s_h,s_w summing to r/2 (required; Qwen2-VL: 16,24,24 for r = 128)",
               false}},
-            rope_specs("half", false))},
+            mrope_rope_specs())},
       {Encoding::kXpos, "xpos", Kind::kRotary,
        "rotary with a per-pair decay: q scaled by zeta_k^((m-c)/scale_base), k by zeta_k^(-(n-c)/scale_base), "
        "zeta_k = (2k/r + gamma)/(1 + gamma)",
@@ -166,7 +175,7 @@ std::vector<EncodingInfo> build() {
              {"gamma", "float", "0.4", {}, "zeta_k = (2k/r + gamma)/(1 + gamma)", false},
              {"center", "int", "", {},
               "position c where both scales are 1 (default ceil(n/2), n the call's length, as torchscale)", false}},
-            rope_specs("interleaved", false))},
+            rope_specs("half", false))},
   };
 }
 

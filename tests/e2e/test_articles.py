@@ -382,8 +382,8 @@ def _():
         r = rope000(D, dtype=torch.float64)
         rot = r._forward_l(L + 1)[1:]  # the article's matrices for m = 1..L
         want = torch.einsum("lde,nlhe->nlhd", rot, x)  # the article's forward, with those matrices
-    e1 = close(posenc("apply", "rope", "--in", npy(x), "--offset", 1), want, **F64)
-    got0 = posenc("apply", "rope", "--in", npy(x))
+    e1 = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x), "--offset", 1), want, **F64)
+    got0 = posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x))
     assert np.abs(got0 - want.numpy()).max() > 1e-3, "offset 0 should differ from m = 1..L"
     return f"--offset 1 err {e1:.1e}"
 
@@ -403,19 +403,24 @@ def _():
     B, L, H, D = 2, 20, 4, 32
     msg = []
     x = randn(B, L, H, D)
-    e = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x)), llama_rope(x, D, torch.arange(L)), **F32)
+    e = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x)), llama_rope(x, D, torch.arange(L)),
+              **F32)
     msg.append(f"float32 err {e:.1e}")
     x64 = x.double()  # the article computes in complex64 and casts back: float32 accuracy
-    e = close(posenc("apply", "rope", "--in", npy(x64)), llama_rope(x64, D, torch.arange(L)), **F32)
+    e = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x64)),
+              llama_rope(x64, D, torch.arange(L)), **F32)
     msg.append(f"float64 input err {e:.1e}")
     # Llama's decode step: freqs_cis[start_pos : start_pos + L]
-    e = close(posenc("apply", "rope", "--in", npy(x), "--offset", 30), llama_rope(x, D, torch.arange(30, 30 + L)), **F32)
+    e = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x), "--offset", 30),
+              llama_rope(x, D, torch.arange(30, 30 + L)), **F32)
     msg.append(f"--offset 30 err {e:.1e}")
     pos = torch.randint(0, 64, (L,), generator=GEN)
-    e = close(posenc("apply", "rope", "--in", npy(x), "--positions", npy(pos)), llama_rope(x, D, pos), **F32)
+    e = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x), "--positions", npy(pos)),
+              llama_rope(x, D, pos), **F32)
     msg.append(f"--positions [L] err {e:.1e}")
     pos2 = torch.randint(0, 64, (B, L), generator=GEN)
-    e = close(posenc("apply", "rope", "--in", npy(x), "--positions", npy(pos2.int())), llama_rope(x, D, pos2), **F32)
+    e = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x), "--positions", npy(pos2.int())),
+              llama_rope(x, D, pos2), **F32)
     msg.append(f"--positions [B,L] int32 err {e:.1e}")
     return ", ".join(msg)
 
@@ -426,7 +431,7 @@ def _():
     x = randn(B, L, H, D)
     want = x.clone()
     want[..., :R] = llama_rope(x[..., :R].contiguous(), R, torch.arange(L))
-    e = close(posenc("apply", "rope", "--rotary-dim", R, "--in", npy(x)), want, **F32)
+    e = close(posenc("apply", "rope", "--layout", "interleaved", "--rotary-dim", R, "--in", npy(x)), want, **F32)
     return f"err {e:.1e}"
 
 
@@ -436,8 +441,8 @@ def _():
     f = load(2, "rotary_position_embedding")["rotary_position_embedding"]
     q, k = randn(B, L, H, D), randn(B, L, H, D)
     qr, kr = f(q.transpose(1, 2), k.transpose(1, 2))  # posenc's layout is [B, L, H, D]
-    eq = close(posenc("apply", "rope", "--in", npy(q)), qr.transpose(1, 2), **F32, what="q")
-    ek = close(posenc("apply", "rope", "--in", npy(k)), kr.transpose(1, 2), **F32, what="k")
+    eq = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(q)), qr.transpose(1, 2), **F32, what="q")
+    ek = close(posenc("apply", "rope", "--layout", "interleaved", "--in", npy(k)), kr.transpose(1, 2), **F32, what="k")
     # Fed posenc's layout directly, the article would treat L as heads and H as positions.
     qw, _ = f(q, k)
     assert (qw - qr.transpose(1, 2)).abs().max() > 1e-3, "the transpose should matter"
@@ -497,8 +502,8 @@ def _():
         dy = randn(B, L, H, D, dtype=dtype)
         y = llama_rope(x, D, torch.arange(5, 5 + L))
         (y * dy).sum().backward()
-        got_y, got_dx = posenc("apply", "rope", "--in", npy(x), "--offset", 5, "--grad-out", npy(dy),
-                               outs=("--out", "--grad-in"))
+        got_y, got_dx = posenc("apply", "rope", "--layout", "interleaved", "--in", npy(x), "--offset", 5,
+                               "--grad-out", npy(dy), outs=("--out", "--grad-in"))
         close(got_y, y, **F32)
         msg.append(f"{str(dtype)[6:]} dX err {close(got_dx, x.grad, **F32, what='dX'):.1e}")
     return ", ".join(msg)
@@ -509,15 +514,16 @@ def _():
 HEADS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32]
 
 
-@case("“Position Embedding” get_slopes vs bias alibi (slope = −B[h,0,0] with --k-offset 1, and −B[h,0,1]) for H in " + str(HEADS))
+@case("“Position Embedding” get_slopes vs bias alibi (slope = −B[h,0,0] with --q-offset 0 --k-offset 1, and −B[h,0,1] with "
+      "--q-offset 0) for H in " + str(HEADS))
 def _():
     get_slopes = load(2, "get_slopes")["get_slopes"]
     worst = 0.0
     for H in HEADS:
-        B = posenc("bias", "alibi", "--heads", H, "--q-len", 1, "--k-len", 1, "--k-offset", 1)
+        B = posenc("bias", "alibi", "--heads", H, "--q-len", 1, "--k-len", 1, "--q-offset", 0, "--k-offset", 1)
         want = np.array(get_slopes(H))
         worst = max(worst, close(-B[:, 0, 0], want, **tol(B.dtype), what=f"H={H} slopes"))
-        B2 = posenc("bias", "alibi", "--heads", H, "--q-len", 1, "--k-len", 2)
+        B2 = posenc("bias", "alibi", "--heads", H, "--q-len", 1, "--k-len", 2, "--q-offset", 0)
         close(-B2[:, 0, 1], want, **tol(B2.dtype), what=f"H={H} slopes from B[h,0,1]")
     return f"max err {worst:.1e}"
 
@@ -651,8 +657,8 @@ def _():
         causal = torch.triu(torch.full((L, L), float("-inf")), 1)
         out = softmax_attention(r(q), r(k), v, causal, 1 / math.sqrt(D))
     (out * dO).sum().backward()
-    got, dq, dk, dv = posenc("attention", "rope", "--causal", "--q", npy(q), "--k", npy(k), "--v", npy(v),
-                             "--grad-out", npy(dO), outs=("--out", "--grad-q", "--grad-k", "--grad-v"))
+    got, dq, dk, dv = posenc("attention", "rope", "--layout", "interleaved", "--causal", "--q", npy(q), "--k", npy(k),
+                             "--v", npy(v), "--grad-out", npy(dO), outs=("--out", "--grad-q", "--grad-k", "--grad-v"))
     e = [close(got, out, rtol=1e-10, atol=1e-10, what="out")]
     for name, g, w in (("dQ", dq, q.grad), ("dK", dk, k.grad), ("dV", dv, v.grad)):
         e.append(close(g, w, rtol=1e-10, atol=1e-10, what=name))

@@ -50,7 +50,7 @@ def expand_pos(pos, B, L):
     return np.broadcast_to(pos, (B, L)) if pos.ndim == 1 else pos
 
 
-def rope(x, pos, theta=10000.0, r=0, layout="interleaved"):
+def rope(x, pos, theta=10000.0, r=0, layout="half"):
     """x [B, L, H, D]; pos [B, L] (or [L], or [L] per sequence shared)."""
     x = np.asarray(x, dtype=np.float64)
     B, L, H, D = x.shape
@@ -86,7 +86,8 @@ def rel(M, N, qo, ko):
     return (ko + np.arange(N))[None, :] - (qo + np.arange(M))[:, None]
 
 
-def alibi_bias(variant, H, M, N, qo=0, ko=0, slopes=None, w=None):
+def alibi_bias(variant, H, M, N, qo=None, ko=0, slopes=None, w=None):
+    qo = ko + N - M if qo is None else qo  # attention's alignment: the last M of N positions
     r = rel(M, N, qo, ko).astype(np.float64)
     if variant == "learned":
         past, fut = sigmoid(w[0])[:, None, None], sigmoid(w[1])[:, None, None]
@@ -130,20 +131,23 @@ def t5_buckets(r, bidirectional=True, num_buckets=32, max_distance=128):
     return out + np.where(n < max_exact, n, large)
 
 
-def t5_bias(W, M, N, qo=0, ko=0, **p):
+def t5_bias(W, M, N, qo=None, ko=0, **p):
+    qo = ko + N - M if qo is None else qo  # attention's alignment: the last M of N positions
     bk = t5_buckets(rel(M, N, qo, ko), **p)  # [M, N]
     return np.transpose(W[bk], (2, 0, 1))    # [H, M, N]
 
 
-def kerple_bias(r1, r2, M, N, qo=0, ko=0, kernel="log"):
+def kerple_bias(r1, r2, M, N, qo=None, ko=0, kernel="log"):
     """KERPLE (Chi et al. 2022): −r1·log(1 + r2|m−n|) or −r1·|m−n|^r2, [H, M, N]."""
+    qo = ko + N - M if qo is None else qo  # attention's alignment: the last M of N positions
     d = np.abs(rel(M, N, qo, ko)).astype(np.float64)[None]
     r1, r2 = np.asarray(r1, np.float64)[:, None, None], np.asarray(r2, np.float64)[:, None, None]
     return -r1 * (d ** r2) if kernel == "power" else -r1 * np.log(1 + r2 * d)
 
 
-def sandwich_bias(H, M, N, qo=0, ko=0, sinusoid_dim=128, base=10000.0):
+def sandwich_bias(H, M, N, qo=None, ko=0, sinusoid_dim=128, base=10000.0):
     """Sandwich (Chi et al. 2023): (p_mᵀp_n − d/2)·H/(8(h+1)), p the sinusoid of frequencies base^(−2k/d), k = 1…d/2."""
+    qo = ko + N - M if qo is None else qo  # attention's alignment: the last M of N positions
     qp, kp = qo + np.arange(M), ko + np.arange(N)
     w = base ** (-2.0 * np.arange(1, sinusoid_dim // 2 + 1) / sinusoid_dim)
     def emb(pos):
@@ -155,8 +159,9 @@ def sandwich_bias(H, M, N, qo=0, ko=0, sinusoid_dim=128, base=10000.0):
     return np.stack([ip * H / (8.0 * (h + 1)) for h in range(H)])
 
 
-def fire_bias(mlp_w1, mlp_b1, mlp_w2, mlp_b2, c, threshold, M, N, qo=0, ko=0):
+def fire_bias(mlp_w1, mlp_b1, mlp_w2, mlp_b2, c, threshold, M, N, qo=None, ko=0):
     """FIRE (Li et al. 2023): f(log(c|i−j| + 1)/log(c·max(L, i) + 1)), f = w2·relu(w1 x + b1) + b2, [H, M, N]."""
+    qo = ko + N - M if qo is None else qo  # attention's alignment: the last M of N positions
     qp = (qo + np.arange(M)).astype(np.float64)
     d = np.abs(rel(M, N, qo, ko)).astype(np.float64)
     c, L = float(np.asarray(c).reshape(-1)[0]), float(np.asarray(threshold).reshape(-1)[0])
@@ -175,7 +180,7 @@ def softmax_rows(logits):
 
 
 def attention(enc, q, k, v, causal=False, scale=None, q_offset=None, k_offset=0, theta=10000.0,
-              rotary_dim=0, layout="interleaved", variant="symmetric", slopes=None, weights=None,
+              rotary_dim=0, layout="half", variant="symmetric", slopes=None, weights=None,
               bidirectional=True, num_buckets=32, max_distance=128, u=None, v_bias=None, rel_proj=None,
               table=None, kernel="log", r1=None, r2=None, sinusoid_dim=128, base=10000.0, mlp_w1=None,
               mlp_b1=None, mlp_w2=None, mlp_b2=None, c=None, threshold=None, lse=False):
@@ -257,7 +262,8 @@ def list_plain_and_json(d):
     col = plain[0].index("SUMMARY")
     assert all(line[col - 2:col] == "  " for line in plain[1:] if len(line) > col), plain
     rope_params = {p["name"]: p for p in items[3]["params"]}
-    assert rope_params["layout"]["choices"] == ["interleaved", "half"], rope_params
+    assert rope_params["layout"]["choices"] == ["half", "interleaved"], rope_params
+    assert rope_params["layout"]["default"] == "half", rope_params
     assert rope_params["theta"]["default"] == "10000", rope_params
 
 
@@ -400,7 +406,8 @@ def apply_rope_layouts_dims_positions(d):
                     close(load(d.out("y.npy"), dt), want, f"{layout} r={r} {posarg[0]} {dt}", dtype=dt)
     # layouts really differ, and dimensions past r pass through
     x = randn(1, 3, 1, 8)
-    run("apply", "rope", "--in", d.save("x.npy", x), "--out", d.out("a.npy"), "--rotary-dim", 4, "--offset", 5)
+    run("apply", "rope", "--in", d.save("x.npy", x), "--out", d.out("a.npy"), "--rotary-dim", 4, "--offset", 5,
+        "--layout", "interleaved")
     run("apply", "rope", "--in", d.out("x.npy"), "--out", d.out("b.npy"), "--rotary-dim", 4, "--offset", 5,
         "--layout", "half")
     a, b = load(d.out("a.npy")), load(d.out("b.npy"))

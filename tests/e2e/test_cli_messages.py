@@ -110,8 +110,8 @@ def sizes_just_inside_still_run(d):
 # ------------------------------------------------------------------------------------------------
 
 def sandwich_ref(H, M, N, dim, base=10000.0):
-    """Σ_{k=1}^{d/2} cos(r·base^(−2k/d)) − d/2, times H/(8(h+1)), r = key − query."""
-    r = (np.arange(N)[None, :] - np.arange(M)[:, None]).astype(np.float64)
+    """Σ_{k=1}^{d/2} cos(r·base^(−2k/d)) − d/2, times H/(8(h+1)), r = key − query (query i at N − M + i)."""
+    r = (np.arange(N)[None, :] - (N - M + np.arange(M))[:, None]).astype(np.float64)
     w = base ** (-2.0 * np.arange(1, dim // 2 + 1) / dim)
     s = np.cos(r[..., None] * w).sum(-1) - dim / 2
     return np.stack([s * H / (8.0 * (h + 1)) for h in range(H)])
@@ -198,7 +198,7 @@ def bias_learned_tensors_must_be_finite(d):
     # finite weights, however large, still run: σ saturates (numpy: the bias −σ(w)·|r|)
     w = np.array([[800.0, -800.0], [-5.0, 1e300]])
     run("bias", "alibi", "--variant", "learned", "--weights", d.save("w.npy", w), *geo)
-    r = (np.arange(4)[None, :] - np.arange(3)[:, None]).astype(np.float64)
+    r = (np.arange(4)[None, :] - (1 + np.arange(3))[:, None]).astype(np.float64)  # queries at 1..3 (N − M = 1)
     sig = 1 / (1 + np.exp(-np.clip(w, -700, 700)))
     want = np.stack([np.where(r < 0, sig[0, h] * r, -sig[1, h] * r) for h in range(H)])
     close(load(o, "float64"), want, "alibi learned with saturated weights")

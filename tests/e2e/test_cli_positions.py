@@ -46,7 +46,7 @@ def cos_sin(phi):
     return c, s
 
 
-def rotate(x, phi, scale=1.0, layout="interleaved"):
+def rotate(x, phi, scale=1.0, layout="half"):
     """x [..., D] float64; pair k of the first r = 2·phi.shape[-1] dims rotated by phi[..., k] and
     multiplied by scale (broadcast like phi). interleaved: (2k, 2k+1); half: (k, k + r/2)."""
     x = np.asarray(x, dtype=np.float64)
@@ -71,7 +71,7 @@ def rope_inv(theta, r):
     return np.array([1.0 / math.pow(theta, (2.0 * k) / r) for k in range(r // 2)])
 
 
-def pair_norms(y, layout="interleaved"):
+def pair_norms(y, layout="half"):
     y = np.asarray(y, dtype=np.float64)
     D = y.shape[-1]
     if layout == "interleaved":

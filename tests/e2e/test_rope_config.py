@@ -402,7 +402,7 @@ def bad_configs_and_flags_name_the_field(d):
     expect_error(["rope-config", variant(num_attention_heads=0)], "num_attention_heads")
     expect_error(["rope-config", variant(partial_rotary_factor=0.01)], "partial_rotary_factor")  # int(1.28) = 1
     expect_error(["rope-config", variant(rope_local_base_freq=10000.0)], "rope_local_base_freq")
-    expect_error(["rope-config", d.write("broken.json", "{\"rope_theta\": ")], "config")
+    assert "not valid JSON" in expect_error(["rope-config", d.write("broken.json", "{\"rope_theta\": ")], "CONFIG")
     expect_error(["rope-config", d.out("missing.json")], "CONFIG")
     # a folder, a number beyond double, a head dimension past 2^20, frequencies beyond float32
     expect_error(["rope-config", d.path], "CONFIG")

@@ -72,7 +72,7 @@ def rope2d_phi(pos, r, theta=100.0, freqs=None):
     return np.concatenate([np.outer(px, f), np.outer(py, f)], axis=-1)
 
 
-def rope2d(x, pos, r=0, layout="interleaved", theta=100.0, freqs=None):
+def rope2d(x, pos, r=0, layout="half", theta=100.0, freqs=None):
     """x [B, L, H, D], pos [2, L]."""
     r = r or x.shape[-1]
     phi = rope2d_phi(pos, r, theta, freqs)
@@ -112,14 +112,14 @@ def mrope(x, pos, section, interleaved=False, layout="half", theta=10000.0):
     return x * np.cos(emb) + rh * np.sin(emb)
 
 
-def xpos(x, offset=0, downscale=False, scale_base=512.0, layout="interleaved", n=None):
+def xpos(x, offset=0, downscale=False, scale_base=512.0, layout="half", n=None):
     """torchscale's XPOS.forward(x, offset, downscale) for x [B, L, H, D] at positions offset .. offset+L−1:
     its tables over n = L + offset positions (or the given n ≥ that: the same centre for queries and keys
     of another length), rows offset .. offset + L − 1."""
     B, L, H, D = x.shape
     n = L + offset if n is None else n
     if layout == "half":
-        return from_interleaved(xpos(to_interleaved(x, D), offset, downscale, scale_base, n=n), D)
+        return from_interleaved(xpos(to_interleaved(x, D), offset, downscale, scale_base, "interleaved", n), D)
     min_pos = -n // 2                      # torchscale's −(length + offset) // 2, i.e. −⌈n/2⌉
     zeta = (np.arange(0, D, 2) + 0.4 * D) / (1.4 * D)
     scale = zeta[None, :] ** (np.arange(min_pos, min_pos + n)[:, None] / scale_base)   # [n, D/2]

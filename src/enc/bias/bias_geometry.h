@@ -21,14 +21,21 @@ inline Status check_geometry(const BiasGeometry& g) {
   if (g.k_len < 0 || g.k_len > kMaxExtent)
     return Status::Invalid("k_len", "expected 0 <= k_len <= 2^52, got " + std::to_string(g.k_len));
   // every position, the last of each side included, within [-2^52, 2^52]
-  if (g.q_offset < -kMaxExtent || g.q_offset > kMaxExtent - std::max<std::int64_t>(g.q_len - 1, 0))
+  const auto q_in_range = [&](std::int64_t q_offset) {
+    return q_offset >= -kMaxExtent && q_offset <= kMaxExtent - std::max<std::int64_t>(g.q_len - 1, 0);
+  };
+  if (g.q_offset && !q_in_range(*g.q_offset))
     return Status::Invalid("q_offset", "expected q_offset in [-2^52, 2^52 - (q_len - 1)] (every query's position "
-                                       "within +-2^52), got " + std::to_string(g.q_offset) + " with q_len = " +
+                                       "within +-2^52), got " + std::to_string(*g.q_offset) + " with q_len = " +
                                        std::to_string(g.q_len));
   if (g.k_offset < -kMaxExtent || g.k_offset > kMaxExtent - std::max<std::int64_t>(g.k_len - 1, 0))
     return Status::Invalid("k_offset", "expected k_offset in [-2^52, 2^52 - (k_len - 1)] (every key's position "
                                        "within +-2^52), got " + std::to_string(g.k_offset) + " with k_len = " +
                                        std::to_string(g.k_len));
+  if (!g.q_offset && !q_in_range(g.query_offset()))  // the default k_offset + N − M (|each| <= 2^52: no overflow)
+    return Status::Invalid("q_offset", "its default k_offset + k_len - q_len = " + std::to_string(g.query_offset()) +
+                                       " puts a query's position beyond +-2^52 (q_len = " + std::to_string(g.q_len) +
+                                       "): give q_offset");
   return Status::Ok();
 }
 
@@ -40,7 +47,7 @@ inline Status check_bias_view(const char* arg, const View& v, const BiasGeometry
 
 // Relative distance of query i and key j: key position − query position.
 inline std::int64_t distance(const BiasGeometry& g, std::int64_t i, std::int64_t j) {
-  return (g.k_offset + j) - (g.q_offset + i);
+  return (g.k_offset + j) - (g.query_offset() + i);
 }
 
 }  // namespace posenc::bias

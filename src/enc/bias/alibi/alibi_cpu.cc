@@ -124,7 +124,7 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
   if (!bias::fill_ok(out)) return reference::alibi_bias(p, g, slopes, weights, out);
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   std::vector<double> lut(static_cast<std::size_t>(H * (W > 0 ? W : 0)));  // [H, W]
 
   if (p.variant == AlibiVariant::kLearned) {
@@ -190,7 +190,7 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
 
   const std::vector<double> w = to_doubles(weights);  // [2, H]; read before dweights (may alias)
   const std::vector<double> S = bias::diagonal_sums(g, dbias);  // [H, W]
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   std::vector<double> dw(static_cast<std::size_t>(2 * H), 0.0);  // [2, H]
   for (std::int64_t h = 0; h < H && M * N > 0; ++h) {
     double past = 0, future = 0;  // Σ dbias·|r| over each side

@@ -77,7 +77,7 @@ Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& 
   if (H * M * N == 0) return Status::Ok();
   const fire::Values v = fire::values(t);
   const fire::Pieces P = fire::pieces(v.w1, v.b1, v.w2, v.b2, H);
-  const I r_min = g.k_offset - g.q_offset - (M - 1);
+  const I r_min = g.k_offset - g.query_offset() - (M - 1);
   const std::vector<double> psi_d = psi_table(v.c, r_min, M + N - 1, false);
   const int threads = fast::threads_for(H * M * N);
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -85,7 +85,7 @@ Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& 
     std::vector<double> row(static_cast<std::size_t>(H * N));  // [H, N]
 #pragma omp for schedule(static)
     for (I i = 0; i < M; ++i) {
-      const double inv = 1.0 / fire::psi(v.c, fire::norm_arg(v.L, g.q_offset + i));
+      const double inv = 1.0 / fire::psi(v.c, fire::norm_arg(v.L, g.query_offset() + i));
       const double* pd = &psi_d[static_cast<std::size_t>(M - 1 - i)];  // key j at pd[j]
       I s = 0;
       for (I j = 0; j < N; ++j) {
@@ -107,7 +107,7 @@ Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const Fire
   // Every input is read (values, then dbias row by row) before any gradient is written.
   const fire::Values v = fire::values(t);
   const fire::Pieces P = fire::pieces(v.w1, v.b1, v.w2, v.b2, H);
-  const I r_min = g.k_offset - g.q_offset - (M - 1), S2 = P.segs();
+  const I r_min = g.k_offset - g.query_offset() - (M - 1), S2 = P.segs();
   const std::vector<double> psi_d = psi_table(v.c, r_min, M + N - 1, false);
   const std::vector<double> dpsi_d = psi_table(v.c, r_min, M + N - 1, true);
   std::vector<double> M0(static_cast<std::size_t>(H * S2), 0.0), M1(M0.size(), 0.0);  // [H, S + 2]
@@ -120,7 +120,7 @@ Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const Fire
       double dc = 0, dL = 0;
       for (I i = 0; i < M; ++i) {
         load_row(dbias, h, i, row.data(), N);
-        const I qp = g.q_offset + i;
+        const I qp = g.query_offset() + i;
         const double n = fire::norm_arg(v.L, qp), pn = fire::psi(v.c, n), inv = 1.0 / pn;
         const double xdc_n = fire::psi_dc(v.c, n), xdl = fire::by_threshold(v.L, qp) ? -fire::psi_dx(v.c, n) * inv : 0.0;
         const double* pd = &psi_d[static_cast<std::size_t>(M - 1 - i)];

@@ -52,7 +52,7 @@ Status fire_bias(const FireParams&, const BiasGeometry& g, const FireTensors& t,
   for (std::int64_t i = 0; i < M; ++i)
     for (std::int64_t j = 0; j < N; ++j) {
       const std::int64_t r = bias::distance(g, i, j);
-      const double x = fire::normalised(v.c, v.L, g.q_offset + i, static_cast<double>(r < 0 ? -r : r)).x;
+      const double x = fire::normalised(v.c, v.L, g.query_offset() + i, static_cast<double>(r < 0 ? -r : r)).x;
       for (std::int64_t h = 0; h < H; ++h)
         o[static_cast<std::size_t>((h * M + i) * N + j)] =
             fire::mlp(v.w1.data(), v.b1.data(), &v.w2[static_cast<std::size_t>(h * W)],
@@ -76,7 +76,7 @@ Status fire_bias_backward(const FireParams&, const BiasGeometry& g, const FireTe
   for (std::int64_t i = 0; i < M; ++i)
     for (std::int64_t j = 0; j < N; ++j) {
       const std::int64_t r = bias::distance(g, i, j);
-      const fire::X xx = fire::normalised(v.c, v.L, g.q_offset + i, static_cast<double>(r < 0 ? -r : r));
+      const fire::X xx = fire::normalised(v.c, v.L, g.query_offset() + i, static_cast<double>(r < 0 ? -r : r));
       for (std::int64_t h = 0; h < H; ++h) {
         const double gd = db[static_cast<std::size_t>((h * M + i) * N + j)];
         db2[static_cast<std::size_t>(h)] += gd;

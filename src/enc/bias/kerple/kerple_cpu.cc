@@ -23,7 +23,7 @@ Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1,
       r1.data == out.data || r2.data == out.data)
     return reference::kerple_bias(p, g, r1, r2, out);
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   const bool power = p.kernel == KerpleKernel::kPower;
   const std::vector<double> a = to_doubles(r1), b = to_doubles(r2);  // [H] each
   std::vector<double> lut(static_cast<std::size_t>(H * (W > 0 ? W : 0)));  // [H, W]
@@ -44,7 +44,7 @@ Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const 
   if (!bias::sums_ok(dbias) || fast::partial_alias(dbias, dr1) || fast::partial_alias(dbias, dr2))
     return reference::kerple_bias_backward(p, g, r1, r2, dbias, dr1, dr2);
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   const bool power = p.kernel == KerpleKernel::kPower;
   const std::vector<double> a = to_doubles(r1), b = to_doubles(r2);  // read before any write
   const std::vector<double> S = bias::diagonal_sums(g, dbias);       // [H, W]

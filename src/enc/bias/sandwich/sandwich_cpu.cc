@@ -18,7 +18,7 @@ Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View&
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
   if (!bias::fill_ok(out)) return reference::sandwich_bias(p, g, out);
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   const std::vector<double> w = sandwich::freqs(p.sinusoid_dim, p.base);
   std::vector<double> base(static_cast<std::size_t>(W > 0 ? W : 0));  // per distance
   for (std::int64_t x = 0; x < W; ++x)

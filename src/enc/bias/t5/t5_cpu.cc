@@ -22,7 +22,7 @@ Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, co
   POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
   if (!bias::fill_ok(out) || fast::partial_alias(weights, out) || weights.data == out.data)
     return reference::t5_bias(p, g, weights, out);
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   const std::vector<double> w = to_doubles(weights);  // [num_buckets, H]
   std::vector<double> lut(static_cast<std::size_t>(H * (W > 0 ? W : 0)));  // [H, W]
   for (std::int64_t x = 0; x < W; ++x) {
@@ -46,7 +46,7 @@ Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& db
     return reference::t5_bias_backward(p, g, dbias, dweights);
   // Per distance first (one bucket per distance, not per element), then per bucket.
   const std::vector<double> S = bias::diagonal_sums(g, dbias);  // [H, W]
-  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.q_offset - (M - 1);
+  const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
   std::vector<double> dw(static_cast<std::size_t>(p.num_buckets * H), 0.0);  // [num_buckets, H]
   for (std::int64_t x = 0; x < W && M * N > 0; ++x) {
     const std::int64_t c = t5::bucket(r_min + x, p.bidirectional, p.num_buckets, p.max_distance);

@@ -12,6 +12,8 @@
 //     mscale_all_dim is set, which is reported in notes.
 //   * Phi3Config: rope_scaling type "su" or "yarn" is renamed "longrope"; the pretrained length is
 //     the top-level original_max_position_embeddings.
+//   * Qwen2VLConfig / Qwen2_5_VLConfig: rope_scaling type "mrope" is renamed "default";
+//     mrope_section ([16, 24, 24] for head_dim 128) goes to the multimodal rotary embedding.
 //   * dynamic: window = max_position_embeddings (rope_scaling's original_max_position_embeddings is
 //     accepted by the validator but not read).
 //   * yarn: factor = rope_scaling["factor"]; original length = rope_scaling.get(
@@ -191,6 +193,21 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
                                   "rotary_pct, rotary_emb_base, qk_rope_head_dim, rope_interleave)");
   }
 
+  // ---- a model without rotary embeddings (absolute, learned or relative positions, ALiBi): known
+  // model types, or position_embedding_type (BERT's family) other than "rotary", with no RoPE field.
+  {
+    static const std::set<std::string> no_rotary = {
+        "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
+        "gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "t5", "mt5", "bart", "mbart", "whisper"};
+    POSENC_TAKE(pet, top.string("position_embedding_type"));
+    const bool rope_fields = top.has("rope_theta") || top.has("rotary_emb_base") || top.has("rope_scaling");
+    if (!rope_fields && (no_rotary.count(mt) || (pet && *pet != "rotary")))
+      return Status::Invalid("config", "this model has no rotary embedding (model_type " +
+                                           (mt.empty() ? std::string("absent") : mt) +
+                                           (pet && !no_rotary.count(mt) ? ", position_embedding_type " + *pet : "") +
+                                           ")");
+  }
+
   // ---- theta
   POSENC_TAKE(rope_theta, top.positive("rope_theta"));
   POSENC_TAKE(rotary_emb_base, top.positive("rotary_emb_base"));
@@ -287,12 +304,36 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
     out.notes.push_back(std::string(type_field) + ": Phi3Config renames '" + scheme + "' to 'longrope'");
     scheme = "longrope";
   }
+  // M-RoPE (Qwen2VLConfig): "mrope" is the default frequencies; mrope_section splits the pairs
+  // among t, h, w (with any scheme: rotary.h's M-RoPE reads rope.h's frequencies).
+  if (scheme == "mrope") {
+    if (!rs.has("mrope_section"))
+      return Status::Invalid("rope_scaling.mrope_section", "missing (rope_type mrope requires it: [s_t, s_h, s_w])");
+    out.notes.push_back(std::string(type_field) + ": 'mrope' is the default frequencies split by mrope_section "
+                        "(Qwen2VLConfig)");
+    scheme = "default";
+  }
+  if (rs.has("mrope_section")) {
+    const json& v = sc.at("mrope_section");
+    const std::string want = "a list of three integers [s_t, s_h, s_w] >= 0 summing to r/2 = " + std::to_string(r / 2);
+    if (!v.is_array() || v.size() != 3) return Status::Invalid("rope_scaling.mrope_section", "expected " + want +
+                                                                                               ", got " + shown(v));
+    std::int64_t sum = 0;
+    for (const json& e : v) {
+      if (!e.is_number_integer() || e.get<std::int64_t>() < 0 || e.get<std::int64_t>() > r)
+        return Status::Invalid("rope_scaling.mrope_section", "expected " + want + ", got " + shown(v));
+      out.mrope_section.push_back(e.get<std::int64_t>());
+      sum += e.get<std::int64_t>();
+    }
+    if (sum != r / 2)
+      return Status::Invalid("rope_scaling.mrope_section", "sums to " + std::to_string(sum) + ": expected " + want);
+  }
   const auto fields = scheme_fields().find(scheme);
   if (fields == scheme_fields().end())
     return Status::Invalid(type_field, "unknown rope_type '" + scheme +
                                            "', expected default, linear, dynamic, yarn, llama3, longrope (or ntk)");
   for (const auto& [key, value] : sc.items()) {
-    if (key == "rope_type" || key == "type") continue;
+    if (key == "rope_type" || key == "type" || key == "mrope_section") continue;
     if (!fields->second.count(key)) {
       std::string reads;
       for (const std::string& f : fields->second) reads += (reads.empty() ? "" : ", ") + f;
