@@ -99,7 +99,7 @@ static void rope_strided(void) {
   CHECK(posenc_rope_qk(p, &tq, NULL, NULL, 0, &to, NULL, 0) == POSENC_OK, "strided: %s", posenc_last_error());
   for (int i = 0; i < LL * H * DD; ++i) x[i] = big[2 * i];
   rope_freqs(w, DD, 10000.0);
-  ref_rope(x, r, 1, LL, H, DD, pos, w, 0, 1.0);
+  ref_rope(x, r, 1, LL, H, DD, pos, w, 1, 1.0); /* the default layout: half */
   double err = 0;
   int pad_ok = 1;
   for (int row = 0; row < LL * H; ++row) {

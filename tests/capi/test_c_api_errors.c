@@ -60,14 +60,14 @@ void test_rope_errors(void) {
   fill(k, NX, 42);
   posenc_rope_params* p = posenc_rope_params_new();
   rope_param_errors(p);
-  /* The failed sets left p as it was: the default rotation (theta 10000, interleaved). */
+  /* The failed sets left p as it was: the default rotation (theta 10000, half). */
   posenc_tensor tq = tensor(q, POSENC_F64, 4, s), tk = tensor(k, POSENC_F64, 4, s);
   posenc_tensor tqo = tensor(qo, POSENC_F64, 4, s), tko = tensor(ko, POSENC_F64, 4, s);
   CHECK(posenc_rope_qk(p, &tq, NULL, NULL, 0, &tqo, NULL, 0) == POSENC_OK, "%s", posenc_last_error());
   int64_t pos[L] = {0, 1, 2, 3};
   double w[D / 2];
   rope_freqs(w, D, 10000.0);
-  ref_rope(q, ref, B, L, H, D, pos, w, 0, 1.0);
+  ref_rope(q, ref, B, L, H, D, pos, w, 1, 1.0);
   CHECK(max_abs_diff(qo, ref, NX) < 1e-12, "failed sets changed the parameters");
 
   rope_fails(NULL, &tq, &tk, NULL, 0, "p", qo, ko, &tqo, &tko);
