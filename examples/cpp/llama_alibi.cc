@@ -15,11 +15,11 @@ int main(int argc, char** argv) {
   const std::int64_t B = 1, L = 8, H = 4, D = cfg->head_dim;  // q, k, v, out: [B, L, H, D]
   std::vector<float> q(B * L * H * D), k(q.size()), v(q.size()), out(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) q[i] = k[i] = v[i] = float(i % 7) / 7 - 0.5f;
-  auto view = [&](std::vector<float>& x) { return View::contiguous(x.data(), DType::kF32, {B, L, H, D}); };
+  auto view = [&](auto& x) { return View::contiguous(x.data(), DType::kF32, {B, L, H, D}); };
   Status st = rope_apply_qk(cfg->params, view(q), view(k), Positions{}, view(q), view(k));  // in place
   AttentionParams attn{.encoding = Encoding::kAlibi, .causal = true};
   if (st) st = attention_forward(attn, view(q), view(k), view(v), EncodingTensors{}, view(out));
   if (!st) return std::fprintf(stderr, "%s\n", st.message().c_str()), 1;
   const float* last = &out[(L - 1) * H * D];  // the last query, head 0
-  std::printf("head_dim %lld, out[0, %lld, 0, :3] = %.6f %.6f %.6f\n", (long long)D, (long long)(L - 1), last[0], last[1], last[2]);
+  std::printf("head_dim %lld, out[0, 7, 0, :3] = %.6f %.6f %.6f\n", (long long)D, last[0], last[1], last[2]);
 }
