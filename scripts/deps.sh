@@ -2,13 +2,14 @@
 # Installs what posenc needs from Debian 12's packages. Idempotent: installs only what is missing.
 #   scripts/deps.sh            build + run dependencies
 #   scripts/deps.sh --tests    plus what the tests use (GoogleTest; numpy and torch as test oracles)
+#                              and the PyTorch package's build (libtorch-dev, pybind11-dev, python3-dev)
 set -euo pipefail
 
 # bible-kjv: the study's built-in corpus; gnuplot-nox: its plots and `posenc plot`.
 pkgs=(g++ cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
       bible-kjv gnuplot-nox)
 if [[ "${1:-}" == "--tests" ]]; then
-  pkgs+=(libgtest-dev python3 python3-numpy python3-torch)
+  pkgs+=(libgtest-dev python3 python3-numpy python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest)
 fi
 
 missing=()

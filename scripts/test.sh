@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: install what the tests need, build, run every test (unit, CLI end-to-end, and the
-# articles' own code as an oracle).
+# The test command: install what the tests need, build, install the PyTorch package posenc into
+# /usr/bin/python3's site-packages, run every test (unit, CLI end-to-end, the articles' own code as an
+# oracle, the Python package's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --tests
-scripts/build.sh -DPOSENC_BUILD_TESTS=ON
+scripts/build.sh -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_PYTHON=ON
+scripts/python.sh
 ctest --test-dir build --output-on-failure -j2

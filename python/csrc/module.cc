@@ -71,7 +71,9 @@ posenc_tensor view_of(const std::string& arg, const at::Tensor& t) {
   if (t.dim() > POSENC_MAX_DIMS)
     throw py::value_error(arg + ": expected at most 6 dimensions, got " + std::to_string(t.dim()));
   posenc_tensor v{};
-  v.data = t.data_ptr();
+  // An empty tensor has no storage; the library needs a pointer and reads nothing behind it.
+  static double empty_storage[1];
+  v.data = t.numel() == 0 ? static_cast<void*>(empty_storage) : t.data_ptr();
   v.dtype = dtype;
   v.ndim = static_cast<int>(t.dim());
   for (int i = 0; i < v.ndim; ++i) {
@@ -98,7 +100,12 @@ RopePtr rope_params(const TextDict& params, const std::string& config, std::int6
   if (!p) raise(POSENC_ERR_NOMEM, "out of memory");
   if (!config.empty()) {
     std::int64_t d = 0;
-    check(posenc_rope_params_from_config(p.get(), config.c_str(), &d));
+    if (posenc_rope_params_from_config(p.get(), config.c_str(), &d) != POSENC_OK) {
+      std::string message = posenc_last_error();  // named after the C argument: the config's field follows
+      const std::string c_arg = "config_json_text: ";
+      if (message.rfind(c_arg, 0) == 0) message = message.substr(c_arg.size());
+      throw py::value_error("config: " + message);
+    }
     if (d != head_dim)
       throw py::value_error("config: head_dim " + std::to_string(d) + " does not match the tensors' last dimension " +
                             std::to_string(head_dim));

@@ -73,6 +73,8 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
     if not isinstance(encoding, str):
         raise TypeError(f"encoding: expected a name (str), got {type(encoding).__name__}")
     texts, tensors = split_params(encoding, params)
+    if causal not in (True, False):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     texts["causal"] = text("causal", bool(causal))
     check_int("k_offset", k_offset)
     texts["k_offset"] = text("k_offset", k_offset)
@@ -111,6 +113,8 @@ def bias(encoding, heads, q_len, k_len, *, causal=False, q_offset=None, k_offset
     for name, value in (("heads", heads), ("q_len", q_len), ("k_len", k_len), ("k_offset", k_offset)):
         check_int(name, value)
     check_int("q_offset", q_offset, optional=True)
+    if causal not in (True, False):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     q_off = k_offset + k_len - q_len if q_offset is None else q_offset
     texts, tensors = split_params(encoding, params)
     names = list(tensors)

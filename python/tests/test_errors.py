@@ -1,0 +1,87 @@
+"""Bad arguments raise ValueError or TypeError with the library's one-line message naming the argument.
+
+A CUDA tensor cannot be made on a machine without a GPU: the device check is exercised with tensors on
+torch's `meta` device, which, like CUDA's, are not CPU tensors; it runs both in the package's Python
+checks and in the extension's own (posenc._C), which the low-level entries reach directly.
+"""
+import math
+
+import pytest
+import torch
+
+import posenc
+
+Q, K = torch.randn(1, 3, 2, 8), torch.randn(1, 4, 2, 8)
+META = torch.device("meta")
+
+
+def raises(exc, start, f):
+    with pytest.raises(exc) as info:
+        f()
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert message.startswith(start), message
+    return message
+
+
+def test_shapes():
+    raises(ValueError, "q: expected 4 dimensions", lambda: posenc.attention(Q[0], K, K))
+    raises(ValueError, "weights: expected shape [32, 2]", lambda: posenc.attention(Q, K, K, "t5", weights=torch.randn(31, 2)))
+    raises(ValueError, "positions: expected shape [3]", lambda: posenc.rope(Q, torch.tensor([0, 1])))
+    raises(ValueError, "x: expected 3 dimensions", lambda: posenc.sinusoidal(Q))
+
+
+def test_mismatched_heads():
+    k = torch.randn(1, 4, 3, 8)
+    raises(ValueError, "k: query heads Hq = 2 must be a multiple of key/value heads Hkv = 3",
+           lambda: posenc.attention(Q, k, k))
+
+
+def test_dtypes():
+    raises(TypeError, "q: expected float32, float64, bfloat16 or float16, got int32", lambda: posenc.attention(Q.int(), K, K))
+    raises(ValueError, "k: expected float32 like q, got float64", lambda: posenc.attention(Q, K.double(), K))
+    raises(TypeError, "positions: expected int32 or int64", lambda: posenc.rope(Q, torch.tensor([0.5, 1, 2])))
+    raises(TypeError, "x: expected a torch.Tensor, got str", lambda: posenc.rope("x"))
+    raises(TypeError, "q: expected float32", lambda: posenc._C.attention_forward(Q.to(torch.complex64), K, K, "nope", {}, {}))
+
+
+def test_devices():
+    raises(ValueError, "q: expected a CPU tensor, got one on device 'meta'", lambda: posenc.attention(Q.to(META), K, K))
+    raises(ValueError, "x: expected a CPU tensor", lambda: posenc.rope(Q.to(META)))
+    raises(ValueError, "slopes: expected a CPU tensor",
+           lambda: posenc.attention(Q, K, K, "alibi", slopes=torch.ones(2, device=META)))
+    raises(ValueError, "v: expected a CPU tensor", lambda: posenc._C.attention_forward(Q, K, K.to(META), "nope", {}, {}))
+    raises(ValueError, "table: expected a CPU tensor",
+           lambda: posenc._C.attention_forward(Q, K, K, "cope", {}, {"table": torch.ones(4, 8, device=META)}))
+    raises(ValueError, "q: expected a CPU tensor", lambda: posenc._C.rope(Q.to(META), None, None, 0, {}, "", False, False))
+
+
+def test_values_and_names():
+    raises(ValueError, "encoding: unknown encoding 'foo'", lambda: posenc.attention(Q, K, K, "foo"))
+    raises(ValueError, "bogus: unknown key for alibi", lambda: posenc.attention(Q, K, K, "alibi", bogus=3))
+    raises(ValueError, "scale: expected a finite value > 0", lambda: posenc.attention(Q, K, K, scale=-1.0))
+    raises(ValueError, "theta: expected a finite number", lambda: posenc.attention(Q, K, K, "rope", rope={"theta": math.nan}))
+    raises(ValueError, "rotary_dim: expected an even number", lambda: posenc.rope(Q, rotary_dim=3))
+    raises(ValueError, "layout: expected interleaved or half", lambda: posenc.rope(Q, layout="diag"))
+    raises(ValueError, "positions: positions must be >= 0", lambda: posenc.rope(Q, torch.tensor([0, 1, -5])))
+    raises(ValueError, "scaling.factr: not a rope_scaling field", lambda: posenc.rope(Q, scaling={"factr": 8}))
+    raises(ValueError, "r2: expected a finite value > 0",
+           lambda: posenc.bias("kerple", 2, 3, 3, r1=torch.ones(2), r2=-torch.ones(2)))
+    raises(ValueError, "encoding: 'rope' has no position-only bias", lambda: posenc.bias("rope", 2, 3, 3))
+    raises(TypeError, "causal: expected a bool", lambda: posenc.attention(Q, K, K, causal="yes"))
+    raises(TypeError, "n: expected an integer", lambda: posenc.set_num_threads("a"))
+
+
+def test_config_errors():
+    bad = {"rope_theta": 1e4, "head_dim": 8, "rope_scaling": {"rope_type": "linear", "factor": -1}}
+    raises(ValueError, "config: rope_scaling.factor: expected a number > 0", lambda: posenc.rope(Q, config=bad))
+    raises(ValueError, "config: cannot read /nonexistent/config.json", lambda: posenc.rope_config("/nonexistent/config.json"))
+    raises(ValueError, "config: head_dim 16 does not match", lambda: posenc.rope(Q, config={"rope_theta": 1e4, "head_dim": 16}))
+    raises(ValueError, "theta: given with config", lambda: posenc.rope(Q, theta=5.0, config={"rope_theta": 1e4}))
+    raises(TypeError, "config: expected a dict or the path", lambda: posenc.rope_config(3))
+
+
+def test_empty_tensors_compute_nothing():
+    out, lse = posenc.attention(Q, K[:, :0], K[:, :0], return_lse=True)
+    assert torch.equal(out, torch.zeros_like(Q)) and bool((lse == -math.inf).all())
+    assert posenc.rope(torch.empty(0, 3, 2, 8)).shape == (0, 3, 2, 8)
