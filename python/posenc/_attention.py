@@ -2,6 +2,7 @@
 import functools
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _C
 from ._common import check_int, check_tensor, key, text
@@ -49,6 +50,7 @@ class _AttentionFn(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, _dlse):
         encoding, params, names = ctx.args
         q, k, v, *tensors = ctx.saved_tensors
@@ -96,6 +98,7 @@ class _BiasFn(torch.autograd.Function):
         return _C.bias(*call, dict(zip(names, tensors)))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dbias):
         tensors = ctx.saved_tensors
         learned = learned_tensors(ctx.call[0])

@@ -2,6 +2,7 @@
 import json
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _C
 from ._common import check_int, check_tensor, config_text, text
@@ -61,6 +62,7 @@ class _RopeFn(torch.autograd.Function):
         return (q_out, k_out) if k is not None else q_out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dq, dk=None):
         positions, offset, params, cfg = ctx.rope
         if ctx.has_k and (dq is None or dk is None):
@@ -115,6 +117,7 @@ class _SinusoidalFn(torch.autograd.Function):
         return _C.sinusoidal(x, positions, offset, base, False)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         positions, offset, base = ctx.args
         return _C.sinusoidal(dy, positions, offset, base, True), None, None, None

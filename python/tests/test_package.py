@@ -69,3 +69,28 @@ def test_example_runs_as_a_script(tmp_path):
                          timeout=120)
     assert run.returncode == 0, run.stderr
     assert re.fullmatch(r"out \(2, 16, 8, 128\) \|dq\| [\d.]+ \|dk\| [\d.]+ \|dv\| [\d.]+\n", run.stdout)
+
+
+def test_kernels_release_the_gil():
+    """While a kernel runs on another thread, this thread keeps running Python: no long pause."""
+    import threading
+    import time
+    posenc.set_num_threads(1)
+    try:
+        length, kernel = 512, 0.0
+        while kernel < 0.25:  # a call long enough that a held GIL would stand out from scheduling noise
+            length *= 2
+            q = k = v = torch.randn(1, length, 4, 64)
+            start = time.perf_counter()
+            posenc.attention(q, k, v, "alibi")
+            kernel = time.perf_counter() - start
+        worker = threading.Thread(target=lambda: [posenc.attention(q, k, v, "alibi") for _ in range(2)])
+        last, gap = time.perf_counter(), 0.0
+        worker.start()
+        while worker.is_alive():
+            now = time.perf_counter()
+            gap, last = max(gap, now - last), now
+        worker.join()
+    finally:
+        posenc.set_num_threads(0)
+    assert gap < kernel / 2, (gap, kernel)

@@ -161,3 +161,12 @@ def test_sinusoidal_adds_the_table():
 def test_gradcheck_sinusoidal():
     x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: posenc.sinusoidal(t, offset=1), (x,))
+
+
+def test_scaling_dict_equals_the_config_it_comes_from():
+    x = torch.randn(1, 5, 2, 128, dtype=torch.float64)
+    pos = torch.tensor([0, 9, 4000, 9000, 70000])
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    torch.testing.assert_close(posenc.rope(x, pos, theta=500000.0, scaling=scaling),
+                               hf_rope(x, pos, llama3_inv_freq(500000.0, 128, 8.0, 1.0, 4.0, 8192)), rtol=1e-9, atol=1e-9)
