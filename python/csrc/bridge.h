@@ -43,7 +43,7 @@ Result sinusoidal(double base, const posenc_tensor& x, const posenc_tensor* posi
 // Named tensors of an encoding (the registry's names, '_' for '-').
 using TensorMap = std::map<std::string, posenc_tensor>;
 
-// The shape the bias geometry and the encoding's parameters (text, the C ABI's keys).
+// A bias call: the encoding, its keys (text, the C ABI's vocabulary) and tensors, and the geometry.
 struct BiasCall {
   std::string encoding;
   std::map<std::string, std::string> params;
