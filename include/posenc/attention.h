@@ -66,6 +66,20 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
                           const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                           const View& dv, const EncodingGrads& g);
 
+// The gradients of the keys, values and parameters this call sees, under the softmax statistics of a
+// larger attention the call is part of: the call holds a shard of that attention's keys (at their
+// k_offset; q_offset given explicitly), out [B, M, Hq, D] (q's dtype) and lse (float64 [B, Hq, M])
+// are the whole attention's. P_ij = exp(l_ij − lse_i), Δ_i = dout_i·out_i, dS = P ⊙ (dout·vᵀ − Δ).
+// Summed over the shards, dq and the parameter gradients (each shard's a partial sum, overwritten)
+// are the whole attention's; dk, dv are its rows of the shard's keys. Every encoding but cope (a
+// key's position counts the gates of the later keys) — an error naming "encoding"; a RoPE scheme
+// that reads the sequence length (dynamic, longrope by length) needs seq_len set ("seq_len").
+// Other validation and errors as attention_backward's, plus "out" and "lse".
+Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                     const EncodingTensors& t, const View& out, const View& lse,
+                                     const View& dout, const View& dq, const View& dk, const View& dv,
+                                     const EncodingGrads& g);
+
 }  // namespace posenc
 
 // The plain references: same arguments, validation and Status as the dispatchers above; scalar,
@@ -78,5 +92,10 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
 Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
                           const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                           const View& dv, const EncodingGrads& g);
+
+Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                     const EncodingTensors& t, const View& out, const View& lse,
+                                     const View& dout, const View& dq, const View& dk, const View& dv,
+                                     const EncodingGrads& g);
 
 }  // namespace posenc::reference

@@ -300,6 +300,10 @@ std::string rope_config(const std::string& text, std::int64_t seq_len) {
 
 }  // namespace
 
+namespace posenc_py {
+void def_stats(py::module_& m);  // stats.cc: attention_backward_from_stats
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = R"(posenc's kernels for torch CPU tensors (the public API is the package posenc).
 
@@ -332,4 +336,5 @@ No autograd here: the package's functions wrap these in torch.autograd.Function.
   m.def("bias_backward", &bias_backward, py::arg("encoding"), py::arg("heads"), py::arg("q_len"), py::arg("k_len"),
         py::arg("q_offset"), py::arg("k_offset"), py::arg("params"), py::arg("tensors"), py::arg("dbias"),
         py::arg("grad_names"));
+  posenc_py::def_stats(m);
 }

@@ -332,4 +332,43 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   return Status::Ok();
 }
 
+// The length-dependent RoPE schemes (dynamic, longrope by length) read the call's own length unless
+// seq_len is set; a call over a shard of the keys must be given the whole sequence's.
+inline const RopeParams* rope_of(const AttentionParams& p) {
+  switch (p.encoding) {
+    case Encoding::kRope: return &p.rope;
+    case Encoding::kRope2d: return &p.rope2d.rope;
+    case Encoding::kMrope: return &p.mrope.rope;
+    case Encoding::kXpos: return &p.xpos.rope;
+    default: return nullptr;
+  }
+}
+
+// attention_backward_from_stats: validate_backward's checks; an encoding whose logits of a key
+// shard depend on that shard's keys only; out [B, M, Hq, D] of q's dtype; lse float64 [B, Hq, M].
+inline Status validate_backward_from_stats(const AttentionParams& p, const View& q, const View& k,
+                                           const View& v, const EncodingTensors& t, const View& out,
+                                           const View& lse, const View& dout, const View& dq,
+                                           const View& dk, const View& dv, const EncodingGrads& g,
+                                           Dims* dp) {
+  if (p.encoding == Encoding::kCope)
+    return Status::Invalid("encoding",
+                           "cope cannot be split over its keys: the position of a key counts the gates of "
+                           "every later key of the row, so a shard's logits depend on keys it does not see");
+  if (const RopeParams* r = rope_of(p);
+      r && r->seq_len == 0 &&
+      (r->rope_type == RopeType::kDynamic ||
+       (r->rope_type == RopeType::kLongrope && r->longrope_factors == LongropeFactors::kByLength)))
+    return Status::Invalid("seq_len", std::string(rope_type_name(r->rope_type)) +
+                                          " reads the sequence length: over a shard of the keys, set "
+                                          "seq_len to the whole sequence's");
+  POSENC_RETURN_IF_ERROR(validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, dp));
+  const Dims& d = *dp;
+  POSENC_RETURN_IF_ERROR(check_output("out", out, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  POSENC_RETURN_IF_ERROR(require_tensor("lse", lse, {d.B, d.Hq, d.M}));
+  if (lse.dtype != DType::kF64)
+    return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
+  return Status::Ok();
+}
+
 }  // namespace posenc::attn

@@ -64,7 +64,8 @@
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
 //   pass 1, per (b, h, query block), ordered as the forward: the forward gives out and lse (or,
-//     from attention_backward_saved, the out and lse a caller kept from its forward: read, not
+//     from attention_backward_saved, the out and lse a caller kept from its forward, and from
+//     attention_backward_from_stats those of the larger attention a key shard belongs to: read, not
 //     recomputed); Dᵢ = dOᵢ·outᵢ. Kept: lse, D [B, Hq, M] (float32), nothing else.
 //   pass 2, per unit (b, kv head), key-major: for each key block, for each of the unit's G query
 //     heads and its query blocks not wholly masked:
@@ -1495,10 +1496,12 @@ Status fusable(const AttentionParams& p, const View& q, std::initializer_list<co
   return Status::Ok();
 }
 
+// saved_out, saved_lse: the statistics a backward reads (absent views when it reads none).
 Status fusable_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
                         const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
-                        const View& dv, const EncodingGrads& g) {
-  return fusable(p, q, {&q, &k, &v, &dout, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1,
+                        const View& dv, const EncodingGrads& g, const View& saved_out = View{},
+                        const View& saved_lse = View{}) {
+  return fusable(p, q, {&q, &k, &v, &dout, &saved_out, &saved_lse, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1,
                   &t.r2, &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold,
                   &t.freqs, &t.q_positions, &t.k_positions},
                  {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
@@ -1522,7 +1525,9 @@ Status run_backward(const AttentionParams& p, const Dims& d, const View& q, cons
                     const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                     const View& dk, const View& dv, const EncodingGrads& g, const Saved* saved = nullptr) {
   const BlasOneThread one;
-  if (p.encoding == Encoding::kXL) return fused::xl_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
+  if (p.encoding == Encoding::kXL)
+    return saved ? fused::xl_backward(p, d, q, k, v, t, dout, dq, dk, dv, g, &saved->out, &saved->lse)
+                 : fused::xl_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   if (p.encoding == Encoding::kCope)
     return fused::cope_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   const Fused f(p, d, q, k, v, t, threads_for(d));
@@ -1620,6 +1625,22 @@ Status attention_backward_saved(const AttentionParams& p, const View& q, const V
       !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g).ok())
     return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
   if (!saved_fits(d, out, lse)) return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
+  const Saved saved{out, lse};
+  return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g, &saved);
+}
+
+// The statistics are those of a larger attention (a key shard's backward): pass 1 must read them
+// whatever their dtype, so unlike attention_backward_saved there is no fallback to recomputing.
+Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                     const EncodingTensors& t, const View& out, const View& lse,
+                                     const View& dout, const View& dq, const View& dk, const View& dv,
+                                     const EncodingGrads& g) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(
+      attn::validate_backward_from_stats(p, q, k, v, t, out, lse, dout, dq, dk, dv, g, &d));
+  if (d.B * d.Hq * d.M * d.N < kFusedMinPairs || !fast::fast_dtype(dout.dtype) ||
+      !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g, out, lse).ok())
+    return reference::attention_backward_from_stats(p, q, k, v, t, out, lse, dout, dq, dk, dv, g);
   const Saved saved{out, lse};
   return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g, &saved);
 }

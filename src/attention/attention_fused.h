@@ -48,9 +48,12 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
 bool xl_fused();
 Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                   const View& v, const EncodingTensors& t, const View& out, const View& lse);
+// saved_out, saved_lse (both or neither): the out [B, M, Hq, D] and lse (float64 [B, Hq, M]) pass 1
+// reads instead of running the forward (attention_backward_from_stats).
 Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                    const View& v, const EncodingTensors& t, const View& dout, const View& dq,
-                   const View& dk, const View& dv, const EncodingGrads& g);
+                   const View& dk, const View& dv, const EncodingGrads& g,
+                   const View* saved_out = nullptr, const View* saved_lse = nullptr);
 
 // CoPE (attention_cope_cpu.cc). cope_fused(): whether the kernel is built.
 bool cope_fused();

@@ -25,6 +25,8 @@
 // ---- backward, with dO = ∂L/∂out_i -----------------------------------------------------------------
 //   dv_j += P_j dO;   dP_j = dO·v_j;   dl_j = P_j (dP_j − Σ_t P_t dP_t)   (Σ_t P_t dP_t = dO·out_i)
 //   (dl_j = 0 where P_j = 0, also when the sum is NaN or ±inf: a NaN row, a non-finite v or dO)
+//   attention_backward_from_stats: P_j = exp(l_j − lse) and Σ_t P_t dP_t = dO·out_i from the lse and
+//   out it is given (those of a larger attention whose keys this call holds a shard of).
 //   The plain product gives dq_i += scale·da_j·k_j and dk_j += scale·da_j·q_i where da_j = ∂L/∂(a_j),
 //   a_j = scale·q_i·k_j; for every encoding but CoPE, da_j = dl_j. Masked entries have P = 0, dl = 0
 //   and contribute nothing (no −inf is ever multiplied).
@@ -322,7 +324,22 @@ class Problem {
     Vec dfreqs;              // rope2d mixed [2, Hq, r/2]
   };
 
-  void backward(const Vec& dout, Grads* gr) const {
+  // The softmax statistics of a larger attention this call is part of (attention_backward_from_stats):
+  // its out [B, M, Hq, D] and lse [B, Hq, M] as contiguous doubles.
+  struct Stats {
+    Vec out, lse;
+  };
+
+  // Row i under the given statistics: P_j = exp(l_j − lse_i) (0 where masked; NaN on a NaN row).
+  void apply_stats(double lse, Row* row) const {
+    row->lse = lse;
+    for (std::size_t j = 0; j < row->l.size(); ++j)
+      row->P[j] = row->l[j] == kNegInf ? 0.0 : std::exp(row->l[j] - lse);
+  }
+
+  // st: the statistics of the larger attention (P from its lse, Σ_t P_t dP_t = dO·out from its out);
+  // null: this call's own.
+  void backward(const Vec& dout, Grads* gr, const Stats* st = nullptr) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D;
     const double sc = d_.scale;
     gr->dq.assign(q_.size(), 0.0);
@@ -357,6 +374,7 @@ class Problem {
       for (I h = 0; h < Hq; ++h)
         for (I i = 0; i < M; ++i) {
           compute_row(b, h, i, &row);
+          if (st) apply_stats(st->lse[ix((b * Hq + h) * M + i)], &row);
           if (row.lse == kNegInf) continue;  // every key masked: nothing depends on the inputs
           const I kh = h / d_.G, qp = d_.q_off + i;
           const double* qi = q(b, i, h);
@@ -371,6 +389,7 @@ class Problem {
             rowsum += row.P[ix(j)] * dl[ix(j)];
             axpy(row.P[ix(j)], dO, &gr->dv[ix(((b * N + j) * d_.Hkv + kh) * D)], D);
           }
+          if (st) rowsum = dot(dO, &st->out[ix(((b * M + i) * Hq + h) * D)], D);
           // With a NaN or ±inf in rowsum (a NaN row, or a non-finite v or dO), a key of weight 0 keeps
           // dl = 0 rather than 0·(dP − rowsum) = NaN: it does not pass the NaN on.
           const bool finite = std::isfinite(rowsum);
@@ -532,14 +551,11 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
   return Status::Ok();
 }
 
-Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
-                          const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
-                          const View& dv, const EncodingGrads& g) {
-  Dims d;
-  POSENC_RETURN_IF_ERROR(attn::validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, &d));
-  const Problem prob(p, d, q, k, v, t);
-  Problem::Grads gr;
-  prob.backward(to_doubles(dout), &gr);
+namespace {
+
+// Writes the gradients of gr into the present views of dq, dk, dv and g.
+void store_grads(const AttentionParams& p, const Problem::Grads& gr, const View& dq, const View& dk,
+                 const View& dv, const EncodingGrads& g) {
   if (dq.present()) from_doubles(gr.dq, dq);
   if (dk.present()) from_doubles(gr.dk, dk);
   if (dv.present()) from_doubles(gr.dv, dv);
@@ -552,6 +568,34 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   if (g.r2.present()) from_doubles(gr.dr2, g.r2);
   if (g.freqs.present()) from_doubles(gr.dfreqs, g.freqs);
   if (p.encoding == Encoding::kFire) fire::write_grads(g.fire, gr.dw1, gr.db1, gr.dw2, gr.db2, gr.dc, gr.dL);
+}
+
+}  // namespace
+
+Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                          const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
+                          const View& dv, const EncodingGrads& g) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(attn::validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, &d));
+  const Problem prob(p, d, q, k, v, t);
+  Problem::Grads gr;
+  prob.backward(to_doubles(dout), &gr);
+  store_grads(p, gr, dq, dk, dv, g);
+  return Status::Ok();
+}
+
+Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                     const EncodingTensors& t, const View& out, const View& lse,
+                                     const View& dout, const View& dq, const View& dk, const View& dv,
+                                     const EncodingGrads& g) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(
+      attn::validate_backward_from_stats(p, q, k, v, t, out, lse, dout, dq, dk, dv, g, &d));
+  const Problem prob(p, d, q, k, v, t);
+  const Problem::Stats st{to_doubles(out), to_doubles(lse)};
+  Problem::Grads gr;
+  prob.backward(to_doubles(dout), &gr, &st);
+  store_grads(p, gr, dq, dk, dv, g);
   return Status::Ok();
 }
 

@@ -28,7 +28,8 @@
 //     at L = 4096, four alternating runs: forward 1.79–1.87× nope's time → 1.64–1.75×).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
-//   pass 1, per (b, h, query block): the forward gives lse; Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
+//   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
+//     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
 //   task owns its dK, dV and its heads' dQ, so nothing races): S and P recomputed; dP = dO·Vᵀ;
 //   dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
@@ -148,9 +149,11 @@ class XlFused {
     }
   }
 
-  // Backward. dq, dk, dv optional (absent: computed, not stored); g's views optional.
+  // Backward. dq, dk, dv optional (absent: computed, not stored); g's views optional. With
+  // saved_out and saved_lse, pass 1 reads them instead of running the forward.
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
-                const EncodingGrads& g) const {
+                const EncodingGrads& g, const View* saved_out = nullptr,
+                const View* saved_lse = nullptr) const {
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R;
     // the careful steps on every tile (attention_tiles.h): k or v not finite
     const bool careful_all = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
@@ -168,7 +171,15 @@ class XlFused {
       for (I task = 0; task < per * nqb; ++task) {
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-        forward_block(b, h, q0, nq, &w, l.data(), careful_all);
+        if (saved_out) {
+          load_rows(*saved_out, D, b, q0, nq, h, w.o.data());
+          const View& ls = *saved_lse;
+          const double* base = static_cast<const double*>(ls.data);
+          for (I i = 0; i < nq; ++i)
+            l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
+        } else {
+          forward_block(b, h, q0, nq, &w, l.data(), careful_all);
+        }
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -456,9 +467,10 @@ Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, 
 
 Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                    const View& v, const EncodingTensors& t, const View& dout, const View& dq,
-                   const View& dk, const View& dv, const EncodingGrads& g) {
+                   const View& dk, const View& dv, const EncodingGrads& g, const View* saved_out,
+                   const View* saved_lse) {
   const XlFused f(p, d, q, k, v, t, threads_for(d));
-  f.backward(dout, dq, dk, dv, g);
+  f.backward(dout, dq, dk, dv, g, saved_out, saved_lse);
   return Status::Ok();
 }
 

@@ -113,4 +113,25 @@ int posenc_attention_backward(const posenc_attention_params* p, const posenc_ten
   });
 }
 
+int posenc_attention_backward_from_stats(const posenc_attention_params* p, const posenc_tensor* q,
+                                         const posenc_tensor* k, const posenc_tensor* v,
+                                         const posenc_tensor* out, const posenc_tensor* lse,
+                                         const posenc_tensor* dout, const posenc_tensor* dq,
+                                         const posenc_tensor* dk, const posenc_tensor* dv) {
+  return guarded([&] {
+    if (p == nullptr) return null_arg("p");
+    View vq, vk, vv, vo, vl, vdo, vdq, vdk, vdv;
+    POSENC_RETURN_IF_ERROR(to_view("q", q, Role::kInput, false, &vq));
+    POSENC_RETURN_IF_ERROR(to_view("k", k, Role::kInput, false, &vk));
+    POSENC_RETURN_IF_ERROR(to_view("v", v, Role::kInput, false, &vv));
+    POSENC_RETURN_IF_ERROR(to_view("out", out, Role::kInput, false, &vo));
+    POSENC_RETURN_IF_ERROR(to_view("lse", lse, Role::kInput, false, &vl));
+    POSENC_RETURN_IF_ERROR(to_view("dout", dout, Role::kInput, false, &vdo));
+    POSENC_RETURN_IF_ERROR(to_view("dq", dq, Role::kOutput, true, &vdq));
+    POSENC_RETURN_IF_ERROR(to_view("dk", dk, Role::kOutput, true, &vdk));
+    POSENC_RETURN_IF_ERROR(to_view("dv", dv, Role::kOutput, true, &vdv));
+    return posenc::attention_backward_from_stats(p->p, vq, vk, vv, p->t, vo, vl, vdo, vdq, vdk, vdv, p->g);
+  });
+}
+
 }  // extern "C"

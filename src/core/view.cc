@@ -1,5 +1,6 @@
 #include "posenc/view.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -169,14 +170,33 @@ Status require_finite(const char* arg, const View& v) {
   return Status::Ok();
 }
 
+// A contiguous float32 / float64 view is copied as an array (the reference's small calls, a decode
+// step among them, spend most of their time here otherwise); any other element by element.
 std::vector<double> to_doubles(const View& v) {
-  std::vector<double> out(static_cast<std::size_t>(v.numel()));
-  for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = v.get(i);
+  const std::int64_t n = v.numel();
+  std::vector<double> out(static_cast<std::size_t>(n));
+  if (n > 0 && v.is_contiguous() && v.dtype == DType::kF32) {
+    const float* x = static_cast<const float*>(v.data);
+    std::copy(x, x + n, out.begin());
+  } else if (n > 0 && v.is_contiguous() && v.dtype == DType::kF64) {
+    const double* x = static_cast<const double*>(v.data);
+    std::copy(x, x + n, out.begin());
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = v.get(i);
+  }
   return out;
 }
 
 void from_doubles(const std::vector<double>& src, const View& dst) {
-  for (std::int64_t i = 0; i < dst.numel(); ++i) dst.set(i, src[static_cast<std::size_t>(i)]);
+  const std::int64_t n = dst.numel();
+  if (n > 0 && dst.is_contiguous() && dst.dtype == DType::kF32) {
+    float* y = static_cast<float*>(dst.data);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(src[static_cast<std::size_t>(i)]);
+  } else if (n > 0 && dst.is_contiguous() && dst.dtype == DType::kF64) {
+    std::copy(src.begin(), src.begin() + n, static_cast<double*>(dst.data));
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dst.set(i, src[static_cast<std::size_t>(i)]);
+  }
 }
 
 namespace {

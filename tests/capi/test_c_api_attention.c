@@ -171,10 +171,63 @@ static void t5_f64(void) {
   posenc_attention_params_free(p);
 }
 
+/* posenc_attention_backward_from_stats: the keys in two shards of TN/2 (k_offset 0 and TN/2, the
+   queries at the whole call's q_offset N - M), each shard's backward under the whole forward's out and
+   lse; dq and dweights summed, dk concatenated, against the unsharded backward. */
+static void t5_shards_f64(void) {
+  enum { S = TN / 2, TS = TB * S * TH * TD };
+  double q[TQ], k[TK], v[TK], dout[TQ], out[TQ], lse[TB * TH * TM], w[TNB * TH];
+  double dq[TQ], dk[TK], dw[TNB * TH], sdq[TQ] = {0}, sdk[TK], sdw[TNB * TH] = {0}, pdq[TQ], pdw[TNB * TH];
+  const int64_t sq[4] = {TB, TM, TH, TD}, sk[4] = {TB, TN, TH, TD}, ss[4] = {TB, S, TH, TD};
+  const int64_t sl[3] = {TB, TH, TM}, sw[2] = {TNB, TH};
+  fill(q, TQ, 41);
+  fill(k, TK, 42);
+  fill(v, TK, 43);
+  fill(dout, TQ, 44);
+  fill(w, TNB * TH, 45);
+  posenc_attention_params* p = posenc_attention_params_new("t5");
+  CHECK(posenc_attention_params_set(p, "causal", "true") == POSENC_OK, "%s", posenc_last_error());
+  CHECK(posenc_attention_params_set(p, "num_buckets", "16") == POSENC_OK, "%s", posenc_last_error());
+  posenc_tensor tw = tensor(w, POSENC_F64, 2, sw), tdw = tensor(dw, POSENC_F64, 2, sw);
+  CHECK(posenc_attention_set_tensor(p, "weights", &tw) == POSENC_OK, "%s", posenc_last_error());
+  posenc_tensor tq = tensor(q, POSENC_F64, 4, sq), tk = tensor(k, POSENC_F64, 4, sk), tv = tensor(v, POSENC_F64, 4, sk);
+  posenc_tensor to = tensor(out, POSENC_F64, 4, sq), tl = tensor(lse, POSENC_F64, 3, sl);
+  posenc_tensor tdo = tensor(dout, POSENC_F64, 4, sq), tdq = tensor(dq, POSENC_F64, 4, sq);
+  posenc_tensor tdk = tensor(dk, POSENC_F64, 4, sk);
+  CHECK(posenc_attention_forward(p, &tq, &tk, &tv, &to, &tl) == POSENC_OK, "%s", posenc_last_error());
+  CHECK(posenc_attention_set_grad(p, "weights", &tdw) == POSENC_OK, "%s", posenc_last_error());
+  CHECK(posenc_attention_backward(p, &tq, &tk, &tv, &tdo, &tdq, &tdk, NULL) == POSENC_OK, "%s", posenc_last_error());
+  char qo[32];
+  snprintf(qo, sizeof qo, "%d", TN - TM);
+  CHECK(posenc_attention_params_set(p, "q_offset", qo) == POSENC_OK, "%s", posenc_last_error());
+  posenc_tensor tpdw = tensor(pdw, POSENC_F64, 2, sw), tpdq = tensor(pdq, POSENC_F64, 4, sq);
+  CHECK(posenc_attention_set_grad(p, "weights", &tpdw) == POSENC_OK, "%s", posenc_last_error());
+  for (int s = 0; s < 2; ++s) { /* TB = 1: shard s is rows s*S .. s*S + S - 1 */
+    char ko[32];
+    snprintf(ko, sizeof ko, "%d", s * S);
+    CHECK(posenc_attention_params_set(p, "k_offset", ko) == POSENC_OK, "%s", posenc_last_error());
+    posenc_tensor tks = tensor(k + s * TS, POSENC_F64, 4, ss), tvs = tensor(v + s * TS, POSENC_F64, 4, ss);
+    posenc_tensor tdks = tensor(sdk + s * TS, POSENC_F64, 4, ss);
+    CHECK(posenc_attention_backward_from_stats(p, &tq, &tks, &tvs, &to, &tl, &tdo, &tpdq, &tdks, NULL) == POSENC_OK,
+          "%s", posenc_last_error());
+    for (int i = 0; i < TQ; ++i) sdq[i] += pdq[i];
+    for (int i = 0; i < TNB * TH; ++i) sdw[i] += pdw[i];
+  }
+  CHECK(max_abs_diff(sdq, dq, TQ) < 1e-12, "shards dq off %g", max_abs_diff(sdq, dq, TQ));
+  CHECK(max_abs_diff(sdk, dk, TK) < 1e-12, "shards dk off %g", max_abs_diff(sdk, dk, TK));
+  CHECK(max_abs_diff(sdw, dw, TNB * TH) < 1e-12, "shards dweights off %g", max_abs_diff(sdw, dw, TNB * TH));
+  /* a shard without its statistics is an error naming them */
+  CHECK(posenc_attention_backward_from_stats(p, &tq, &tk, &tv, NULL, &tl, &tdo, &tpdq, NULL, NULL) != POSENC_OK &&
+            strstr(posenc_last_error(), "out") != NULL,
+        "missing out: %s", posenc_last_error());
+  posenc_attention_params_free(p);
+}
+
 void test_attention(void) {
   alibi_f64();
   alibi_f32();
   t5_f64();
+  t5_shards_f64();
 }
 
 /* Two threads, each failing its own way many times: each reads back only its own message. */
