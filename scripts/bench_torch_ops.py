@@ -36,6 +36,7 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--repeats", type=int, default=5, help="timed rounds per figure (median), at least 5")
 ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts, each a pass")
 ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+ap.add_argument("--only", choices=["attention", "rope", "overhead"], help="one of the three figures")
 ARGS = ap.parse_args()
 if ARGS.repeats < 5:
     sys.exit("bench_torch_ops.py: --repeats: at least 5")
@@ -206,17 +207,21 @@ def main():
     for n in ARGS.threads:
         torch_model.set_threads(n)
         posenc.set_num_threads(n)
-        att, rope, over = bench_attention(), bench_rope(), bench_overhead()
+        att = bench_attention() if ARGS.only in (None, "attention") else {}
+        rope = bench_rope() if ARGS.only in (None, "rope") else None
+        over = bench_overhead() if ARGS.only in (None, "overhead") else None
         report[str(n)] = {"attention": att, "rope": rope, "overhead": over}
         if not ARGS.json:
             print(f"--- {n} thread{'s' if n > 1 else ''} (torch {torch.__version__}, posenc {posenc.__version__})")
             for name, r in att.items():
                 print(f"attention {name:6s} fwd+bwd L={L} H={H} D={D} causal: posenc {r['posenc_s'] * 1e3:8.1f} ms"
                       f"  torch {r['torch_s'] * 1e3:8.1f} ms  {r['speedup']:5.2f}x")
-            print(f"rope_qk [1, 4096, 32, 128]: posenc {rope['posenc_s'] * 1e3:.2f} ms  torch rotate_half "
-                  f"{rope['torch_s'] * 1e3:.2f} ms  {rope['speedup']:.2f}x")
-            print(f"decode attention (M=1, N=128, H=8, D=64): python {over['python_us']:.1f} us  C ABI "
-                  f"{over['c_abi_us']:.1f} us  binding overhead {over['overhead_us']:.1f} us")
+            if rope:
+                print(f"rope_qk [1, 4096, 32, 128]: posenc {rope['posenc_s'] * 1e3:.2f} ms  torch rotate_half "
+                      f"{rope['torch_s'] * 1e3:.2f} ms  {rope['speedup']:.2f}x")
+            if over:
+                print(f"decode attention (M=1, N=128, H=8, D=64): python {over['python_us']:.1f} us  C ABI "
+                      f"{over['c_abi_us']:.1f} us  binding overhead {over['overhead_us']:.1f} us")
     if ARGS.json:
         print(json.dumps(report))
 

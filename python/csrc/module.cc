@@ -159,17 +159,17 @@ AttentionPtr attention_params(const std::string& encoding, const TextDict& param
 
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                     const std::string& encoding, const TextDict& params,
-                                                    const TensorDict& tensors) {
+                                                    const TensorDict& tensors, bool need_lse) {
   const posenc_tensor vq = view_of("q", q), vk = view_of("k", k), vv = view_of("v", v);
   AttentionPtr p = attention_params(encoding, params, tensors);
   if (q.dim() != 4) throw py::value_error("q: expected 4 dimensions [B, M, Hq, D], got " + std::to_string(q.dim()));
-  at::Tensor out = empty_like_contiguous(q);
-  at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kDouble));
-  const posenc_tensor vo = view_of("out", out), vl = view_of("lse", lse);
+  at::Tensor out = empty_like_contiguous(q), lse;  // lse stays undefined (None) unless asked for
+  if (need_lse) lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kDouble));
+  const posenc_tensor vo = view_of("out", out), vl = need_lse ? view_of("lse", lse) : posenc_tensor{};
   int rc;
   {
     py::gil_scoped_release nogil;
-    rc = posenc_attention_forward(p.get(), &vq, &vk, &vv, &vo, &vl);
+    rc = posenc_attention_forward(p.get(), &vq, &vk, &vv, &vo, need_lse ? &vl : nullptr);
   }
   check(rc);
   return {out, lse};
@@ -308,7 +308,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = R"(posenc's kernels for torch CPU tensors (the public API is the package posenc).
 
 Private low-level entries, stable for code built on the package:
-  attention_forward(q, k, v, encoding, params: dict[str, str], tensors: dict[str, Tensor]) -> (out, lse)
+  attention_forward(q, k, v, encoding, params: dict[str, str], tensors: dict[str, Tensor], need_lse=True)
+      -> (out, lse or None)
       q [B, M, Hq, D], k, v [B, N, Hkv, D]; out [B, M, Hq, D] (q's dtype, contiguous);
       lse float64 [B, Hq, M] = log sum_j exp(logit_ij). params: the C ABI's keys as text
       (causal, scale, q_offset, k_offset, the encoding's keys); tensors: the encoding's tensors by
@@ -326,7 +327,7 @@ No autograd here: the package's functions wrap these in torch.autograd.Function.
   m.def("rope_config", &rope_config, py::arg("config_text"), py::arg("seq_len"),
         "A config.json's RoPE as JSON text (posenc rope-config's output).");
   m.def("attention_forward", &attention_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("encoding"),
-        py::arg("params"), py::arg("tensors"));
+        py::arg("params"), py::arg("tensors"), py::arg("need_lse") = true);
   m.def("attention_backward", &attention_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"),
         py::arg("encoding"), py::arg("params"), py::arg("tensors"), py::arg("grad_names"));
   m.def("sinusoidal", &sinusoidal, py::arg("x"), py::arg("positions"), py::arg("offset"), py::arg("base"),

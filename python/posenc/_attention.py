@@ -86,7 +86,10 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
     if scale is not None:
         texts["scale"] = text("scale", scale)
     names = list(tensors)
-    out, lse = _AttentionFn.apply(encoding, texts, names, q, k, v, *[tensors[n] for n in names])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tensors.values())):
+        out, lse = _AttentionFn.apply(encoding, texts, names, q, k, v, *[tensors[n] for n in names])
+    else:  # nothing to differentiate (inference, a decode step): no autograd node
+        out, lse = _C.attention_forward(q, k, v, encoding, texts, tensors, return_lse)
     return (out, lse) if return_lse else out
 
 

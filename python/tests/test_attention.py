@@ -107,6 +107,21 @@ def test_alibi_matches_eager_with_gqa_and_lse():
     torch.testing.assert_close(posenc.bias("alibi", 8, 5, 7), bias, rtol=1e-14, atol=1e-14)
 
 
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c[0])
+def test_inference_path_equals_the_autograd_path(case):
+    """Without anything to differentiate posenc.attention calls the kernel directly (no autograd node):
+    the same out and lse as the differentiable path, bit for bit, and lse only when asked."""
+    _, encoding, params, _ = case
+    q, k, v = rand(B, M, HQ, D, grad=True), rand(B, N, HKV, D), rand(B, N, HKV, D)
+    out, lse = posenc.attention(q, k, v, encoding, causal=True, return_lse=True, **params)
+    assert out.grad_fn is not None
+    with torch.no_grad():
+        out2, lse2 = posenc.attention(q, k, v, encoding, causal=True, return_lse=True, **params)
+        out3 = posenc.attention(q, k, v, encoding, causal=True, **params)
+    assert out2.grad_fn is None and isinstance(out3, torch.Tensor)
+    assert torch.equal(out.detach(), out2) and torch.equal(lse, lse2) and torch.equal(out2, out3)
+
+
 def test_t5_matches_eager_with_offsets():
     nb, md = 16, 128
     w = rand(nb, 4)
