@@ -5,7 +5,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _C
-from ._common import check_int, check_tensor, key, text
+from ._common import FLOAT_DTYPES, check_int, check_tensor, key, text
 
 _ROTARY_HALF = ("rope", "xpos")  # Python's RoPE layout default is "half" for these
 
@@ -70,23 +70,28 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
     CLI's names; rope={...} RoPE's keys for rope, mrope, xpos and rope2d. Differentiable in q, k, v and
     the learned tensors. return_lse: also the float64 log-sum-exp [B, Hq, M] (not differentiable).
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and
+            q.dtype in FLOAT_DTYPES and k.dtype in FLOAT_DTYPES and v.dtype in FLOAT_DTYPES):
+        for name, t in (("q", q), ("k", k), ("v", v)):  # else the extension checks the device
+            check_tensor(name, t)
     if not isinstance(encoding, str):
         raise TypeError(f"encoding: expected a name (str), got {type(encoding).__name__}")
     texts, tensors = split_params(encoding, params)
-    if causal not in (True, False):
+    if causal is not True and causal is not False:
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    texts["causal"] = text("causal", bool(causal))
-    check_int("k_offset", k_offset)
-    texts["k_offset"] = text("k_offset", k_offset)
+    if causal:
+        texts["causal"] = "true"
+    if type(k_offset) is not int or k_offset:  # 0 is the library's default
+        check_int("k_offset", k_offset)
+        texts["k_offset"] = text("k_offset", k_offset)
     if q_offset is not None:
         check_int("q_offset", q_offset)
         texts["q_offset"] = text("q_offset", q_offset)
     if scale is not None:
         texts["scale"] = text("scale", scale)
-    names = list(tensors)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tensors.values())):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                    any(t.requires_grad for t in tensors.values())):
+        names = list(tensors)
         out, lse = _AttentionFn.apply(encoding, texts, names, q, k, v, *[tensors[n] for n in names])
     else:  # nothing to differentiate (inference, a decode step): no autograd node
         out, lse = _C.attention_forward(q, k, v, encoding, texts, tensors, return_lse)
