@@ -175,32 +175,64 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const a
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, TensorDict> attention_backward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
-    const std::string& encoding, const TextDict& params, const TensorDict& tensors,
-    const std::vector<std::string>& grad_names) {
-  const posenc_tensor vq = view_of("q", q), vk = view_of("k", k), vv = view_of("v", v);
-  const posenc_tensor vdo = view_of("dout", dout);
+using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor, TensorDict>;
+
+// What every backward shares: the parameters, zeroed gradient buffers for dq, dk, dv and the named
+// parameter tensors (registered with the parameters), then kernel(p, dq, dk, dv) without the GIL.
+template <class Kernel>
+Backward backward_with(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& encoding,
+                       const TextDict& params, const TensorDict& tensors,
+                       const std::vector<std::string>& grad_names, Kernel kernel) {
   AttentionPtr p = attention_params(encoding, params, tensors);
+  auto zeros = [](const at::Tensor& t) {
+    return at::zeros(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  };
   TensorDict grads;
   for (const std::string& name : grad_names) {
     auto it = tensors.find(name);
     if (it == tensors.end())
       throw py::value_error(name + ": a gradient was asked for a tensor that was not given");
-    at::Tensor g = at::zeros(it->second.sizes(), it->second.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor g = zeros(it->second);
     const posenc_tensor vg = view_of("d" + name, g);
     check(posenc_attention_set_grad(p.get(), name.c_str(), &vg));
     grads[name] = g;
   }
-  at::Tensor dq = empty_like_contiguous(q), dk = empty_like_contiguous(k), dv = empty_like_contiguous(v);
+  at::Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v);
   const posenc_tensor vdq = view_of("dq", dq), vdk = view_of("dk", dk), vdv = view_of("dv", dv);
   int rc;
   {
     py::gil_scoped_release nogil;
-    rc = posenc_attention_backward(p.get(), &vq, &vk, &vv, &vdo, &vdq, &vdk, &vdv);
+    rc = kernel(p.get(), &vdq, &vdk, &vdv);
   }
   check(rc);
   return {dq, dk, dv, grads};
+}
+
+Backward attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                            const std::string& encoding, const TextDict& params, const TensorDict& tensors,
+                            const std::vector<std::string>& grad_names) {
+  const posenc_tensor vq = view_of("q", q), vk = view_of("k", k), vv = view_of("v", v);
+  const posenc_tensor vdo = view_of("dout", dout);
+  return backward_with(q, k, v, encoding, params, tensors, grad_names,
+                       [&](const posenc_attention_params* p, const posenc_tensor* dq, const posenc_tensor* dk,
+                           const posenc_tensor* dv) {
+                         return posenc_attention_backward(p, &vq, &vk, &vv, &vdo, dq, dk, dv);
+                       });
+}
+
+// The backward of a key shard under the softmax statistics (out, lse) of the larger attention it
+// belongs to (posenc/attention.h's attention_backward_from_stats), for posenc.distributed.
+Backward attention_backward_from_stats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                       const std::string& encoding, const TextDict& params,
+                                       const TensorDict& tensors, const std::vector<std::string>& grad_names) {
+  const posenc_tensor vq = view_of("q", q), vk = view_of("k", k), vv = view_of("v", v);
+  const posenc_tensor vo = view_of("out", out), vl = view_of("lse", lse), vdo = view_of("dout", dout);
+  return backward_with(q, k, v, encoding, params, tensors, grad_names,
+                       [&](const posenc_attention_params* p, const posenc_tensor* dq, const posenc_tensor* dk,
+                           const posenc_tensor* dv) {
+                         return posenc_attention_backward_from_stats(p, &vq, &vk, &vv, &vo, &vl, &vdo, dq, dk, dv);
+                       });
 }
 
 // ---- sinusoidal PE and logit biases ----------------------------------------------------------------
@@ -301,7 +333,6 @@ std::string rope_config(const std::string& text, std::int64_t seq_len) {
 }  // namespace
 
 namespace posenc_py {
-void def_stats(py::module_& m);  // stats.cc: attention_backward_from_stats
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -337,5 +368,10 @@ No autograd here: the package's functions wrap these in torch.autograd.Function.
   m.def("bias_backward", &bias_backward, py::arg("encoding"), py::arg("heads"), py::arg("q_len"), py::arg("k_len"),
         py::arg("q_offset"), py::arg("k_offset"), py::arg("params"), py::arg("tensors"), py::arg("dbias"),
         py::arg("grad_names"));
-  posenc_py::def_stats(m);
+  m.def("attention_backward_from_stats", &attention_backward_from_stats, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("out"), py::arg("lse"), py::arg("dout"), py::arg("encoding"), py::arg("params"),
+        py::arg("tensors"), py::arg("grad_names"),
+        "attention_backward for a call holding a shard of a larger attention's keys (k_offset, q_offset in "
+        "params): out [B, M, Hq, D] and lse float64 [B, Hq, M] are the larger attention's. Returns (dq, dk, "
+        "dv, dict of parameter gradients); dq and the parameter gradients are this shard's partial sums.");
 }
