@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -94,8 +92,6 @@ std::string flag_for(const std::string& arg, const FlagMap& extra) {
 
 namespace {
 
-// require_same_dtype's "expected float64 like r1, got float32" names a second library argument in its
-// text: rename it too ("like --r1").
 // The library's "expected an absent view" (a tensor this configuration does not read) in a command
 // line's words.
 std::string cli_words(std::string what) {
@@ -105,6 +101,8 @@ std::string cli_words(std::string what) {
   return what;
 }
 
+// require_same_dtype's "expected float64 like r1, got float32" names a second library argument in its
+// text: rename it too ("like --r1").
 std::string rename_like(const std::string& what_in, const FlagMap& extra) {
   static const std::string kLike = " like ";
   const std::string what = cli_words(what_in);
@@ -619,27 +617,25 @@ SandwichParams sandwich_params(const ParamFlags& f) {
   return p;
 }
 
-FireTensors fire_tensors(const ParamFlags& f) {
+namespace {
+
+// FIRE's six tensors, each read through `get` (ParamFlags::view or ParamFlags::grad_view).
+FireTensors fire_views(const ParamFlags& f, View (ParamFlags::*get)(const std::string&) const) {
   FireTensors t;
-  t.w1 = f.view("mlp-w1");
-  t.b1 = f.view("mlp-b1");
-  t.w2 = f.view("mlp-w2");
-  t.b2 = f.view("mlp-b2");
-  t.c = f.view("c");
-  t.threshold = f.view("threshold");
+  t.w1 = (f.*get)("mlp-w1");
+  t.b1 = (f.*get)("mlp-b1");
+  t.w2 = (f.*get)("mlp-w2");
+  t.b2 = (f.*get)("mlp-b2");
+  t.c = (f.*get)("c");
+  t.threshold = (f.*get)("threshold");
   return t;
 }
 
-FireTensors fire_grads(const ParamFlags& f) {
-  FireTensors g;
-  g.w1 = f.grad_view("mlp-w1");
-  g.b1 = f.grad_view("mlp-b1");
-  g.w2 = f.grad_view("mlp-w2");
-  g.b2 = f.grad_view("mlp-b2");
-  g.c = f.grad_view("c");
-  g.threshold = f.grad_view("threshold");
-  return g;
-}
+}  // namespace
+
+FireTensors fire_tensors(const ParamFlags& f) { return fire_views(f, &ParamFlags::view); }
+
+FireTensors fire_grads(const ParamFlags& f) { return fire_views(f, &ParamFlags::grad_view); }
 
 SinusoidalParams sinusoidal_params(const ParamFlags& f) {
   SinusoidalParams p;

@@ -14,19 +14,11 @@ namespace posenc::cli {
 
 namespace {
 
+// The baseline and the encodings the registry classes as absolute (added to embeddings) or rotary
+// (applied to queries or keys): those that act on a tensor by themselves.
 bool applies(Encoding e) {
-  switch (e) {
-    case Encoding::kNope:
-    case Encoding::kLearned:
-    case Encoding::kSinusoidal:
-    case Encoding::kRope:
-    case Encoding::kRope2d:
-    case Encoding::kMrope:
-    case Encoding::kXpos:
-      return true;
-    default:
-      return false;
-  }
+  const Kind k = encoding_info(e).kind;
+  return k == Kind::kNone || k == Kind::kAbsolute || k == Kind::kRotary;
 }
 
 struct ApplyState {

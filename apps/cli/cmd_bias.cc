@@ -13,19 +13,9 @@ namespace posenc::cli {
 
 namespace {
 
-// The logit biases that depend on positions alone (xl's term also reads q, so it lives in attention).
-bool has_bias(Encoding e) {
-  switch (e) {
-    case Encoding::kAlibi:
-    case Encoding::kT5:
-    case Encoding::kKerple:
-    case Encoding::kSandwich:
-    case Encoding::kFire:
-      return true;
-    default:
-      return false;
-  }
-}
+// The logit biases that depend on positions alone: the registry's bias kind but xl, whose term also
+// reads q (it lives in attention).
+bool has_bias(Encoding e) { return encoding_info(e).kind == Kind::kLogitBias && e != Encoding::kXL; }
 
 struct BiasState {
   std::string enc, heads, q_len, k_len, q_offset, k_offset = "0", dtype, out, grad_out;

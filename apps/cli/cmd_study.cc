@@ -45,10 +45,7 @@ std::vector<Encoding> parse_encodings(const std::string& list) {
     if (!e.ok()) fail(Status::Invalid("--encodings", "unknown encoding '" + name + "' (see posenc list)"));
     if (std::find(out.begin(), out.end(), e.value().id) != out.end())
       fail(Status::Invalid("--encodings", "'" + name + "' is listed twice"));
-    ModelConfig mc;
-    mc.encoding = e.value().id;
-    if (const Status s = validate_config(mc); !s.ok() && s.arg() == "encoding")
-      fail(Status::Invalid("--encodings", s.what()));
+    if (const Status s = model_takes(e.value().id); !s.ok()) fail(Status::Invalid("--encodings", s.what()));
     out.push_back(e.value().id);
   }
   if (out.empty()) fail(Status::Invalid("--encodings", "expected a comma-separated list"));

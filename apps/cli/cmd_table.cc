@@ -24,19 +24,9 @@ namespace posenc::cli {
 
 namespace {
 
-// The encodings whose table is a function of position alone.
-bool has_table(Encoding e) {
-  switch (e) {
-    case Encoding::kSinusoidal:
-    case Encoding::kRope:
-    case Encoding::kRope2d:
-    case Encoding::kMrope:
-    case Encoding::kXpos:
-      return true;
-    default:
-      return false;
-  }
-}
+// The encodings whose table is a function of position alone: sinusoidal and the registry's rotary
+// ones.
+bool has_table(Encoding e) { return e == Encoding::kSinusoidal || encoding_info(e).kind == Kind::kRotary; }
 
 struct TableState {
   std::string enc, length, dim, offset = "0", dtype = "float64", out, part = "angle";

@@ -37,14 +37,17 @@ Expected<StudyConfig> study_preset(const std::string& name) {
   return c;
 }
 
+Status model_takes(Encoding e) {
+  ModelConfig mc;
+  mc.encoding = e;
+  if (Status s = validate_config(mc); !s.ok() && s.arg() == "encoding") return s;
+  return Status::Ok();
+}
+
 std::vector<Encoding> study_encodings() {
   std::vector<Encoding> out;
-  for (const EncodingInfo& e : registry()) {
-    ModelConfig mc;
-    mc.encoding = e.id;
-    if (const Status s = validate_config(mc); !s.ok() && s.arg() == "encoding") continue;
-    out.push_back(e.id);
-  }
+  for (const EncodingInfo& e : registry())
+    if (model_takes(e.id).ok()) out.push_back(e.id);
   return out;
 }
 

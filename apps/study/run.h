@@ -19,6 +19,9 @@ namespace posenc {
 // No encodings are set. Any other name is an error naming "preset".
 Expected<StudyConfig> study_preset(const std::string& name);
 
+// Whether the study's model takes encoding e: Ok, or validate_config's error naming "encoding".
+Status model_takes(Encoding e);
+
 // The encodings the model takes, in catalogue order (the default of a study).
 std::vector<Encoding> study_encodings();
 

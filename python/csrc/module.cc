@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bridge.h"
@@ -37,27 +38,23 @@ void check(const posenc_py::Result& r) {
   if (r.code != POSENC_OK) raise(r.code, r.message);
 }
 
+// The dtypes posenc takes and their C ABI codes (one table for both directions).
+constexpr std::pair<at::ScalarType, int> kDTypes[] = {
+    {at::kFloat, POSENC_F32}, {at::kDouble, POSENC_F64}, {at::kBFloat16, POSENC_BF16},
+    {at::kHalf, POSENC_F16},  {at::kInt, POSENC_I32},    {at::kLong, POSENC_I64},
+};
+
 int dtype_code(const std::string& arg, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return POSENC_F32;
-    case at::kDouble: return POSENC_F64;
-    case at::kBFloat16: return POSENC_BF16;
-    case at::kHalf: return POSENC_F16;
-    case at::kInt: return POSENC_I32;
-    case at::kLong: return POSENC_I64;
-    default:
-      throw py::type_error(arg + ": expected float32, float64, bfloat16 or float16 (int32 or int64 for positions), got " +
-                           std::string(c10::toString(t.scalar_type())));
-  }
+  for (const auto& [type, code] : kDTypes)
+    if (t.scalar_type() == type) return code;
+  throw py::type_error(arg + ": expected float32, float64, bfloat16 or float16 (int32 or int64 for positions), got " +
+                       std::string(c10::toString(t.scalar_type())));
 }
 
 at::ScalarType scalar_type(int code) {
-  switch (code) {
-    case POSENC_F32: return at::kFloat;
-    case POSENC_BF16: return at::kBFloat16;
-    case POSENC_F16: return at::kHalf;
-    default: return at::kDouble;
-  }
+  for (const auto& [type, c] : kDTypes)
+    if (c == code) return type;
+  return at::kDouble;
 }
 
 // A view of t's memory (its strides, in elements): CPU and strided only.
@@ -85,6 +82,17 @@ posenc_tensor view_of(const std::string& arg, const at::Tensor& t) {
 
 at::Tensor empty_like_contiguous(const at::Tensor& t) {
   return at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor zeros_like_contiguous(const at::Tensor& t) {
+  return at::zeros(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// A zeroed gradient buffer for the named tensor of `tensors` (which must have been given).
+at::Tensor grad_buffer(const TensorDict& tensors, const std::string& name) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) throw py::value_error(name + ": a gradient was asked for a tensor that was not given");
+  return zeros_like_contiguous(it->second);
 }
 
 // ---- RoPE ------------------------------------------------------------------------------------------
@@ -184,20 +192,14 @@ Backward backward_with(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const TextDict& params, const TensorDict& tensors,
                        const std::vector<std::string>& grad_names, Kernel kernel) {
   AttentionPtr p = attention_params(encoding, params, tensors);
-  auto zeros = [](const at::Tensor& t) {
-    return at::zeros(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
-  };
   TensorDict grads;
   for (const std::string& name : grad_names) {
-    auto it = tensors.find(name);
-    if (it == tensors.end())
-      throw py::value_error(name + ": a gradient was asked for a tensor that was not given");
-    at::Tensor g = zeros(it->second);
+    at::Tensor g = grad_buffer(tensors, name);
     const posenc_tensor vg = view_of("d" + name, g);
     check(posenc_attention_set_grad(p.get(), name.c_str(), &vg));
     grads[name] = g;
   }
-  at::Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v);
+  at::Tensor dq = zeros_like_contiguous(q), dk = zeros_like_contiguous(k), dv = zeros_like_contiguous(v);
   const posenc_tensor vdq = view_of("dq", dq), vdk = view_of("dk", dk), vdv = view_of("dv", dv);
   int rc;
   {
@@ -297,9 +299,7 @@ TensorDict bias_backward(const std::string& encoding, std::int64_t heads, std::i
   TensorDict grads;
   posenc_py::TensorMap views;
   for (const std::string& name : grad_names) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) throw py::value_error(name + ": a gradient was asked for a tensor that was not given");
-    grads[name] = at::zeros(it->second.sizes(), it->second.options().memory_format(at::MemoryFormat::Contiguous));
+    grads[name] = grad_buffer(tensors, name);
     views[name] = view_of("d" + name, grads[name]);
   }
   posenc_py::Result r;
@@ -331,9 +331,6 @@ std::string rope_config(const std::string& text, std::int64_t seq_len) {
 }
 
 }  // namespace
-
-namespace posenc_py {
-}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = R"(posenc's kernels for torch CPU tensors (the public API is the package posenc).

@@ -7,12 +7,17 @@ from torch.autograd.function import once_differentiable
 from . import _C
 from ._common import FLOAT_DTYPES, check_int, check_tensor, key, text
 
-_ROTARY_HALF = ("rope", "xpos")  # Python's RoPE layout default is "half" for these
 
 
 @functools.lru_cache(maxsize=None)
 def _registry():
     return {e["name"]: e for e in _C.registry()}
+
+
+def kind(encoding):
+    """The registry's kind of an encoding ("rotary", "logit_bias", ...), or None for an unknown name."""
+    e = _registry().get(encoding)
+    return e["kind"] if e else None
 
 
 def learned_tensors(encoding):
@@ -35,8 +40,6 @@ def split_params(encoding, params):
             tensors[key(name)] = value
         else:
             texts[key(name)] = text(name, value)
-    if encoding in _ROTARY_HALF and "layout" not in texts:
-        texts["layout"] = "half"
     return texts, tensors
 
 

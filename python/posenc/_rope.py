@@ -42,8 +42,8 @@ def rope_params(layout=None, rotary_dim=None, theta=10000.0, scaling=None, confi
                                      + ", ".join(sorted(_SCALING_KEYS)) + ")")
                 name = _SCALING_KEYS[k]
                 params[name] = "longrope" if name == "rope_type" and v == "su" else text(f"scaling.{k}", v)
-    if layout is not None or config is None:
-        params["layout"] = text("layout", "half" if layout is None else layout)
+    if layout is not None:  # else the config's layout, or the library's default: half
+        params["layout"] = text("layout", layout)
     params["angles"] = text("angles", angles)
     if seq_len is not None:
         check_int("seq_len", seq_len)

@@ -12,12 +12,11 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._attention import learned_tensors, split_params
+from ._attention import kind, learned_tensors, split_params
 from ._common import check_tensor, text
 
 # A key's CoPE position counts the gates of every later key of its row: no shard holds them all.
 _UNSHARDABLE = ("cope",)
-_ROTARY = ("rope", "xpos", "mrope", "rope2d")
 
 
 def _ring(group):
@@ -130,8 +129,8 @@ class _RingFn(torch.autograd.Function):
             dk, dv = _unpack(state, (dk, dv))
         else:
             dk, dv = _unpack(state, (k, v, dk, dv))[2:]
-        for n in grad_names:  # every process's queries contribute: the sum over the group
-            if world > 1:
+        if world > 1:  # every process's queries contribute: the sum over the group
+            for n in grad_names:
                 dist.all_reduce(grads[n], group=group)
         return (None, None, dq.to(q.dtype), dk, dv, *[grads[n].to(tens[n].dtype) if n in grads else None
                                                       for n in names])
@@ -168,7 +167,7 @@ def ring_attention(q_shard, k_shard, v_shard, group=None, encoding="nope", causa
     world = dist.get_world_size(group)
     lq, lk = q_shard.shape[1], k_shard.shape[1]
     m, n = world * lq, world * lk
-    if encoding in _ROTARY:  # a length-reading RoPE scheme sees the whole sequence's length
+    if kind(encoding) == "rotary":  # a length-reading RoPE scheme sees the whole sequence's length
         rope = dict(params.get("rope", {}))
         if rope.get("rope_type", "default") in ("dynamic", "longrope") and "seq_len" not in rope:
             rope["seq_len"] = n  # the whole call's largest position + 1

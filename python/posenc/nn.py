@@ -73,11 +73,13 @@ class Attention(nn.Module):
                             ("fire_width", fire_width)):
             check_int(name, value)
         self.heads, self.head_dim, self.encoding, self.causal = heads, head_dim, encoding, bool(causal)
-        self.params = {k: v for k, v in params.items() if not isinstance(v, torch.Tensor)}
+        self.params, self._fixed = {}, []
         for k, v in params.items():
             if isinstance(v, torch.Tensor):
                 self.register_buffer(k, v)
-        self._fixed = [k for k, v in params.items() if isinstance(v, torch.Tensor)]
+                self._fixed.append(k)
+            else:
+                self.params[k] = v
         dtype = dtype or torch.get_default_dtype()
         H, D = heads, head_dim
         new = {}
@@ -92,7 +94,7 @@ class Attention(nn.Module):
             new["rel_proj"] = torch.randn(H, D, rel_dim or D) * 0.02
         elif encoding == "kerple":
             steps = torch.arange(1, H + 1, dtype=torch.float64) / H
-            new["r1"], new["r2"] = steps.clone(), 2 * steps
+            new["r1"], new["r2"] = steps, 2 * steps
         elif encoding == "fire":
             new["mlp_w1"], new["mlp_b1"] = torch.randn(fire_width), torch.randn(fire_width)
             new["mlp_w2"], new["mlp_b2"] = torch.randn(H, fire_width) * 0.02, torch.zeros(H)

@@ -332,9 +332,10 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   return Status::Ok();
 }
 
-// The length-dependent RoPE schemes (dynamic, longrope by length) read the call's own length unless
-// seq_len is set; a call over a shard of the keys must be given the whole sequence's.
-inline const RopeParams* rope_of(const AttentionParams& p) {
+// The RopeParams a rotary encoding reads (rope, rope2d, mrope, xpos), else null; P is AttentionParams
+// or const AttentionParams.
+template <class P>
+auto rope_of(P& p) -> decltype(&p.rope) {
   switch (p.encoding) {
     case Encoding::kRope: return &p.rope;
     case Encoding::kRope2d: return &p.rope2d.rope;
@@ -355,6 +356,8 @@ inline Status validate_backward_from_stats(const AttentionParams& p, const View&
     return Status::Invalid("encoding",
                            "cope cannot be split over its keys: the position of a key counts the gates of "
                            "every later key of the row, so a shard's logits depend on keys it does not see");
+  // The length-dependent RoPE schemes (dynamic, longrope by length) read the call's own length
+  // unless seq_len is set; a call over a shard of the keys must be given the whole sequence's.
   if (const RopeParams* r = rope_of(p);
       r && r->seq_len == 0 &&
       (r->rope_type == RopeType::kDynamic ||

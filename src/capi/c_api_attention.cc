@@ -2,6 +2,7 @@
 // tensors and gradients, forward and backward.
 #include <string>
 
+#include "attention/attention_check.h"
 #include "capi/c_api_internal.h"
 #include "core/param_text.h"
 
@@ -40,15 +41,11 @@ int posenc_attention_set_rope(posenc_attention_params* p, const posenc_rope_para
   return guarded([&] {
     if (p == nullptr) return null_arg("p");
     if (rope == nullptr) return null_arg("rope");
-    switch (p->p.encoding) {
-      case posenc::Encoding::kRope: p->p.rope = rope->p; break;
-      case posenc::Encoding::kMrope: p->p.mrope.rope = rope->p; break;
-      case posenc::Encoding::kXpos: p->p.xpos.rope = rope->p; break;
-      case posenc::Encoding::kRope2d: p->p.rope2d.rope = rope->p; break;
-      default:
-        return Status::Invalid("rope", std::string("not read by ") + posenc::encoding_info(p->p.encoding).name +
-                                           " (rope, mrope, xpos and rope2d rotate q and k)");
-    }
+    posenc::RopeParams* target = posenc::attn::rope_of(p->p);
+    if (target == nullptr)
+      return Status::Invalid("rope", std::string("not read by ") + posenc::encoding_info(p->p.encoding).name +
+                                         " (rope, mrope, xpos and rope2d rotate q and k)");
+    *target = rope->p;
     return Status::Ok();
   });
 }
@@ -87,11 +84,11 @@ int posenc_attention_forward(const posenc_attention_params* p, const posenc_tens
   return guarded([&] {
     if (p == nullptr) return null_arg("p");
     View vq, vk, vv, vo, vl;
-    POSENC_RETURN_IF_ERROR(to_view("q", q, Role::kInput, false, &vq));
-    POSENC_RETURN_IF_ERROR(to_view("k", k, Role::kInput, false, &vk));
-    POSENC_RETURN_IF_ERROR(to_view("v", v, Role::kInput, false, &vv));
-    POSENC_RETURN_IF_ERROR(to_view("out", out, Role::kOutput, false, &vo));
-    POSENC_RETURN_IF_ERROR(to_view("lse", lse, Role::kOutput, true, &vl));
+    POSENC_RETURN_IF_ERROR(to_views({{"q", q, Role::kInput, false, &vq},
+                                     {"k", k, Role::kInput, false, &vk},
+                                     {"v", v, Role::kInput, false, &vv},
+                                     {"out", out, Role::kOutput, false, &vo},
+                                     {"lse", lse, Role::kOutput, true, &vl}}));
     return posenc::attention_forward(p->p, vq, vk, vv, p->t, vo, vl);
   });
 }
@@ -102,13 +99,13 @@ int posenc_attention_backward(const posenc_attention_params* p, const posenc_ten
   return guarded([&] {
     if (p == nullptr) return null_arg("p");
     View vq, vk, vv, vdo, vdq, vdk, vdv;
-    POSENC_RETURN_IF_ERROR(to_view("q", q, Role::kInput, false, &vq));
-    POSENC_RETURN_IF_ERROR(to_view("k", k, Role::kInput, false, &vk));
-    POSENC_RETURN_IF_ERROR(to_view("v", v, Role::kInput, false, &vv));
-    POSENC_RETURN_IF_ERROR(to_view("dout", dout, Role::kInput, false, &vdo));
-    POSENC_RETURN_IF_ERROR(to_view("dq", dq, Role::kOutput, true, &vdq));
-    POSENC_RETURN_IF_ERROR(to_view("dk", dk, Role::kOutput, true, &vdk));
-    POSENC_RETURN_IF_ERROR(to_view("dv", dv, Role::kOutput, true, &vdv));
+    POSENC_RETURN_IF_ERROR(to_views({{"q", q, Role::kInput, false, &vq},
+                                     {"k", k, Role::kInput, false, &vk},
+                                     {"v", v, Role::kInput, false, &vv},
+                                     {"dout", dout, Role::kInput, false, &vdo},
+                                     {"dq", dq, Role::kOutput, true, &vdq},
+                                     {"dk", dk, Role::kOutput, true, &vdk},
+                                     {"dv", dv, Role::kOutput, true, &vdv}}));
     return posenc::attention_backward(p->p, vq, vk, vv, p->t, vdo, vdq, vdk, vdv, p->g);
   });
 }
@@ -121,15 +118,15 @@ int posenc_attention_backward_from_stats(const posenc_attention_params* p, const
   return guarded([&] {
     if (p == nullptr) return null_arg("p");
     View vq, vk, vv, vo, vl, vdo, vdq, vdk, vdv;
-    POSENC_RETURN_IF_ERROR(to_view("q", q, Role::kInput, false, &vq));
-    POSENC_RETURN_IF_ERROR(to_view("k", k, Role::kInput, false, &vk));
-    POSENC_RETURN_IF_ERROR(to_view("v", v, Role::kInput, false, &vv));
-    POSENC_RETURN_IF_ERROR(to_view("out", out, Role::kInput, false, &vo));
-    POSENC_RETURN_IF_ERROR(to_view("lse", lse, Role::kInput, false, &vl));
-    POSENC_RETURN_IF_ERROR(to_view("dout", dout, Role::kInput, false, &vdo));
-    POSENC_RETURN_IF_ERROR(to_view("dq", dq, Role::kOutput, true, &vdq));
-    POSENC_RETURN_IF_ERROR(to_view("dk", dk, Role::kOutput, true, &vdk));
-    POSENC_RETURN_IF_ERROR(to_view("dv", dv, Role::kOutput, true, &vdv));
+    POSENC_RETURN_IF_ERROR(to_views({{"q", q, Role::kInput, false, &vq},
+                                     {"k", k, Role::kInput, false, &vk},
+                                     {"v", v, Role::kInput, false, &vv},
+                                     {"out", out, Role::kInput, false, &vo},
+                                     {"lse", lse, Role::kInput, false, &vl},
+                                     {"dout", dout, Role::kInput, false, &vdo},
+                                     {"dq", dq, Role::kOutput, true, &vdq},
+                                     {"dk", dk, Role::kOutput, true, &vdk},
+                                     {"dv", dv, Role::kOutput, true, &vdv}}));
     return posenc::attention_backward_from_stats(p->p, vq, vk, vv, p->t, vo, vl, vdo, vdq, vdk, vdv, p->g);
   });
 }

@@ -1,7 +1,7 @@
 // The C ABI's shared pieces: version, the thread's last error, posenc_tensor → View.
-#include <utility>
-#include <cstring>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "capi/c_api_internal.h"
 
@@ -16,9 +16,10 @@ namespace {
 // A fixed buffer: recording an error never allocates (it may follow a failed allocation).
 thread_local char t_error[1024] = "";
 
-void record(const char* a, const char* b) {
+// Joins the parts into t_error, cut to its size, control characters as spaces: one line.
+void record(std::initializer_list<const char*> parts) {
   std::size_t n = 0;
-  for (const char* s : {a, b}) {
+  for (const char* s : parts) {
     for (; s != nullptr && *s != '\0' && n + 1 < sizeof t_error; ++s)
       t_error[n++] = (*s == '\n' || *s == '\r' || *s == '\t') ? ' ' : *s;
   }
@@ -28,15 +29,10 @@ void record(const char* a, const char* b) {
 }  // namespace
 
 int fail(const Status& s) {
-  if (s.arg().empty()) {
-    record(s.what().c_str(), nullptr);
-  } else {
-    record(s.arg().c_str(), ": ");
-    const std::size_t n = std::strlen(t_error);
-    std::strncat(t_error, s.what().c_str(), sizeof t_error - n - 1);
-    for (char* c = t_error; *c != '\0'; ++c)
-      if (*c == '\n' || *c == '\r' || *c == '\t') *c = ' ';
-  }
+  if (s.arg().empty())
+    record({s.what().c_str()});
+  else
+    record({s.arg().c_str(), ": ", s.what().c_str()});
   switch (s.code()) {
     case Code::kOk: return POSENC_OK;
     case Code::kInvalidArgument: return POSENC_ERR_INVALID;
@@ -47,12 +43,12 @@ int fail(const Status& s) {
 }
 
 int fail_nomem() {
-  record("out of memory", nullptr);
+  record({"out of memory"});
   return POSENC_ERR_NOMEM;
 }
 
 int fail_exception(const char* what) {
-  record("internal error: ", what);
+  record({"internal error: ", what});
   return POSENC_ERR_INTERNAL;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <exception>
+#include <initializer_list>
 #include <new>
 
 #include "posenc/attention.h"
@@ -50,5 +51,22 @@ enum class Role { kInput, kOutput };
 // strides >= 0, non-NULL data, extents that fit in int64, and for an output no two elements at one
 // address. A NULL t is an absent view when `optional`, else an error naming arg.
 Status to_view(const char* arg, const posenc_tensor* t, Role role, bool optional, View* out);
+
+// One argument of a call, for to_views.
+struct TensorArg {
+  const char* name;
+  const posenc_tensor* t;
+  Role role;
+  bool optional;
+  View* view;
+};
+// to_view for each argument in order; the first error is returned.
+inline Status to_views(std::initializer_list<TensorArg> args) {
+  for (const TensorArg& a : args) {
+    Status s = to_view(a.name, a.t, a.role, a.optional, a.view);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
 
 }  // namespace posenc::capi

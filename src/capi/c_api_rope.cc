@@ -45,11 +45,11 @@ int posenc_rope_qk(const posenc_rope_params* p, const posenc_tensor* q, const po
   return guarded([&] {
     if (p == nullptr) return null_arg("p");
     View vq, vk, vpos, vqo, vko;
-    POSENC_RETURN_IF_ERROR(to_view("q", q, Role::kInput, false, &vq));
-    POSENC_RETURN_IF_ERROR(to_view("k", k, Role::kInput, true, &vk));
-    POSENC_RETURN_IF_ERROR(to_view("positions", positions, Role::kInput, true, &vpos));
-    POSENC_RETURN_IF_ERROR(to_view("q_out", q_out, Role::kOutput, false, &vqo));
-    POSENC_RETURN_IF_ERROR(to_view("k_out", k_out, Role::kOutput, true, &vko));
+    POSENC_RETURN_IF_ERROR(to_views({{"q", q, Role::kInput, false, &vq},
+                                     {"k", k, Role::kInput, true, &vk},
+                                     {"positions", positions, Role::kInput, true, &vpos},
+                                     {"q_out", q_out, Role::kOutput, false, &vqo},
+                                     {"k_out", k_out, Role::kOutput, true, &vko}}));
     if (k == nullptr && k_out != nullptr) return Status::Invalid("k_out", "given without k (leave both NULL)");
     if (k != nullptr && k_out == nullptr) return Status::Invalid("k_out", "expected a tensor for k's result, got NULL");
     return posenc::rope_apply_qk(p->p, vq, vk, posenc::Positions{vpos, offset}, vqo, vko, backward != 0);

@@ -1,11 +1,14 @@
 #include "core/param_text.h"
 
+#include "attention/attention_check.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 
 namespace posenc::text {
 
@@ -60,6 +63,19 @@ Status assign(Expected<T> v, T* field) {
   return Status::Ok();
 }
 
+// The same for a field whose default is "absent" (attention_factor, scale, q_offset, center).
+template <class T>
+Status assign(Expected<T> v, std::optional<T>* field) {
+  if (!v.ok()) return v.status();
+  *field = std::move(v).value();
+  return Status::Ok();
+}
+
+// RoPE's per-pair lists: registry parameters of type tensor that the vocabulary takes as text keys.
+bool is_rope_list(const std::string& key) {
+  return key == "short_factor" || key == "long_factor" || key == "freq_factors" || key == "inv_freq";
+}
+
 }  // namespace
 
 Expected<std::vector<double>> parse_floats(const std::string& arg, const std::string& text) {
@@ -105,12 +121,7 @@ const std::vector<std::pair<std::string, RopeSetter>>& rope_setters() {
       {"longrope_factors",
        [](RopeParams* p, auto&, auto& v) { return assign(parse_longrope_factors(v), &p->longrope_factors); }},
       {"attention_factor",
-       [](RopeParams* p, auto& k, auto& v) {
-         auto a = parse_float(k, v);
-         if (!a.ok()) return a.status();
-         p->attention_factor = *a;
-         return Status::Ok();
-       }},
+       [](RopeParams* p, auto& k, auto& v) { return assign(parse_float(k, v), &p->attention_factor); }},
       {"freq_factors", [](RopeParams* p, auto& k, auto& v) { return assign(parse_floats(k, v), &p->freq_factors); }},
       {"inv_freq", [](RopeParams* p, auto& k, auto& v) { return assign(parse_floats(k, v), &p->inv_freq); }},
       {"angles", [](RopeParams* p, auto&, auto& v) { return assign(parse_rope_angles(v), &p->angles); }},
@@ -152,14 +163,10 @@ Status set_rope_param(RopeParams* p, const std::string& key_in, const std::strin
 
 namespace {
 
-// The RoPE parameters an encoding reads through RoPE's keys (rope, mrope, xpos), else null.
-RopeParams* rope_of(AttentionParams* p) {
-  switch (p->encoding) {
-    case Encoding::kRope: return &p->rope;
-    case Encoding::kMrope: return &p->mrope.rope;
-    case Encoding::kXpos: return &p->xpos.rope;
-    default: return nullptr;
-  }
+// The RoPE parameters an encoding reads through all of RoPE's keys (rope, mrope, xpos; rope2d takes
+// only layout, rotary_dim and theta, set_own's), else null.
+RopeParams* rope_keys_of(AttentionParams* p) {
+  return p->encoding == Encoding::kRope2d ? nullptr : attn::rope_of(*p);
 }
 
 // The encoding's own (non-RoPE) keys and how each is set.
@@ -192,12 +199,7 @@ Status set_own(AttentionParams* p, const std::string& k, const std::string& v, b
     case Encoding::kXpos:
       if (k == "scale_base") return assign(parse_float(k, v), &p->xpos.scale_base);
       if (k == "gamma") return assign(parse_float(k, v), &p->xpos.gamma);
-      if (k == "center") {
-        auto c = parse_int(k, v);
-        if (!c.ok()) return c.status();
-        p->xpos.center = *c;
-        return Status::Ok();
-      }
+      if (k == "center") return assign(parse_int(k, v), &p->xpos.center);
       break;
     default: break;
   }
@@ -209,9 +211,7 @@ Status set_own(AttentionParams* p, const std::string& k, const std::string& v, b
 std::string attention_keys(const AttentionParams& p) {
   std::vector<std::string> keys = {"causal", "scale", "q_offset", "k_offset"};
   for (const ParamSpec& s : encoding_info(p.encoding).params)
-    if (s.type != "tensor" && s.type != "file") keys.push_back(key_name(s.name));
-  if (p.encoding == Encoding::kRope || p.encoding == Encoding::kMrope || p.encoding == Encoding::kXpos)
-    for (const char* k : {"short_factor", "long_factor", "freq_factors", "inv_freq"}) keys.push_back(k);
+    if ((s.type != "tensor" && s.type != "file") || is_rope_list(key_name(s.name))) keys.push_back(key_name(s.name));
   return joined(keys);
 }
 
@@ -225,21 +225,17 @@ Status set_attention_param(AttentionParams* p, const std::string& key_in, const 
   if (k == "causal") {
     s = assign(parse_bool(k, value), &next.causal);
   } else if (k == "scale") {
-    auto v = parse_float(k, value);
-    s = v.ok() ? Status::Ok() : v.status();
-    if (v.ok()) next.scale = *v;
+    s = assign(parse_float(k, value), &next.scale);
   } else if (k == "q_offset") {
-    auto v = parse_int(k, value);
-    s = v.ok() ? Status::Ok() : v.status();
-    if (v.ok()) next.q_offset = *v;
+    s = assign(parse_int(k, value), &next.q_offset);
   } else if (k == "k_offset") {
     s = assign(parse_int(k, value), &next.k_offset);
   } else {
     s = set_own(&next, k, value, &known);
-    if (!known && rope_of(&next) != nullptr) {
+    if (!known && rope_keys_of(&next) != nullptr) {
       const auto& rk = rope_keys();
       known = std::find(rk.begin(), rk.end(), k) != rk.end();
-      if (known) s = set_rope_param(rope_of(&next), k, value);
+      if (known) s = set_rope_param(rope_keys_of(&next), k, value);
     }
   }
   if (!known)
@@ -276,8 +272,7 @@ View* member(Set* t, const std::string& n) {
 std::vector<std::string> tensor_names(Encoding enc, bool grads) {
   std::vector<std::string> out;
   for (const ParamSpec& s : encoding_info(enc).params)
-    if (s.type == "tensor" && (!grads || s.learned) && key_name(s.name) != "short_factor" &&
-        key_name(s.name) != "long_factor" && key_name(s.name) != "freq_factors" && key_name(s.name) != "inv_freq")
+    if (s.type == "tensor" && (!grads || s.learned) && !is_rope_list(key_name(s.name)))
       out.push_back(key_name(s.name));
   if (!grads && (enc == Encoding::kRope2d || enc == Encoding::kMrope)) {
     out.push_back("q_positions");
