@@ -15,11 +15,15 @@ enum {
   POSENC_OK = 0,
   POSENC_ERR_INVALID = 1,      /* a NULL pointer, unknown key or name, bad value, dtype, shape or stride */
   POSENC_ERR_OUT_OF_RANGE = 2, /* a value or position beyond what the encoding accepts */
-  POSENC_ERR_NOMEM = 3,        /* an allocation failed */
+  POSENC_ERR_NOMEM = 3,        /* an allocation failed (the outputs' contents are then unspecified) */
   POSENC_ERR_INTERNAL = 4      /* anything else (a bug: please report the message) */
 };
 
 #define POSENC_MAX_DIMS 6
+
+/* The most elements a tensor argument may have (its shape's product, broadcast dimensions
+   included); more is POSENC_ERR_OUT_OF_RANGE naming it, before anything is allocated. */
+#define POSENC_MAX_ELEMENTS (INT64_C(1) << 40)
 
 /* A non-owning strided view: data, dtype, ndim <= 6 dims, shape, strides in elements (>= 0). */
 typedef struct {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -125,6 +126,40 @@ inline Status check_rotary(const AttentionParams& p, const EncodingTensors& t, D
   return Status::Ok();
 }
 
+// The limits on a call's sizes (docs/reliability.md, Limits): a head dimension D beyond kMaxHeadDim,
+// or a tensor or workspace of more than kMaxElements elements, is refused before anything is
+// allocated. The workspaces: the keys expanded to every query head, [B, N, Hq, D] (the reference),
+// and one row per query head and distance, [Hq, M + N] (the bias tables).
+constexpr I kMaxHeadDim = I{1} << 12;
+constexpr I kMaxElements = I{1} << 40;
+
+// The product of xs when it is at most kMaxElements, else -1 (an overflow included).
+inline I bounded_product(std::initializer_list<I> xs) {
+  I n = 1;
+  for (I x : xs)
+    if (__builtin_mul_overflow(n, x, &n) || n > kMaxElements) return -1;
+  return n;
+}
+
+inline Status check_sizes(const Dims& d) {
+  if (d.D > kMaxHeadDim)
+    return Status::OutOfRange("q", "head dimension D = " + str(d.D) + " is beyond the limit 4096 (2^12)");
+  const std::pair<const char*, I> sizes[] = {
+      {"q", bounded_product({d.B, d.M, d.Hq, d.D})},
+      {"k", bounded_product({d.B, d.N, d.Hkv, d.D})},
+      {"k", bounded_product({d.B, d.N, d.Hq, d.D})},
+      {"k", bounded_product({d.Hq, d.M + d.N})}};
+  const char* what[] = {"q has more than 2^40 elements", "k has more than 2^40 elements",
+                        "k expanded to the Hq query heads ([B, N, Hq, D]) has more than 2^40 elements",
+                        "the distance tables [Hq, M + N] have more than 2^40 elements"};
+  for (std::size_t i = 0; i < 4; ++i)
+    if (sizes[i].second < 0)
+      return Status::OutOfRange(sizes[i].first, std::string(what[i]) + " (the limit of one call; shape " +
+                                                    "B = " + str(d.B) + ", M = " + str(d.M) + ", N = " +
+                                                    str(d.N) + ", Hq = " + str(d.Hq) + ", D = " + str(d.D) + ")");
+  return Status::Ok();
+}
+
 // Checks everything forward and backward share; fills d.
 inline Status check_common(const AttentionParams& p, const View& q, const View& k, const View& v,
                     const EncodingTensors& t, Dims* d) {
@@ -162,6 +197,7 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   POSENC_RETURN_IF_ERROR(require_shape("v", v, {d->B, d->N, d->Hkv, d->D}));
   POSENC_RETURN_IF_ERROR(require_same_dtype("k", k, q, "q"));
   POSENC_RETURN_IF_ERROR(require_same_dtype("v", v, q, "q"));
+  POSENC_RETURN_IF_ERROR(check_sizes(*d));
 
   d->scale = 1.0 / std::sqrt(static_cast<double>(d->D));
   if (p.scale) {

@@ -545,13 +545,18 @@ class Cope {
   bool forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
     bool bad = false;
+    RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      w.init(d_.D, ncol_);
-      std::vector<double> l(ix(kBq));
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(d_.D, ncol_);
+        l.resize(ix(kBq));
+      });
 #pragma omp for schedule(dynamic, 1) reduction(|| : bad)
       for (I task = 0; task < tasks; ++task) {
+        if (guard.failed()) continue;
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
         forward_block(b, h, q0, nq, false, &w, l.data());
@@ -565,6 +570,7 @@ class Cope {
         }
       }
     }
+    guard.rethrow();
     return !bad;
   }
 
@@ -578,14 +584,19 @@ class Cope {
     std::vector<double> U(ix(B * Hq * M));
     std::vector<std::int32_t> J(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+    RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      w.init(D, nc);
-      w.init_backward(D);
-      std::vector<double> l(ix(kBq));
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(D, nc);
+        w.init_backward(D);
+        l.resize(ix(kBq));
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < per * nqb; ++task) {
+        if (guard.failed()) continue;
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         forward_block(b, h, q0, nq, true, &w, l.data());
@@ -599,6 +610,7 @@ class Cope {
         }
       }
     }
+    guard.rethrow();
     for (I r = 0; r < B * Hq * M; ++r)  // a row that sees keys has a finite lse and D from finite inputs
       if (sees_keys(r % M) && (!std::isfinite(lse[ix(r)]) || !std::isfinite(Dv[ix(r)]))) return false;
     {  // the rows that see no key (a prefix) still enter dE = Cᵀ·Q with C = 0: 0·NaN from their q
@@ -620,24 +632,31 @@ class Cope {
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      w.init(D, nc);
-      w.init_backward(D);
       // the chunk's dQ, QE and C [G, mc, ·] (Bq rows of padding: lanes past a block's end read and
       // add 0 there), its per-row carries (count from j*, dp prefix), the task's dE per query head
-      std::vector<float> dqt(ix(G * mc * D)), qe(ix((G * mc + kBq) * nc)), C(qe.size());
-      std::vector<float> dct(ix(G * mc));
-      std::vector<double> gc(ix(G * mc));
-      std::vector<float> dEt(ix(G * nc * D));
+      std::vector<float> dqt, qe, C, dct, dEt;
+      std::vector<double> gc;
       std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
-      dEs.assign(ix(nc * D), 0.0);
       // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
       // in place (the task owns its kv head: no race); a 16-bit one, when there are several
       // chunks, in float32 split between itself and a SplitSum, rounded once at the end.
       SplitSum dka, dva;
-      if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) dka.size_for(N, D);
-      if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) dva.size_for(N, D);
+      guard.run([&] {
+        w.init(D, nc);
+        w.init_backward(D);
+        dqt.resize(ix(G * mc * D));
+        qe.resize(ix((G * mc + kBq) * nc));
+        C.resize(qe.size());
+        dct.resize(ix(G * mc));
+        gc.resize(ix(G * mc));
+        dEt.resize(ix(G * nc * D));
+        dEs.assign(ix(nc * D), 0.0);
+        if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) dka.size_for(N, D);
+        if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) dva.size_for(N, D);
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
+        if (guard.failed()) continue;
         const I b = task / d_.Hkv, kh = task % d_.Hkv;
         // a key block's part: stored where no earlier chunk reached it (j0 ≥ done), added elsewhere
         const auto put = [&](const View& out, SplitSum& acc, I j0, I nk, const float* x, bool first) {
@@ -779,6 +798,7 @@ class Cope {
               dEs[ix(x)] += static_cast<double>(dEt[ix(g * nc * D + x)]);
       }
     }
+    guard.rethrow();
     if (dtable.present()) {  // rows past ncol are never reached: 0
       std::vector<double> tot(ix(d_.npos * D), 0.0);
       for (const auto& part : dE)

@@ -526,10 +526,16 @@ struct RotTab {
     constexpr I kPiece = 512;  // rows per parallel piece: a decode step's stays on one thread
     const I pieces = (rows + kPiece - 1) / kPiece;
     const int th = pieces > 1 ? threads : 1;
+    attn_fast::RegionGuard guard;
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
     for (I pc = 0; pc < pieces; ++pc) {
       const I r0 = pc * kPiece, cnt = std::min(kPiece, rows - r0);
-      std::vector<double> ang(ix(cnt * half)), sc(scaled ? ix(cnt * half) : 0);
+      std::vector<double> ang, sc;
+      if (guard.failed() || !guard.run([&] {
+            ang.resize(ix(cnt * half));
+            sc.resize(scaled ? ix(cnt * half) : 0);
+          }))
+        continue;
       I p[3] = {0, 0, 0};
       for (I t = 0; t < cnt; ++t) {
         const I row = r0 + t, i = row % n, b = (row / n) % nb, h = row / (n * nb);
@@ -541,6 +547,7 @@ struct RotTab {
       }
       xs.trig_rows(ang.data(), scaled ? sc.data() : nullptr, cnt, half, &c[ix(r0 * half)], &s[ix(r0 * half)]);
     }
+    guard.rethrow();
   }
   std::size_t at(I b, I h, I i) const {
     return ix((((nh > 1 ? h : 0) * nb + (nb > 1 ? b : 0)) * n + i) * half);
@@ -678,13 +685,18 @@ class Fused {
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
   void forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, tasks = d_.B * d_.Hq * nqb;
+    attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch& w = thread_scratch();
-      w.init(d_.D);
-      std::vector<double> l(ix(kBq));
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(d_.D);
+        l.resize(ix(kBq));
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < tasks; ++task) {
+        if (guard.failed()) continue;
         I b, h, q0, nq;
         query_task(task, nqb, &b, &h, &q0, &nq);
         forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
@@ -696,6 +708,7 @@ class Fused {
         }
       }
     }
+    guard.rethrow();
   }
 
   // Backward. dq, dk, dv optional (absent: not computed); parameter gradients g optional. With
@@ -712,14 +725,19 @@ class Fused {
     bw.lse.resize(ix(B * Hq * M));
     bw.Dv.resize(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq;
+    attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch& w = thread_scratch();
-      w.init(D);
-      w.init_backward(D);
-      std::vector<double> l(ix(kBq));
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(D);
+        w.init_backward(D);
+        l.resize(ix(kBq));
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < B * Hq * nqb; ++task) {
+        if (guard.failed()) continue;
         I b, h, q0, nq;
         query_task(task, nqb, &b, &h, &q0, &nq);
         if (saved) {
@@ -738,6 +756,7 @@ class Fused {
         }
       }
     }
+    guard.rethrow();
     // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
     // over the key blocks (see the file comment).
     // rope2d mixed with dfreqs: the per-head sums [2, r/2] in gw; dQ̃ is then accumulated even
@@ -756,11 +775,15 @@ class Fused {
 #pragma omp parallel num_threads(threads_) if (threads_ > 1 && whole > 1)
     if (whole > 0) {
       Scratch& w = thread_scratch();
-      w.init(D);
-      w.init_backward(D);
-      std::vector<float> dqbuf(need_dq && !dq_dir ? ix(G * M * D) : 0);  // [G, M, D]
+      std::vector<float> dqbuf;  // [G, M, D]
+      guard.run([&] {
+        w.init(D);
+        w.init_backward(D);
+        dqbuf.resize(need_dq && !dq_dir ? ix(G * M * D) : 0);
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I u = 0; u < whole; ++u) {
+        if (guard.failed()) continue;
         const I b = u / Hkv, kh = u % Hkv;
         const Acc acc = dq_dir    ? dq_in_place(dq, b, kh)
                         : need_dq ? Acc{dqbuf.data(), D, M * D, 0}
@@ -775,6 +798,7 @@ class Fused {
         }
       }
     }
+    guard.rethrow();
     for (I u = whole; u < U; ++u) split_unit(bw, u / Hkv, u % Hkv, dq_dir, &gw);
     // Parameter gradients: per (b, h) in gw, summed over the batch here.
     std::vector<double> sum(ix(Hq * npar), 0.0);  // [Hq, npar]
@@ -1186,20 +1210,24 @@ class Fused {
     }
     std::vector<double> gwp(ix(T * G * npar), 0.0);  // [T, G, npar]
     std::vector<double> fgp(bw.freq ? ix(T * G * npar) : 0, 0.0);  // mixed: dQ̃'s part, [thread, G, npar]
+    attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(static_cast<int>(T))
     {
       Scratch& w = thread_scratch();
-      w.init(D);
-      w.init_backward(D);
+      guard.run([&] {
+        w.init(D);
+        w.init_backward(D);
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I p = 0; p < T; ++p) {
+        if (guard.failed()) continue;
         const Acc& a = acc[ix(p)];
         for (I g = 0; g < G && a.p; ++g)
           zero_rows(a, g, p == 0 ? 0 : qlo[ix(p)], p == 0 ? M : qhi[ix(p)]);
         keys(bw, b, kh, cuts[ix(p)], cuts[ix(p + 1)], a, npar ? &gwp[ix(p * G * npar)] : nullptr,
              &w);
       }
-      if (want_dq) {
+      if (want_dq && !guard.failed()) {  // after the loop's barrier: the same on every thread
 #pragma omp for schedule(static)
         for (I gi = 0; gi < G * M; ++gi) {
           const I g = gi / M, i = gi % M;
@@ -1222,6 +1250,7 @@ class Fused {
         }
       }
     }
+    guard.rethrow();
     // In part (then thread) order: the result depends on the thread count only.
     for (I p = 0; p < T; ++p)
       for (I j = 0; j < G * npar; ++j)

@@ -8,10 +8,12 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "attention/attention_check.h"
 #include "attention/tile_gemm.h"
@@ -28,6 +30,32 @@ constexpr I kBq = 128;  // query rows per tile
 constexpr I kBk = 128;  // keys per tile (also the row stride of score tiles)
 
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
+// An exception cannot leave an OpenMP region (the runtime would end the process). A region's
+// allocations run through run(), which records a failure instead of throwing; the region's threads
+// then skip their work (every thread still meets each worksharing loop) and the caller, after the
+// region, calls rethrow(): std::bad_alloc, which the entry points' callers see as an error.
+class RegionGuard {
+ public:
+  // Runs f; false (and the failure recorded) when it threw.
+  template <class F>
+  bool run(F&& f) noexcept {
+    try {
+      f();
+      return true;
+    } catch (...) {
+      failed_.store(true, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  void rethrow() const {
+    if (failed()) throw std::bad_alloc();
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+};
 
 // Row helpers of one SIMD target.
 struct Simd {

@@ -128,13 +128,18 @@ class XlFused {
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
   void forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
+    RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      w.init(d_.D, d_.R);
-      std::vector<double> l(ix(kBq));
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(d_.D, d_.R);
+        l.resize(ix(kBq));
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < tasks; ++task) {
+        if (guard.failed()) continue;
         // Later query blocks (more keys when causal) first.
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
@@ -147,6 +152,7 @@ class XlFused {
         }
       }
     }
+    guard.rethrow();
   }
 
   // Backward. dq, dk, dv optional (absent: computed, not stored); g's views optional. With
@@ -161,14 +167,19 @@ class XlFused {
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+    RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      w.init(D, R);
-      w.init_backward(D, R);
-      std::vector<double> l(ix(kBq));
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(D, R);
+        w.init_backward(D, R);
+        l.resize(ix(kBq));
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < per * nqb; ++task) {
+        if (guard.failed()) continue;
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         if (saved_out) {
@@ -188,6 +199,7 @@ class XlFused {
         }
       }
     }
+    guard.rethrow();
     // pass 2: per (b, kv head). Parameter gradients per (b, h): du [D], Σ X [R], dW [D, R].
     const I npar = D + R + D * R;
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
@@ -196,13 +208,16 @@ class XlFused {
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      w.init(D, R);
-      w.init_backward(D, R);
-      std::vector<float> dq_acc, csum(ix(kBk));
+      std::vector<float> dq_acc, csum;
+      guard.run([&] {
+        w.init(D, R);
+        w.init_backward(D, R);
+        csum.resize(ix(kBk));
+      });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
         const I b = task / d_.Hkv, kh = task % d_.Hkv;
-        dq_acc.assign(ix(G * M * D), 0.f);
+        if (guard.failed() || !guard.run([&] { dq_acc.assign(ix(G * M * D), 0.f); })) continue;
         for (I j0 = 0; j0 < N; j0 += kBk) {
           const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
           load_rows(k_, D, b, j0, nk, kh, w.k.data());
@@ -257,6 +272,7 @@ class XlFused {
           for (I gi = 0; gi < G; ++gi) store_rows(dq, D, b, 0, M, kh * G + gi, &dq_acc[ix(gi * M * D)]);
       }
     }
+    guard.rethrow();
     write_param_grads(gp, g);
   }
 

@@ -108,6 +108,10 @@ Status to_view(const char* arg, const posenc_tensor* t, Role role, bool optional
   std::int64_t bytes = 0;
   if (__builtin_mul_overflow(span + 1, static_cast<std::int64_t>(dtype_size(v.dtype)), &bytes))
     return Status::OutOfRange(arg, "shape and strides reach beyond 2^63 bytes");
+  std::int64_t elements = 1;  // a stride-0 (broadcast) dimension counts: the library may copy it
+  for (int i = 0; i < t->ndim; ++i)
+    if (__builtin_mul_overflow(elements, t->shape[i], &elements) || elements > POSENC_MAX_ELEMENTS)
+      return Status::OutOfRange(arg, "shape " + v.shape_str() + " has more than 2^40 elements (POSENC_MAX_ELEMENTS)");
   if (role == Role::kOutput && self_overlapping(v))
     return Status::Invalid(arg, "an output whose strides put two elements at one address (shape " + v.shape_str() +
                                     ")");
