@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +12,8 @@
 #include <limits>
 #include <map>
 #include <optional>
+
+#include "study/temp_files.h"
 
 namespace posenc::cli {
 
@@ -176,8 +177,6 @@ std::string parent_dir(const std::string& path) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
-std::atomic<unsigned> g_tmp_counter{0};
-
 // Writes all of `bytes` to an open descriptor; false with errno set on failure.
 bool write_all(int fd, const std::string& bytes) {
   const char* data = bytes.data();
@@ -198,18 +197,16 @@ bool write_all(int fd, const std::string& bytes) {
 // Errors name `shown` (the path as the user gave it).
 Status write_temp(const std::string& dest, const std::string& shown, const std::string& bytes,
                   const std::string& flag, std::string* tmp) {
-  const std::filesystem::path p(dest);
-  const std::string dir = parent_dir(dest);
+  files::remove_stale_temps(dest);
   int fd = -1;
   std::string name;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    name = dir + "/." + p.filename().string() + ".posenc-tmp-" + std::to_string(::getpid()) + "-" +
-           std::to_string(g_tmp_counter++);
+    name = files::temp_path(dest);
     fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) return Status::Io(flag, "cannot write " + q(shown) + ": " + errno_text(errno));
-  if (!write_all(fd, bytes)) {
+  if (!write_all(fd, bytes) || ::fsync(fd) != 0) {  // on disk before the rename makes it the file
     const int e = errno;
     ::close(fd);
     ::unlink(name.c_str());
@@ -438,13 +435,18 @@ Status OutputSet::commit() {
   struct Step {
     const Entry* entry;
     std::string tmp, backup;
-    bool displaced = false, placed = false;
+    bool displaced = false, linked = false, placed = false;
   };
   std::vector<Step> steps;
   auto cleanup = [&steps]() {
     for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-      if (it->placed) ::unlink(it->entry->key.c_str());
-      if (it->displaced) ::rename(it->backup.c_str(), it->entry->key.c_str());
+      if (it->linked) {  // the old file is still at the destination unless the new one replaced it
+        if (it->placed) ::rename(it->backup.c_str(), it->entry->key.c_str());
+        else ::unlink(it->backup.c_str());
+      } else {
+        if (it->placed) ::unlink(it->entry->key.c_str());
+        if (it->displaced) ::rename(it->backup.c_str(), it->entry->key.c_str());
+      }
       if (!it->placed && !it->tmp.empty()) ::unlink(it->tmp.c_str());
     }
   };
@@ -498,13 +500,17 @@ Status OutputSet::commit() {
       return Status::Io(e.flag, "cannot write " + q(e.path) + ": " + errno_text(err));
     }
   }
-  // 3. the renames; a file already at a destination is moved aside first so that it can be put back
+  // 3. the renames. A file already at a destination gets a second name (a hard link) first, so that
+  // it can be put back if a later output fails, while the rename replaces it in one step: a process
+  // killed at any point leaves the old file or the new one there, never neither. Where no hard link
+  // can be made (not a regular file, a file system without them) it is moved aside instead.
   for (Step& s : steps) {
     const std::string& path = s.entry->key;
     struct stat sb;
     if (::lstat(path.c_str(), &sb) == 0) {
       s.backup = s.tmp + ".old";
-      if (::rename(path.c_str(), s.backup.c_str()) != 0) {
+      s.linked = S_ISREG(sb.st_mode) && ::link(path.c_str(), s.backup.c_str()) == 0;
+      if (!s.linked && ::rename(path.c_str(), s.backup.c_str()) != 0) {
         const int e = errno;
         cleanup();
         return Status::Io(s.entry->flag, "cannot replace " + q(s.entry->path) + ": " + errno_text(e));

@@ -7,8 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "posenc/bias.h"
-#include "study/model.h"
 #include "posenc/rope.h"
+#include "study/model.h"
+#include "study/temp_files.h"
 
 namespace posenc {
 namespace {
@@ -127,19 +128,7 @@ Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<f
 Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params) {
   Expected<std::string> bytes = checkpoint_bytes(c, params);
   if (!bytes.ok()) return bytes.status();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f.write(bytes.value().data(), std::streamsize(bytes.value().size()));
-    if (!f.good()) {
-      std::remove(tmp.c_str());
-      return Status::Io("checkpoint", "cannot write " + path);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::Io("checkpoint", "cannot write " + path);
-  }
+  if (!files::write_atomic(path, bytes.value())) return Status::Io("checkpoint", "cannot write " + path);
   return Status::Ok();
 }
 

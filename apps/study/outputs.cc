@@ -11,6 +11,7 @@
 
 #include "study/gnuplot.h"
 #include "study/run.h"
+#include "study/temp_files.h"
 
 namespace posenc {
 namespace {
@@ -96,20 +97,27 @@ Status write_study(const std::string& out, const StudyRun& run) {
   const bool made = stat(out.c_str(), &sb) != 0;
   if (made && mkdir(out.c_str(), 0777) != 0)
     return Status::Io("out", "cannot create directory " + out + ": " + std::strerror(errno));
-  const std::string dir = out + "/", tmp = ".tmp-" + std::to_string(getpid()) + "-";
+  const std::string dir = out + "/";
   const std::vector<std::string> files = study_files(run.cfg);
+  // Each file is written to its temporary (study/temp_files.h), then all are renamed into place.
+  std::vector<std::string> tmp;
+  for (const std::string& f : files) {
+    files::remove_stale_temps(dir + f);
+    tmp.push_back(files::temp_path(dir + f));
+  }
+  files::remove_stale_temps(dir + "plot.gp");
   const auto give_up = [&](const std::string& what, std::size_t from) {
-    for (std::size_t k = from; k < files.size(); ++k) std::remove((dir + tmp + files[k]).c_str());
+    for (std::size_t k = from; k < files.size(); ++k) std::remove(tmp[k].c_str());
     if (made && from == 0) rmdir(out.c_str());
     return Status::Io("out", what);
   };
-  const std::pair<std::string, std::string> texts[] = {{files[0], results_json(run)}, {files[1], results_csv(run)}};
-  for (const auto& [name, text] : texts)
-    if (!write_file(dir + tmp + name, text)) return give_up("cannot write " + dir + name + ": " + std::strerror(errno), 0);
+  const std::pair<std::size_t, std::string> texts[] = {{0, results_json(run)}, {1, results_csv(run)}};
+  for (const auto& [i, text] : texts)
+    if (!write_file(tmp[i], text)) return give_up("cannot write " + dir + files[i] + ": " + std::strerror(errno), 0);
   GnuplotJob job;
-  job.png = dir + tmp + files[2];
+  job.png = tmp[2];
   job.script = study_plot_script(run, job.png);
-  job.script_path = dir + tmp + "plot.gp";
+  job.script_path = files::temp_path(dir + "plot.gp");
   job.arg = "out";
   job.missing = "the plot needs gnuplot (apt-get install gnuplot-nox)";
   job.script_failed = "cannot write " + dir + "plot.gp";
@@ -117,7 +125,7 @@ Status write_study(const std::string& out, const StudyRun& run) {
   job.incomplete = "gnuplot could not write the whole of " + dir + files[2] + " (is the disk full?)";
   if (Expected<std::string> png = draw_png(job); !png.ok()) return give_up(png.status().what(), 0);
   for (std::size_t i = 0; i < files.size(); ++i)
-    if (std::rename((dir + tmp + files[i]).c_str(), (dir + files[i]).c_str()) != 0)
+    if (std::rename(tmp[i].c_str(), (dir + files[i]).c_str()) != 0)
       return give_up("cannot write " + dir + files[i] + ": " + std::strerror(errno), i);
   return Status::Ok();
 }

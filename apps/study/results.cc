@@ -1,6 +1,8 @@
 // study/results.cc — results as JSON, CSV and a table, and results.json read back.
 #include "study/results.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdarg>
@@ -185,7 +187,9 @@ Expected<std::vector<StudyEntry>> read_results_json(const std::string& path) {
 bool write_file(const std::string& path, const std::string& text) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return false;
-  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  // flushed to disk before the caller renames it into place
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+                     ::fsync(::fileno(f)) == 0;
   const int e = errno;
   const bool closed = std::fclose(f) == 0;
   if (wrote) return closed;
