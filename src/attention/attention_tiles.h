@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
 
 #include "attention/attention_check.h"
@@ -396,11 +397,34 @@ inline int threads_for(const attn::Dims& d) {
   return work < fast::kParallelMin ? 1 : std::max(1, num_threads());
 }
 
-// OpenBLAS single-threaded inside our threads; the previous setting restored on scope exit.
-struct BlasOneThread {
-  int prev;
-  BlasOneThread() : prev(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasOneThread() { openblas_set_num_threads(prev); }
+// OpenBLAS single-threaded inside our threads. Its count is process-wide, and calls may run on
+// several caller threads at once: the first call in saves the caller's setting and sets 1, the last
+// one out restores it (a save and restore per call would leave 1 behind when two overlap).
+class BlasOneThread {
+ public:
+  BlasOneThread() {
+    const std::lock_guard<std::mutex> lock(state().mu);
+    if (state().users++ == 0) {
+      state().saved = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+    }
+  }
+  ~BlasOneThread() {
+    const std::lock_guard<std::mutex> lock(state().mu);
+    if (--state().users == 0) openblas_set_num_threads(state().saved);
+  }
+  BlasOneThread(const BlasOneThread&) = delete;
+  BlasOneThread& operator=(const BlasOneThread&) = delete;
+
+ private:
+  struct State {
+    std::mutex mu;
+    int users = 0, saved = 1;
+  };
+  static State& state() {
+    static State s;
+    return s;
+  }
 };
 
 }  // namespace posenc::attn_fast

@@ -1,0 +1,201 @@
+// Resources (docs/reliability.md, Limits): sizes whose buffers cannot exist are refused before
+// anything is allocated, with an error naming the argument; an allocation that fails is
+// POSENC_ERR_NOMEM, never the end of the process. The broadcast (stride 0) views below describe
+// enormous tensors over a few bytes, as a caller's expanded tensor can.
+#include <gtest/gtest.h>
+
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "posenc/attention.h"
+#include "posenc/c_api.h"
+#include "posenc/threads.h"
+
+extern char** environ;
+
+namespace posenc {
+namespace {
+
+using I = std::int64_t;
+
+// A float32 [B, L, H, D] tensor over `data`, every stride 0 but the last (1): L × H rows of one row.
+posenc_tensor broadcast(float* data, I B, I L, I H, I D) {
+  posenc_tensor t{};
+  t.data = data;
+  t.dtype = POSENC_F32;
+  t.ndim = 4;
+  const I shape[4] = {B, L, H, D}, strides[4] = {0, 0, 0, 1};
+  for (int i = 0; i < 4; ++i) t.shape[i] = shape[i], t.strides[i] = strides[i];
+  return t;
+}
+
+posenc_tensor contiguous(float* data, I B, I L, I H, I D) {
+  posenc_tensor t = broadcast(data, B, L, H, D);
+  t.strides[0] = L * H * D, t.strides[1] = H * D, t.strides[2] = D;
+  return t;
+}
+
+// One forward through the C ABI; its code, and the message in *msg. Must come back at once (nothing
+// was allocated for the sizes).
+int forward(const char* enc, const posenc_tensor& q, const posenc_tensor& k, const posenc_tensor& out,
+            std::string* msg) {
+  posenc_attention_params* p = posenc_attention_params_new(enc);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = posenc_attention_forward(p, &q, &k, &k, &out, nullptr);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *msg = posenc_last_error();
+  posenc_attention_params_free(p);
+  EXPECT_LT(s, 0.5) << *msg;
+  return rc;
+}
+
+TEST(Limits, TensorsBeyondTwoToTheFortyElementsAreRefused) {
+  std::vector<float> row(64, 1.f), outbuf(64);
+  const posenc_tensor out = contiguous(outbuf.data(), 1, 1, 1, 64);
+  std::string msg;
+  // q of 2^41 × 64 elements: to_view refuses it by name
+  EXPECT_EQ(forward("rope", broadcast(row.data(), 1, I{1} << 41, 1, 64), broadcast(row.data(), 1, 1, 1, 64), out, &msg),
+            POSENC_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(msg, "q: shape [1, 2199023255552, 1, 64] has more than 2^40 elements (POSENC_MAX_ELEMENTS)");
+  // a product beyond int64: refused, not wrapped around
+  EXPECT_EQ(forward("nope", broadcast(row.data(), 1, 1, 1, 64),
+                    broadcast(row.data(), I{1} << 40, I{1} << 40, 1, 64), out, &msg),
+            POSENC_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(msg.rfind("k: shape [1099511627776, 1099511627776, 1, 64] has more than 2^40 elements", 0), 0u) << msg;
+}
+
+TEST(Limits, WorkspacesBeyondTheLimitAreRefusedByName) {
+  std::vector<float> row(8192, 1.f), outbuf(8192);
+  std::string msg;
+  // D beyond 4096: the fused kernels' per-thread tiles grow with it
+  EXPECT_EQ(forward("nope", broadcast(row.data(), 1, 1, 1, 8192), broadcast(row.data(), 1, 1, 1, 8192),
+                    contiguous(outbuf.data(), 1, 1, 1, 8192), &msg),
+            POSENC_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(msg, "q: head dimension D = 8192 is beyond the limit 4096 (2^12)");
+  // k of 2^36 × 8 elements is within the limit, but expanded to 2^21 query heads it is not. (The
+  // outputs below describe more memory than their buffers hold: the call is refused before any
+  // output is touched.)
+  posenc_tensor q = broadcast(row.data(), 1, 1, I{1} << 21, 8), k = broadcast(row.data(), 1, I{1} << 36, 1, 8);
+  posenc_tensor out = broadcast(outbuf.data(), 1, 1, I{1} << 21, 8);
+  out.strides[2] = 8;  // an output's elements at distinct addresses
+  EXPECT_EQ(forward("alibi", q, k, out, &msg), POSENC_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(msg.rfind("k: k expanded to the Hq query heads ([B, N, Hq, D]) has more than 2^40 elements", 0), 0u) << msg;
+  // the per-head distance tables [Hq, M + N]
+  q = broadcast(row.data(), 1, I{1} << 20, I{1} << 20, 1);
+  k = broadcast(row.data(), 1, I{1} << 20, 1, 1);
+  out = broadcast(outbuf.data(), 1, I{1} << 20, I{1} << 20, 1);
+  out.strides[1] = I{1} << 20, out.strides[2] = 1;
+  EXPECT_EQ(forward("sandwich", q, k, out, &msg), POSENC_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(msg.rfind("k: the distance tables [Hq, M + N] have more than 2^40 elements", 0), 0u) << msg;
+}
+
+// The C++ API refuses the same sizes with the same Status (the reference and the fast path alike).
+TEST(Limits, TheCppApiRefusesTheSameSizes) {
+  std::vector<float> row(8192, 1.f);
+  View q = View::contiguous(row.data(), DType::kF32, {1, 1, 1, 8192});
+  AttentionParams p;
+  const Status fast = attention_forward(p, q, q, q, {}, q, View{});
+  const Status ref = reference::attention_forward(p, q, q, q, {}, q, View{});
+  EXPECT_EQ(fast.code(), Code::kOutOfRange);
+  EXPECT_EQ(fast.message(), "q: head dimension D = 8192 is beyond the limit 4096 (2^12)");
+  EXPECT_EQ(ref.message(), fast.message());
+}
+
+// ---- allocation failure: a child process under an address-space limit -------------------------
+
+long vm_size_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key)
+    if (key == "VmSize:") {
+      long n = 0;
+      f >> n;
+      return n;
+    }
+  return -1;
+}
+
+// Runs in the child only (POSENC_OOM_CHILD=<extra KiB>): rope attention, forward and backward, of
+// 16 queries over 2^16 keys, whose rotation tables take 16 MiB (broadcast inputs of a few bytes,
+// real outputs), after the address space is limited to what the process holds plus the extra.
+// Every call must return POSENC_OK or POSENC_ERR_NOMEM ("out of memory"); the exit status says.
+TEST(Limits, OomChild) {
+  const char* env = std::getenv("POSENC_OOM_CHILD");
+  if (env == nullptr) GTEST_SKIP() << "run by AllocationFailureIsAnErrorCode";
+  const long extra_kib = std::atol(env);
+  set_num_threads(2);
+  const I M = 16, N = I{1} << 16, D = 64;
+  std::vector<float> row(D, 0.5f), out(static_cast<std::size_t>(M * D)), dq(out.size()),
+      dk(static_cast<std::size_t>(N * D)), dv(dk.size());
+  const posenc_tensor q = broadcast(row.data(), 1, M, 1, D), k = broadcast(row.data(), 1, N, 1, D);
+  const posenc_tensor o = contiguous(out.data(), 1, M, 1, D), tdq = contiguous(dq.data(), 1, M, 1, D),
+                      tdk = contiguous(dk.data(), 1, N, 1, D), tdv = contiguous(dv.data(), 1, N, 1, D);
+  posenc_attention_params* p = posenc_attention_params_new("rope");
+  ASSERT_EQ(posenc_attention_forward(p, &q, &k, &k, &o, nullptr), POSENC_OK);  // the threads exist now
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(vm_size_kib() + extra_kib) * 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &lim), 0);
+  int nomem = 0;
+  for (int backward = 0; backward < 2; ++backward) {
+    const int rc = backward ? posenc_attention_backward(p, &q, &k, &k, &q, &tdq, &tdk, &tdv)
+                            : posenc_attention_forward(p, &q, &k, &k, &o, nullptr);
+    ASSERT_TRUE(rc == POSENC_OK || rc == POSENC_ERR_NOMEM) << rc << ": " << posenc_last_error();
+    if (rc == POSENC_ERR_NOMEM) {
+      ASSERT_STREQ(posenc_last_error(), "out of memory");
+      ++nomem;
+    }
+  }
+  posenc_attention_params_free(p);
+  std::ofstream(std::getenv("POSENC_OOM_REPORT")) << nomem;  // for the parent
+}
+
+// The child above under several limits: from one that leaves almost nothing to one that leaves
+// enough. Each must end normally (no std::terminate, no abort); with no room both calls fail
+// with POSENC_ERR_NOMEM, with ample room both succeed.
+TEST(Limits, AllocationFailureIsAnErrorCode) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot apply";
+#endif
+  if (std::getenv("POSENC_OOM_CHILD") != nullptr) GTEST_SKIP();
+  const std::string report = testing::TempDir() + "posenc_oom_report";
+  for (long extra : {0L, 4096L, 12288L, 14336L, 16384L, 18432L, 20480L, 32768L, 131072L}) {
+    const std::string env = "POSENC_OOM_CHILD=" + std::to_string(extra);
+    std::string report_env = "POSENC_OOM_REPORT=" + report;
+    std::vector<std::string> args = {"/proc/self/exe", "--gtest_filter=Limits.OomChild"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    std::string own = env;
+    envp.push_back(own.data());
+    envp.push_back(report_env.data());
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "extra " << extra << " KiB: " << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                                                  : "exit " + std::to_string(WEXITSTATUS(status)));
+    int nomem = -1;
+    std::ifstream(report) >> nomem;
+    std::printf("room %ld KiB: %d of 2 calls out of memory\n", extra, nomem);
+    if (extra == 0) EXPECT_EQ(nomem, 2);
+    if (extra == 131072L) EXPECT_EQ(nomem, 0);
+    std::remove(report.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace posenc
