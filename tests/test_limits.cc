@@ -9,11 +9,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <omp.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,6 +26,26 @@
 #include "posenc/threads.h"
 
 extern char** environ;
+
+namespace posenc {
+namespace {
+
+// While set, an allocation of 1 KiB or more through operator new on an OpenMP worker thread (not a
+// team's primary thread) throws std::bad_alloc: a failure inside a parallel region, on demand.
+std::atomic<bool> g_fail_on_workers{false};
+
+}  // namespace
+}  // namespace posenc
+
+void* operator new(std::size_t n) {
+  if (posenc::g_fail_on_workers.load(std::memory_order_relaxed) && n >= 1024 && omp_in_parallel() &&
+      omp_get_thread_num() > 0)
+    throw std::bad_alloc();
+  if (void* p = std::malloc(n > 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace posenc {
 namespace {
@@ -109,6 +133,55 @@ TEST(Limits, TheCppApiRefusesTheSameSizes) {
   EXPECT_EQ(fast.code(), Code::kOutOfRange);
   EXPECT_EQ(fast.message(), "q: head dimension D = 8192 is beyond the limit 4096 (2^12)");
   EXPECT_EQ(ref.message(), fast.message());
+}
+
+// An allocation that fails on a worker thread inside a parallel region (a region's per-thread tiles
+// and buffers) is POSENC_ERR_NOMEM from the call, not std::terminate; the same call succeeds after.
+// D = 2000 is used by no other test, so that no worker thread holds tiles of that size already.
+TEST(Limits, AllocationFailingOnAWorkerThreadIsAnErrorCode) {
+  set_num_threads(2);
+  const I M = 256, N = 256, D = 2000;
+  std::vector<float> q(static_cast<std::size_t>(M * D)), out(q.size()), dq(q.size()), dk(q.size()), dv(q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 37) % 101) / 101.f - 0.5f;
+  const posenc_tensor tq = contiguous(q.data(), 1, M, 1, D), to = contiguous(out.data(), 1, M, 1, D),
+                      tdq = contiguous(dq.data(), 1, M, 1, D), tdk = contiguous(dk.data(), 1, N, 1, D),
+                      tdv = contiguous(dv.data(), 1, N, 1, D);
+  std::vector<double> table(static_cast<std::size_t>(8 * D), 0.01), u(static_cast<std::size_t>(D), 0.01),
+      rel(static_cast<std::size_t>(D * 4), 0.01);
+  auto tensor64 = [](double* data, std::initializer_list<I> shape) {
+    posenc_tensor t{};
+    t.data = data;
+    t.dtype = POSENC_F64;
+    t.ndim = static_cast<int>(shape.size());
+    I stride = 1, i = t.ndim;
+    for (auto it = shape.end(); it != shape.begin();) {
+      --it, --i;
+      t.shape[i] = *it, t.strides[i] = stride, stride *= *it;
+    }
+    return t;
+  };
+  const posenc_tensor ttable = tensor64(table.data(), {8, D}), tu = tensor64(u.data(), {1, D}),
+                      trel = tensor64(rel.data(), {1, D, 4});
+  for (const char* enc : {"rope", "alibi", "xl", "cope"}) {
+    posenc_attention_params* p = posenc_attention_params_new(enc);
+    if (std::string(enc) == "cope") ASSERT_EQ(posenc_attention_set_tensor(p, "table", &ttable), POSENC_OK);
+    if (std::string(enc) == "xl") {
+      ASSERT_EQ(posenc_attention_set_tensor(p, "u", &tu), POSENC_OK);
+      ASSERT_EQ(posenc_attention_set_tensor(p, "v_bias", &tu), POSENC_OK);
+      ASSERT_EQ(posenc_attention_set_tensor(p, "rel_proj", &trel), POSENC_OK);
+    }
+    for (bool fail : {true, false})
+      for (int backward = 0; backward < 2; ++backward) {
+        g_fail_on_workers = fail;
+        const int rc = backward ? posenc_attention_backward(p, &tq, &tq, &tq, &tq, &tdq, &tdk, &tdv)
+                                : posenc_attention_forward(p, &tq, &tq, &tq, &to, nullptr);
+        g_fail_on_workers = false;
+        EXPECT_EQ(rc, fail ? POSENC_ERR_NOMEM : POSENC_OK)
+            << enc << (backward ? " backward" : " forward") << ": " << posenc_last_error();
+      }
+    posenc_attention_params_free(p);
+  }
+  set_num_threads(0);
 }
 
 // ---- allocation failure: a child process under an address-space limit -------------------------
