@@ -67,6 +67,11 @@ posenc_tensor view_of(const std::string& arg, const at::Tensor& t) {
   const int dtype = dtype_code(arg, t);
   if (t.dim() > POSENC_MAX_DIMS)
     throw py::value_error(arg + ": expected at most 6 dimensions, got " + std::to_string(t.dim()));
+  if (t.numel() > POSENC_MAX_ELEMENTS) {  // the C ABI's limit, before any output is allocated like t
+    std::string shape;
+    for (std::int64_t s : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
+    throw py::value_error(arg + ": shape [" + shape + "] has more than 2^40 elements (POSENC_MAX_ELEMENTS)");
+  }
   posenc_tensor v{};
   // An empty tensor has no storage; the library needs a pointer and reads nothing behind it.
   static double empty_storage[1];
@@ -80,12 +85,23 @@ posenc_tensor view_of(const std::string& arg, const at::Tensor& t) {
   return v;
 }
 
+// An output buffer from torch's allocator, whose failure is MemoryError like the library's own.
+template <class F>
+at::Tensor allocated(F&& make) {
+  try {
+    return make();
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find("can't allocate memory") != std::string::npos) raise(POSENC_ERR_NOMEM, "out of memory");
+    throw;
+  }
+}
+
 at::Tensor empty_like_contiguous(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  return allocated([&] { return at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous)); });
 }
 
 at::Tensor zeros_like_contiguous(const at::Tensor& t) {
-  return at::zeros(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  return allocated([&] { return at::zeros(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous)); });
 }
 
 // A zeroed gradient buffer for the named tensor of `tensors` (which must have been given).
@@ -172,7 +188,8 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const a
   AttentionPtr p = attention_params(encoding, params, tensors);
   if (q.dim() != 4) throw py::value_error("q: expected 4 dimensions [B, M, Hq, D], got " + std::to_string(q.dim()));
   at::Tensor out = empty_like_contiguous(q), lse;  // lse stays undefined (None) unless asked for
-  if (need_lse) lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kDouble));
+  if (need_lse)
+    lse = allocated([&] { return at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kDouble)); });
   const posenc_tensor vo = view_of("out", out), vl = need_lse ? view_of("lse", lse) : posenc_tensor{};
   int rc;
   {
@@ -280,7 +297,7 @@ at::Tensor bias(const std::string& encoding, std::int64_t heads, std::int64_t q_
   const posenc_py::BiasCall c = bias_call(encoding, heads, q_len, k_len, q_offset, k_offset, params, tensors);
   int dtype = POSENC_F64;
   check(posenc_py::bias_dtype(c, &dtype));
-  at::Tensor out = at::empty({heads, q_len, k_len}, at::TensorOptions().dtype(scalar_type(dtype)));
+  at::Tensor out = allocated([&] { return at::empty({heads, q_len, k_len}, at::TensorOptions().dtype(scalar_type(dtype))); });
   const posenc_tensor vo = view_of("out", out);
   posenc_py::Result r;
   {
