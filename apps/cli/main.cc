@@ -6,6 +6,7 @@
 // be written to stdout); no output file is written then.
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -148,7 +149,11 @@ int main(int argc, char** argv) {
     } catch (const Failure& f) {
       return print_error(f.status.message(), f.status.code() == posenc::Code::kInternal ? 1 : 2);
     } catch (const std::bad_alloc&) {
-      return print_error("out of memory", 1);
+      // Ends at once after the line: at exit OpenBLAS joins its worker threads, which retry a
+      // failed buffer allocation forever (a process short of memory would never end).
+      print_error("out of memory", 1);
+      std::fflush(stderr);
+      std::_Exit(1);
     } catch (const std::exception& e) {
       return print_error(std::string("internal error: ") + e.what(), 1);
     }
