@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what posenc needs from Debian 12's packages. Idempotent: installs only what is missing.
 #   scripts/deps.sh            build + run dependencies
-#   scripts/deps.sh --tests    plus what the tests use (GoogleTest; numpy and torch as test oracles)
-#                              and the PyTorch package's build (libtorch-dev, pybind11-dev, python3-dev)
+#   scripts/deps.sh --tests    plus what the tests use (GoogleTest; numpy and torch as test oracles),
+#                              the PyTorch package's build (libtorch-dev, pybind11-dev, python3-dev)
+#                              and the sanitizer suite's (clang, libclang-rt-14-dev, libomp-14-dev)
 set -euo pipefail
 
 # bible-kjv: the study's built-in corpus; gnuplot-nox: its plots and `posenc plot`.
@@ -10,6 +11,8 @@ pkgs=(g++ cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libhwy-de
       bible-kjv gnuplot-nox)
 if [[ "${1:-}" == "--tests" ]]; then
   pkgs+=(libgtest-dev python3 python3-numpy python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest)
+  # the sanitizer suite and the fuzz targets (scripts/sanitize.sh): clang, libFuzzer, ASan, UBSan, libomp
+  pkgs+=(clang libclang-rt-14-dev libomp-14-dev)
 fi
 
 missing=()

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The test command: install what the tests need, build, install the PyTorch package posenc into
 # /usr/bin/python3's site-packages, run every test (unit, CLI end-to-end, the articles' own code as an
-# oracle, the Python package's).
+# oracle, the Python package's); then the sanitizer suite: the same tests built with clang under
+# ASan + UBSan, and 30 seconds of every fuzz target (scripts/sanitize.sh, docs/reliability.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --tests
 scripts/build.sh -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_PYTHON=ON
 scripts/python.sh
 ctest --test-dir build --output-on-failure -j2
+scripts/sanitize.sh

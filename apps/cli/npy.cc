@@ -280,7 +280,11 @@ Expected<Tensor> read_npy(const std::string& path, const std::string& flag) {
   in.seekg(0, std::ios::end);
   const std::int64_t file_size = static_cast<std::int64_t>(in.tellg());
   in.seekg(0, std::ios::beg);
+  return read_npy_stream(in, file_size, path, flag);
+}
 
+Expected<Tensor> read_npy_stream(std::istream& in, std::int64_t file_size, const std::string& path,
+                                 const std::string& flag) {
   const std::string not_npy = "not a .npy file: " + q(path);
   char pre[kMagicLen + 2] = {};
   if (file_size < static_cast<std::int64_t>(sizeof pre) || !in.read(pre, sizeof pre) ||

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ const char* npy_descr(DType t);
 
 // Reads `path`; `flag` names the command-line flag in every error.
 Expected<Tensor> read_npy(const std::string& path, const std::string& flag);
+// Reads .npy content of `size` bytes from `in` (positioned at its start); `name` stands for the
+// source in messages (read_npy passes the path). Refuses every malformed, truncated or oversized
+// input with a Status and allocates no more than the data present.
+Expected<Tensor> read_npy_stream(std::istream& in, std::int64_t size, const std::string& name,
+                                 const std::string& flag);
 
 // Serialises a tensor to .npy bytes (header + data).
 std::string npy_bytes(const Tensor& t);

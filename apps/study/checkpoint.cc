@@ -135,13 +135,19 @@ Status save_checkpoint(const std::string& path, const ModelConfig& c, const std:
 Expected<Checkpoint> load_checkpoint(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::Io("checkpoint", "cannot read " + path);
-  unsigned char len[8];
-  if (!f.read(reinterpret_cast<char*>(len), 8)) return Status::Invalid("checkpoint", path + " is not safetensors");
+  const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  if (f.bad()) return Status::Io("checkpoint", "cannot read " + path);
+  return checkpoint_from_bytes(bytes, path);
+}
+
+Expected<Checkpoint> checkpoint_from_bytes(const std::string& bytes, const std::string& path) {
+  if (bytes.size() < 8) return Status::Invalid("checkpoint", path + " is not safetensors");
   std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= std::uint64_t(len[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(static_cast<unsigned char>(bytes[i])) << (8 * i);
   if (n > (std::uint64_t{1} << 26)) return Status::Invalid("checkpoint", path + ": header length " + std::to_string(n));
-  std::string header(n, '\0');
-  if (!f.read(header.data(), std::streamsize(n))) return Status::Invalid("checkpoint", path + ": truncated header");
+  if (n > bytes.size() - 8) return Status::Invalid("checkpoint", path + ": truncated header");
+  const std::string header = bytes.substr(8, n);
+  const std::string data = bytes.substr(8 + n);
   nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
   if (h.is_discarded() || !h.is_object()) return Status::Invalid("checkpoint", path + ": header is not JSON");
   if (!h.contains("__metadata__") || !h["__metadata__"].contains("posenc.config"))
@@ -156,7 +162,6 @@ Expected<Checkpoint> load_checkpoint(const std::string& path) {
   std::size_t total = 0;
   for (const ParamInfo& p : layout) total = std::max(total, p.offset + p.size);
   ck.params.assign(total, 0.f);
-  std::string data((std::istreambuf_iterator<char>(f)), {});
   for (const ParamInfo& p : layout) {
     if (!h.contains(p.name)) return Status::Invalid("checkpoint", path + ": missing tensor " + p.name);
     const nlohmann::json& t = h[p.name];

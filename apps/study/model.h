@@ -179,6 +179,9 @@ struct Checkpoint {
 Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<float>& params);
 Status save_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& params);
 Expected<Checkpoint> load_checkpoint(const std::string& path);
+// Parses a checkpoint's content (what load_checkpoint reads from its file); `name` stands for the
+// source in messages. Every malformed input is a Status.
+Expected<Checkpoint> checkpoint_from_bytes(const std::string& bytes, const std::string& name);
 
 // AdamW (Loshchilov & Hutter 2019) with linear warm-up, cosine decay to min_lr_ratio·lr, and global
 // gradient-norm clipping. The update runs on the calling thread through a Highway kernel
