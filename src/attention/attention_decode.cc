@@ -1,0 +1,682 @@
+// The decode kernel (attention_decode.h): M ≤ 16 queries against N cached keys.
+//
+// Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads, G = Hq/Hkv, D head dim,
+// R = G·M the query rows of one kv head (row r = g·M + i: query i of head kh·G + g).
+//
+// Per task (b, kv head kh, key part [j0, j1)): the R query rows, scaled and rotated (rotary
+// encodings: q only, the keys carry their rotation: keys_rotated) in double and rounded once to
+// float, Q [R, D]. Then per block of kBlock keys:
+//   K rows converted once to float (F16C / AVX-512 conversions on float16, a shift on bfloat16; a
+//   float32 cache is read in place), S [R, block] = Q·Kᵀ on each row's visible keys;
+//   + the bias of the row's head at kp − qp (ALiBi, T5, KERPLE, Sandwich, FIRE), computed here per
+//     key: −m·|Δ|; T5's weights tabulated over Δ ∈ [−(max_distance + 1), max_distance + 1] (the
+//     bucket is constant beyond); KERPLE by a vector log / exp; Sandwich from a per-distance table
+//     kept across calls (sandwich_table below); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp));
+//   online softmax per row (running max m, sum l, o rescaled), V rows converted once, o += P·V.
+// Every K and V row is read and converted once per task, whatever G and M.
+//
+// Threads (flash-decoding): U = B·Hkv units; with U ≥ T threads each unit is one task; else each
+// unit's keys are cut into P = ⌈T/U⌉ parts (at least kMinPart keys each), whose (m, l, o) are merged
+// exactly: m = max m_p, l = Σ l_p·e^{m_p − m}, o = Σ o_p·e^{m_p − m}, in part order (the result
+// depends on T, not on which thread ran what). out = o/l, lse = m + log l (−inf, out 0: no key).
+//
+// Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
+// output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
+// steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
+// Memory: per thread O(R·kBlock + kBlock·D); the part buffers O(B·Hkv·P·R·D) when P > 1 (U < T).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#ifndef POSENC_ATTENTION_DECODE_TYPES
+#define POSENC_ATTENTION_DECODE_TYPES
+#include "posenc/view.h"
+namespace posenc::decode_impl {
+using I = std::int64_t;
+constexpr I kBlock = 128;  // keys per block
+
+enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
+
+// A call's bias, as the per-target code reads it (filled in prepare_bias below).
+struct Bias {
+  BiasKind kind = BiasKind::kNone;
+  const double* slopes = nullptr;  // alibi [Hq]
+  const double* sig = nullptr;     // learned alibi σ(w) [2, Hq]
+  I Hq = 0;
+  const float* t5 = nullptr;       // [Hq, 2·t5_half + 1]: head h's weight at Δ = −t5_half + e
+  I t5_half = 0;
+  const float* r1 = nullptr;       // kerple [Hq]
+  const float* r2 = nullptr;
+  const float* sw = nullptr;       // sandwich: the head-independent part at |Δ| = 0, 1, …
+  const float* hs = nullptr;       // sandwich: head scale [Hq]
+  const float* w1 = nullptr;       // fire [W], b1 [W], w2 [Hq, W], b2 [Hq]
+  const float* b1 = nullptr;
+  const float* w2 = nullptr;
+  const float* b2 = nullptr;
+  I W = 0;
+  float c = 0;
+  const float* inv = nullptr;      // fire: 1/ψ(max(L, qp)) per query i [M]
+};
+
+// One task's inputs.
+struct Task {
+  I D, G, M, Hq, kh;
+  DType dt;
+  const float* q;      // [R, D]
+  const void* k;       // key row j of this (b, kh) at k + j·kld elements
+  const void* v;
+  I kld, vld;
+  I j0, j1;            // the task's keys
+  const I* lo;         // [R]: row r sees keys [lo[r], hi[r])
+  const I* hi;
+  I q_off, k_off;
+  const Bias* bias;
+};
+}  // namespace posenc::decode_impl
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/attention_decode.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include "core/simd-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace posenc {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using decode_impl::BiasKind;
+using decode_impl::I;
+using decode_impl::kBlock;
+
+// n rows of D values of T (row stride ld) into dst [n, D] as float.
+template <class T>
+HWY_INLINE void ConvertRows(const T* HWY_RESTRICT src, I ld, I n, I D, float* HWY_RESTRICT dst) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  for (I r = 0; r < n; ++r) {
+    const T* s = src + r * ld;
+    float* y = dst + r * D;
+    I e = 0;
+    for (; e + L <= D; e += L) hn::StoreU(LoadF(d, s + e), d, y + e);
+    for (; e < D; ++e) y[e] = ToF(s[e]);
+  }
+}
+
+HWY_INLINE float DotRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, I D) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d);
+  I e = 0;
+  for (; e + 2 * L <= D; e += 2 * L) {
+    s0 = hn::MulAdd(hn::LoadU(d, a + e), hn::LoadU(d, b + e), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a + e + L), hn::LoadU(d, b + e + L), s1);
+  }
+  for (; e + L <= D; e += L) s0 = hn::MulAdd(hn::LoadU(d, a + e), hn::LoadU(d, b + e), s0);
+  float r = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
+  for (; e < D; ++e) r += a[e] * b[e];
+  return r;
+}
+
+// S[0, n) += the bias of head h, query i (position qp) at keys kp0, kp0 + 1, …
+void AddBias(const decode_impl::Bias& bs, I h, I i, I qp, I kp0, float* HWY_RESTRICT S, I n) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const float base = static_cast<float>(kp0 - qp);  // Δ of key 0; |Δ| < 2^24 (covers())
+  const auto iota = hn::Iota(d, 0.f);
+  auto delta = [&](I j) { return hn::Add(hn::Set(d, base + static_cast<float>(j)), iota); };
+  I j = 0;
+  switch (bs.kind) {
+    case BiasKind::kSlopes: {
+      const auto m = hn::Set(d, static_cast<float>(-bs.slopes[h]));
+      for (; j + L <= n; j += L) hn::StoreU(hn::MulAdd(m, hn::Abs(delta(j)), hn::LoadU(d, S + j)), d, S + j);
+      for (; j < n; ++j) S[j] += static_cast<float>(-bs.slopes[h]) * std::fabs(base + static_cast<float>(j));
+      break;
+    }
+    case BiasKind::kLearned: {
+      const float past = static_cast<float>(bs.sig[h]), fut = static_cast<float>(-bs.sig[bs.Hq + h]);
+      const auto vp = hn::Set(d, past), vf = hn::Set(d, fut);
+      for (; j + L <= n; j += L) {
+        const auto dl = delta(j);
+        const auto f = hn::IfThenElse(hn::Lt(dl, hn::Zero(d)), vp, vf);
+        hn::StoreU(hn::MulAdd(f, dl, hn::LoadU(d, S + j)), d, S + j);
+      }
+      for (; j < n; ++j) {
+        const float dl = base + static_cast<float>(j);
+        S[j] += (dl < 0 ? past : fut) * dl;
+      }
+      break;
+    }
+    case BiasKind::kT5: {
+      const I w = 2 * bs.t5_half + 1;
+      const float* tab = bs.t5 + h * w;
+      for (; j < n; ++j) {
+        const I rel = std::clamp<I>(kp0 - qp + j, -bs.t5_half, bs.t5_half);
+        S[j] += tab[rel + bs.t5_half];
+      }
+      break;
+    }
+    case BiasKind::kKerpleLog:
+    case BiasKind::kKerplePower: {
+      const bool power = bs.kind == BiasKind::kKerplePower;
+      const auto r1 = hn::Set(d, -bs.r1[h]), r2 = hn::Set(d, bs.r2[h]);
+      HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+      for (; j < n; j += L) {
+        const auto dist = hn::Abs(delta(j));
+        hn::Vec<decltype(d)> t;
+        if (power) {
+          const auto p = hn::Exp(d, hn::Mul(r2, hn::Log(d, hn::Max(dist, hn::Set(d, 1.f)))));
+          t = hn::IfThenZeroElse(hn::Eq(dist, hn::Zero(d)), p);  // 0^r2 = 0 (r2 > 0)
+        } else {
+          t = hn::Log1p(d, hn::Mul(r2, dist));
+        }
+        t = hn::Mul(r1, t);
+        if (j + L <= n) {
+          hn::StoreU(hn::Add(hn::LoadU(d, S + j), t), d, S + j);
+        } else {
+          hn::Store(t, d, buf);
+          for (I e = 0; j + e < n; ++e) S[j + e] += buf[e];
+        }
+      }
+      break;
+    }
+    case BiasKind::kSandwich: {
+      const float hs = bs.hs[h];
+      for (; j < n; ++j) {
+        const I rel = kp0 - qp + j;
+        S[j] += bs.sw[rel < 0 ? -rel : rel] * hs;
+      }
+      break;
+    }
+    case BiasKind::kFire: {
+      const auto c = hn::Set(d, bs.c), inv = hn::Set(d, bs.inv[i]), b2 = hn::Set(d, bs.b2[h]);
+      const float* w2 = bs.w2 + h * bs.W;
+      HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+      for (; j < n; j += L) {
+        const auto x = hn::Mul(hn::Log1p(d, hn::Mul(c, hn::Abs(delta(j)))), inv);
+        auto f = b2;
+        for (I u = 0; u < bs.W; ++u) {
+          const auto a = hn::MulAdd(hn::Set(d, bs.w1[u]), x, hn::Set(d, bs.b1[u]));
+          f = hn::MulAdd(hn::Set(d, w2[u]), hn::Max(a, hn::Zero(d)), f);
+        }
+        if (j + L <= n) {
+          hn::StoreU(hn::Add(hn::LoadU(d, S + j), f), d, S + j);
+        } else {
+          hn::Store(f, d, buf);
+          for (I e = 0; j + e < n; ++e) S[j + e] += buf[e];
+        }
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+// Whether every x[0, n) is < +inf (no NaN, no +inf); and its max.
+HWY_INLINE bool RowMaxBelowInf(const float* HWY_RESTRICT x, I n, float* mx) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const auto inf = hn::Set(d, HUGE_VALF);
+  auto m = hn::Set(d, -HUGE_VALF);
+  auto ok = hn::Lt(m, inf);
+  I j = 0;
+  for (; j + L <= n; j += L) {
+    const auto v = hn::LoadU(d, x + j);
+    ok = hn::And(ok, hn::Lt(v, inf));
+    m = hn::Max(m, v);
+  }
+  float r = hn::GetLane(hn::MaxOfLanes(d, m));
+  bool good = hn::AllTrue(d, ok);
+  for (; j < n; ++j) {
+    good = good && x[j] < HUGE_VALF;
+    r = x[j] > r ? x[j] : r;
+  }
+  *mx = r;
+  return good;
+}
+
+// x = e^(x − mx) over [0, n); returns Σ.
+HWY_INLINE float ExpSubSum(float* HWY_RESTRICT x, I n, float mx) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const auto vm = hn::Set(d, mx);
+  auto s = hn::Zero(d);
+  I j = 0;
+  for (; j + L <= n; j += L) {
+    const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + j), vm));
+    hn::StoreU(e, d, x + j);
+    s = hn::Add(s, e);
+  }
+  float r = hn::GetLane(hn::SumOfLanes(d, s));
+  for (; j < n; ++j) {
+    const float e = x[j] == -HUGE_VALF ? 0.f : std::exp(x[j] - mx);
+    x[j] = e;
+    r += e;
+  }
+  return r;
+}
+
+// o [D] += Σ_j p[j]·V[j] over n rows of V (row stride ld).
+HWY_INLINE void AddPV(const float* HWY_RESTRICT p, const float* HWY_RESTRICT V, I ld, I n, I D,
+                      float* HWY_RESTRICT o) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  I e = 0;
+  for (; e + 2 * L <= D; e += 2 * L) {
+    auto a0 = hn::LoadU(d, o + e), a1 = hn::LoadU(d, o + e + L);
+    for (I j = 0; j < n; ++j) {
+      const auto pj = hn::Set(d, p[j]);
+      a0 = hn::MulAdd(pj, hn::LoadU(d, V + j * ld + e), a0);
+      a1 = hn::MulAdd(pj, hn::LoadU(d, V + j * ld + e + L), a1);
+    }
+    hn::StoreU(a0, d, o + e);
+    hn::StoreU(a1, d, o + e + L);
+  }
+  for (; e + L <= D; e += L) {
+    auto a0 = hn::LoadU(d, o + e);
+    for (I j = 0; j < n; ++j) a0 = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, V + j * ld + e), a0);
+    hn::StoreU(a0, d, o + e);
+  }
+  for (; e < D; ++e) {
+    float a = o[e];
+    for (I j = 0; j < n; ++j) a += p[j] * V[j * ld + e];
+    o[e] = a;
+  }
+}
+
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  I j = 0;
+  for (; j + L <= n; j += L) hn::StoreU(hn::Mul(hn::LoadU(d, x + j), hn::Set(d, c)), d, x + j);
+  for (; j < n; ++j) x[j] *= c;
+}
+
+// One task (decode_impl::Task) with K/V storage T: m, l [R] and o [R, D] (unnormalised). scratch:
+// kBlock·(R + 2·D) floats. Returns false at a NaN or +inf logit.
+template <class T>
+bool RunTask(const decode_impl::Task& t, float* scratch, float* m, float* l, float* o) {
+  const I D = t.D, R = t.G * t.M;
+  float* S = scratch;               // [R, kBlock]
+  float* Kf = S + R * kBlock;       // [kBlock, D]
+  float* Vf = Kf + kBlock * D;      // [kBlock, D]
+  const T* K = static_cast<const T*>(t.k);
+  const T* V = static_cast<const T*>(t.v);
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  std::fill(m, m + R, -HUGE_VALF);
+  std::fill(l, l + R, 0.f);
+  std::fill(o, o + R * D, 0.f);
+  for (I c0 = t.j0; c0 < t.j1; c0 += kBlock) {
+    const I c1 = std::min(t.j1, c0 + kBlock);
+    I a = c1, e = c0;  // the keys some row sees
+    for (I r = 0; r < R; ++r)
+      if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r]) a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
+    if (a >= e) continue;
+    const float* Kb;
+    I kld;
+    if constexpr (kF32) {
+      Kb = K + a * t.kld;
+      kld = t.kld;
+    } else {
+      ConvertRows(K + a * t.kld, t.kld, e - a, D, Kf);
+      Kb = Kf;
+      kld = D;
+    }
+    for (I j = a; j < e; ++j) {
+      const float* kr = Kb + (j - a) * kld;
+      for (I r = 0; r < R; ++r)
+        if (j >= t.lo[r] && j < t.hi[r]) S[r * kBlock + (j - a)] = DotRow(t.q + r * D, kr, D);
+    }
+    const float* Vb;
+    if constexpr (kF32) {
+      Vb = nullptr;
+    } else {
+      ConvertRows(V + a * t.vld, t.vld, e - a, D, Vf);
+      Vb = Vf;
+    }
+    for (I r = 0; r < R; ++r) {
+      const I ra = std::max(a, t.lo[r]), re = std::min(e, t.hi[r]);
+      if (ra >= re) continue;
+      const I g = r / t.M, i = r % t.M, h = t.kh * t.G + g, qp = t.q_off + i;
+      float* Sr = S + r * kBlock + (ra - a);
+      const I n = re - ra;
+      if (t.bias->kind != BiasKind::kNone) AddBias(*t.bias, h, i, qp, t.k_off + ra, Sr, n);
+      float rm;
+      if (!RowMaxBelowInf(Sr, n, &rm)) return false;
+      const float mn = std::max(m[r], rm);
+      if (mn == -HUGE_VALF) continue;  // every logit −inf: no weight yet
+      const float sum = ExpSubSum(Sr, n, mn);
+      if (m[r] == -HUGE_VALF) {
+        l[r] = sum;
+      } else {
+        const float corr = std::exp(m[r] - mn);
+        if (corr != 1.f) ScaleRow(o + r * D, D, corr);
+        l[r] = l[r] * corr + sum;
+      }
+      m[r] = mn;
+      if constexpr (kF32) AddPV(Sr, V + ra * t.vld, t.vld, n, D, o + r * D);  // in place
+      else AddPV(Sr, Vb + (ra - a) * D, D, n, D, o + r * D);
+    }
+  }
+  return true;
+}
+
+bool DecodeTask(const decode_impl::Task& t, float* scratch, float* m, float* l, float* o) {
+  switch (t.dt) {
+    case DType::kF32: return RunTask<float>(t, scratch, m, l, o);
+    case DType::kBF16: return RunTask<hwy::bfloat16_t>(t, scratch, m, l, o);
+    default: return RunTask<hwy::float16_t>(t, scratch, m, l, o);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace posenc
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <omp.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "attention/attention_decode.h"
+#include "attention/attention_tiles.h"
+#include "core/fast_common.h"
+#include "enc/bias/alibi/alibi_math.h"
+#include "enc/bias/fire/fire_check.h"
+#include "enc/bias/fire/fire_math.h"
+#include "enc/bias/sandwich/sandwich_math.h"
+#include "enc/bias/t5/t5_math.h"
+#include "enc/rotary/rotary_plan.h"
+#include "posenc/threads.h"
+
+namespace posenc {
+HWY_EXPORT(DecodeTask);
+
+namespace decode {
+namespace {
+
+using decode_impl::Bias;
+using decode_impl::BiasKind;
+using decode_impl::I;
+using decode_impl::kBlock;
+inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
+constexpr I kMaxDistance = I{1} << 24;  // |kp − qp| below this: exact in float
+constexpr I kMinPart = 256;             // keys per part at least, when a unit is split
+
+// Sandwich's head-independent part Σ_k cos(Δ·ω_k) − d̄/2 at |Δ| = 0 … n − 1 (sandwich_math.h, in
+// double, rounded once), kept for the process's last (d̄, base) and grown on demand: a decode step
+// meets the previous step's distances and one more, so the table costs O(d̄) a step.
+std::shared_ptr<const std::vector<float>> sandwich_table(const SandwichParams& sp, I n, int threads) {
+  static std::mutex mu;
+  static std::shared_ptr<const std::vector<float>> table;
+  static I dim = -1;
+  static double base = 0;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (dim != sp.sinusoid_dim || base != sp.base) table.reset();
+  if (table && static_cast<I>(table->size()) >= n) return table;
+  const I have = table ? static_cast<I>(table->size()) : 0;
+  const I want = std::max(n, 2 * have);
+  auto next = std::make_shared<std::vector<float>>(ix(want));
+  if (have) std::copy(table->begin(), table->end(), next->begin());
+  const std::vector<double> w = sandwich::freqs(sp.sinusoid_dim, sp.base);
+  const int th = want - have > 4096 ? threads : 1;
+#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
+  for (I e = have; e < want; ++e) (*next)[ix(e)] = static_cast<float>(sandwich::shifted_inner_product(static_cast<double>(e), w));
+  table = next;
+  dim = sp.sinusoid_dim;
+  base = sp.base;
+  return table;
+}
+
+// What a call's bias reads, owned (Bias points into it).
+struct BiasData {
+  Bias b;
+  std::vector<double> slopes, sig;
+  std::vector<float> t5, r1, r2, hs, w1, b1, w2, b2, inv;
+  std::shared_ptr<const std::vector<float>> sw;
+};
+
+void prepare_bias(const AttentionParams& p, const attn::Dims& d, const EncodingTensors& t, int threads,
+                  BiasData* bd) {
+  Bias& b = bd->b;
+  const I Hq = d.Hq;
+  auto floats = [](const View& x) {
+    const std::vector<double> v = to_doubles(x);
+    return std::vector<float>(v.begin(), v.end());
+  };
+  switch (p.encoding) {
+    case Encoding::kAlibi:
+      if (p.alibi.variant == AlibiVariant::kLearned) {
+        const std::vector<double> w = to_doubles(t.weights);  // [2, Hq]
+        bd->sig.resize(w.size());
+        for (std::size_t e = 0; e < w.size(); ++e) bd->sig[e] = alibi::sigmoid(w[e]);
+        b.kind = BiasKind::kLearned;
+        b.sig = bd->sig.data();
+        b.Hq = Hq;
+      } else {
+        bd->slopes = t.slopes.present() ? to_doubles(t.slopes)
+                                        : alibi::rule_slopes(Hq, p.alibi.variant == AlibiVariant::kNonsymmetric);
+        b.kind = BiasKind::kSlopes;
+        b.slopes = bd->slopes.data();
+      }
+      break;
+    case Encoding::kT5: {
+      const I nb = p.t5.num_buckets, half = p.t5.max_distance + 1, w = 2 * half + 1;
+      const std::vector<double> wt = to_doubles(t.weights);  // [nb, Hq]
+      bd->t5.resize(ix(Hq * w));
+      for (I e = 0; e < w; ++e) {
+        const I bk = t5::bucket(e - half, p.t5.bidirectional, nb, p.t5.max_distance);
+        for (I h = 0; h < Hq; ++h) bd->t5[ix(h * w + e)] = static_cast<float>(wt[ix(bk * Hq + h)]);
+      }
+      b.kind = BiasKind::kT5;
+      b.t5 = bd->t5.data();
+      b.t5_half = half;
+      break;
+    }
+    case Encoding::kKerple:
+      bd->r1 = floats(t.r1);
+      bd->r2 = floats(t.r2);
+      b.kind = p.kerple.kernel == KerpleKernel::kPower ? BiasKind::kKerplePower : BiasKind::kKerpleLog;
+      b.r1 = bd->r1.data();
+      b.r2 = bd->r2.data();
+      break;
+    case Encoding::kSandwich: {
+      const I a = std::abs(d.k_off - d.q_off - (d.M - 1)), z = std::abs(d.k_off + d.N - 1 - d.q_off);
+      bd->sw = sandwich_table(p.sandwich, std::max(a, z) + 1, threads);
+      bd->hs.resize(ix(Hq));
+      for (I h = 0; h < Hq; ++h) bd->hs[ix(h)] = static_cast<float>(sandwich::head_scale(h, Hq));
+      b.kind = BiasKind::kSandwich;
+      b.sw = bd->sw->data();
+      b.hs = bd->hs.data();
+      break;
+    }
+    case Encoding::kFire: {
+      const fire::Values v = fire::values(t.fire);
+      bd->w1.assign(v.w1.begin(), v.w1.end());
+      bd->b1.assign(v.b1.begin(), v.b1.end());
+      bd->w2.assign(v.w2.begin(), v.w2.end());
+      bd->b2.assign(v.b2.begin(), v.b2.end());
+      bd->inv.resize(ix(d.M));
+      for (I i = 0; i < d.M; ++i)
+        bd->inv[ix(i)] = static_cast<float>(1.0 / fire::psi(v.c, fire::norm_arg(v.L, d.q_off + i)));
+      b.kind = BiasKind::kFire;
+      b.w1 = bd->w1.data();
+      b.b1 = bd->b1.data();
+      b.w2 = bd->w2.data();
+      b.b2 = bd->b2.data();
+      b.W = static_cast<I>(v.w1.size());
+      b.c = static_cast<float>(v.c);
+      b.inv = bd->inv.data();
+      break;
+    }
+    default: break;
+  }
+}
+
+// Q [R, D] of (b, kh): q_i of head kh·G + g, rotated (rotary encodings; in double, as the reference)
+// and scaled, at row g·M + i.
+void prepare_q(const attn::Dims& d, const View& q, I b, I kh, float* Q) {
+  const I M = d.M, G = d.G, D = d.D;
+  std::vector<double> x(ix(M * G * D));  // [1, M, G, D]
+  for (I i = 0; i < M; ++i)
+    for (I g = 0; g < G; ++g)
+      for (I e = 0; e < D; ++e)
+        x[ix((i * G + g) * D + e)] = q.get(((b * M + i) * d.Hq + kh * G + g) * D + e);
+  if (d.rotary) {
+    const I A = static_cast<I>(d.q_ids.size()) / (d.B * M);
+    const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
+    rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1);
+  }
+  for (I i = 0; i < M; ++i)
+    for (I g = 0; g < G; ++g)
+      for (I e = 0; e < D; ++e) Q[(g * M + i) * D + e] = static_cast<float>(d.scale * x[ix((i * G + g) * D + e)]);
+}
+
+}  // namespace
+
+bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v) {
+  if (d.M < 1 || d.M > kMaxQueries || d.N < 1) return false;
+  switch (p.encoding) {
+    case Encoding::kNope: case Encoding::kAlibi: case Encoding::kT5: case Encoding::kKerple:
+    case Encoding::kSandwich: case Encoding::kFire:
+      break;
+    case Encoding::kRope: case Encoding::kXpos: case Encoding::kMrope: case Encoding::kRope2d:
+      if (!p.keys_rotated) return false;  // (rope2d mixed with keys_rotated is refused in validation)
+      break;
+    default: return false;
+  }
+  if (!fast::fast_dtype(q.dtype)) return false;
+  if ((k.strides[3] != 1 || v.strides[3] != 1) && d.D > 1) return false;
+  const I lo = d.k_off - d.q_off - (d.M - 1), hi = d.k_off + d.N - 1 - d.q_off;
+  return std::abs(lo) < kMaxDistance && std::abs(hi) < kMaxDistance;
+}
+
+int threads_for(const attn::Dims& d) {
+  return d.B * d.Hkv * d.N * d.D < fast::kParallelMin ? 1 : std::max(1, num_threads());
+}
+
+bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v,
+             const EncodingTensors& t, const View& out, const View& lse, int threads) {
+  const I B = d.B, M = d.M, N = d.N, G = d.G, D = d.D, Hkv = d.Hkv, R = G * M;
+  BiasData bd;
+  prepare_bias(p, d, t, threads, &bd);
+  // visible keys per row r = g·M + i (and head): causal / nonsymmetric ALiBi's halves
+  std::vector<I> lo(ix(Hkv * R)), hi(ix(Hkv * R));
+  const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;
+  for (I kh = 0; kh < Hkv; ++kh)
+    for (I r = 0; r < R; ++r) {
+      const I h = kh * G + r / M, qp = d.q_off + r % M;
+      const bool past = p.causal || (nonsym && h < d.Hq / 2), fut = nonsym && h >= d.Hq / 2;
+      lo[ix(kh * R + r)] = fut ? std::clamp<I>(qp - d.k_off, 0, N) : 0;
+      hi[ix(kh * R + r)] = past ? std::clamp<I>(qp - d.k_off + 1, 0, N) : N;
+    }
+  const I U = B * Hkv;
+  I P = 1;
+  if (U < threads) P = std::max<I>(1, std::min<I>((threads + U - 1) / U, N / kMinPart));
+  const I tasks = U * P;
+  // parts' results when split: [tasks, R·(D + 2)] (m, l, o)
+  std::vector<float> parts(P > 1 ? ix(tasks * R * (D + 2)) : 0);
+  std::atomic<bool> bad{false};
+  const auto task_fn = HWY_DYNAMIC_DISPATCH(DecodeTask);
+  const std::size_t esz = dtype_size(q.dtype);
+  const int th = static_cast<int>(std::min<I>(threads, tasks));
+#pragma omp parallel num_threads(th) if (th > 1)
+  {
+    std::vector<float> scratch(ix(kBlock * (R + 2 * D))), Q(ix(R * D)), mine(P > 1 ? 0 : ix(R * (D + 2)));
+#pragma omp for schedule(static)
+    for (I task = 0; task < tasks; ++task) {
+      if (bad.load(std::memory_order_relaxed)) continue;
+      const I u = task / P, part = task % P, b = u / Hkv, kh = u % Hkv;
+      prepare_q(d, q, b, kh, Q.data());
+      decode_impl::Task tk{D, G, M, d.Hq, kh, q.dtype, Q.data(),
+                           static_cast<const char*>(k.data) + ix(b * k.strides[0] + kh * k.strides[2]) * esz,
+                           static_cast<const char*>(v.data) + ix(b * v.strides[0] + kh * v.strides[2]) * esz,
+                           k.strides[1], v.strides[1], N * part / P, N * (part + 1) / P,
+                           &lo[ix(kh * R)], &hi[ix(kh * R)], d.q_off, d.k_off, &bd.b};
+      float* res = P > 1 ? &parts[ix(task * R * (D + 2))] : mine.data();
+      if (!task_fn(tk, scratch.data(), res, res + R, res + 2 * R)) {
+        bad = true;
+        continue;
+      }
+      if (P > 1) continue;
+      // one part: finish and store now
+      for (I r = 0; r < R; ++r) {
+        const I g = r / M, i = r % M, h = kh * G + g;
+        float* o = res + 2 * R + r * D;
+        const float mr = res[r], lr = res[R + r];
+        double ls = -HUGE_VAL;
+        if (lr > 0) {
+          const float inv = 1.f / lr;
+          for (I e = 0; e < D; ++e) o[e] *= inv;
+          ls = static_cast<double>(mr) + std::log(static_cast<double>(lr));
+          for (I e = 0; e < D; ++e)
+            if (!std::isfinite(o[e])) bad = true;
+        } else {
+          std::fill(o, o + D, 0.f);
+        }
+        attn_fast::store_row(out, D, b, i, h, o);
+        if (lse.present())
+          static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
+      }
+    }
+  }
+  if (bad) return false;
+  if (P > 1) {  // merge the parts of each unit, in part order
+    std::vector<float> o(ix(D));
+    for (I u = 0; u < U; ++u)
+      for (I r = 0; r < R; ++r) {
+        const I b = u / Hkv, kh = u % Hkv, g = r / M, i = r % M, h = kh * G + g;
+        float mx = -HUGE_VALF;
+        for (I pt = 0; pt < P; ++pt) mx = std::max(mx, parts[ix((u * P + pt) * R * (D + 2) + r)]);
+        std::fill(o.begin(), o.end(), 0.f);
+        double ls = -HUGE_VAL;
+        if (mx > -HUGE_VALF) {
+          float l = 0;
+          for (I pt = 0; pt < P; ++pt) {
+            const float* res = &parts[ix((u * P + pt) * R * (D + 2))];
+            if (res[r] == -HUGE_VALF) continue;
+            const float c = std::exp(res[r] - mx);
+            l += res[R + r] * c;
+            const float* op = res + 2 * R + r * D;
+            for (I e = 0; e < D; ++e) o[ix(e)] += op[e] * c;
+          }
+          const float inv = 1.f / l;
+          for (I e = 0; e < D; ++e) {
+            o[ix(e)] *= inv;
+            if (!std::isfinite(o[ix(e)])) return false;
+          }
+          ls = static_cast<double>(mx) + std::log(static_cast<double>(l));
+        }
+        attn_fast::store_row(out, D, b, i, h, o.data());
+        if (lse.present())
+          static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
+      }
+  }
+  return true;
+}
+
+Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
+                         const EncodingTensors& t, const View& out, const View& lse) {
+  attn::Dims d;
+  POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
+  if (!covers(p, d, q, k, v))
+    return Status::Invalid("encoding", "the decode kernel does not take " + attn::describe(p) + " on " +
+                                           dtype_name(q.dtype) + " with M = " + std::to_string(d.M));
+  const attn_fast::BlasOneThread one;
+  if (!forward(p, d, q, k, v, t, out, lse, std::max(1, num_threads())))
+    return Status::Invalid("k", "a NaN or infinite value: the decode kernel leaves such calls to the tile kernel");
+  return Status::Ok();
+}
+
+}  // namespace decode
+}  // namespace posenc
+#endif  // HWY_ONCE
