@@ -3,27 +3,30 @@
 // Shape letters: B batch, M queries, N keys, Hq query heads, Hkv kv heads, G = Hq/Hkv, D head dim,
 // R = G·M the query rows of one kv head (row r = g·M + i: query i of head kh·G + g).
 //
-// Per task (b, kv head kh, key part [j0, j1)): the R query rows, scaled and rotated (rotary
-// encodings: q only, the keys carry their rotation: keys_rotated) in double and rounded once to
-// float, Q [R, D]. Then per block of kBlock keys:
-//   K rows converted once to float (F16C / AVX-512 conversions on float16, a shift on bfloat16; a
-//   float32 cache is read in place), S [R, block] = Q·Kᵀ on each row's visible keys;
+// Per task (batch row b, key part [j0, j1)): the R query rows of every kv head, scaled and rotated
+// (rotary encodings: q only, the keys carry their rotation: keys_rotated) in double and rounded once
+// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: ~256 KiB of float rows):
+//   the K and V rows of every kv head converted to float in memory order, one sequential stream
+//   (F16C / AVX-512 conversions on float16, a shift on bfloat16, a copy on float32); then per kv
+//   head S [R, nb] = Q·Kᵀ on each row's visible keys;
 //   + the bias of the row's head at kp − qp (ALiBi, T5, KERPLE, Sandwich, FIRE), computed here per
 //     key: −m·|Δ|; T5's weights tabulated over Δ ∈ [−(max_distance + 1), max_distance + 1] (the
-//     bucket is constant beyond); KERPLE by a vector log / exp; Sandwich from a per-distance table
-//     kept across calls (sandwich_table below); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp));
-//   online softmax per row (running max m, sum l, o rescaled), V rows converted once, o += P·V.
-// Every K and V row is read and converted once per task, whatever G and M.
+//     bucket is constant beyond); KERPLE and Sandwich from per-distance tables in double kept across
+//     calls (kerple_table, sandwich_table: a decode step meets the last step's distances and one
+//     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
+//   online softmax per row (running max m, sum l, o rescaled), o += P·V.
+// Every K and V row is read and converted once per call, whatever G and M.
 //
-// Threads (flash-decoding): U = B·Hkv units; with U ≥ T threads each unit is one task; else each
-// unit's keys are cut into P = ⌈T/U⌉ parts (at least kMinPart keys each), whose (m, l, o) are merged
-// exactly: m = max m_p, l = Σ l_p·e^{m_p − m}, o = Σ o_p·e^{m_p − m}, in part order (the result
-// depends on T, not on which thread ran what). out = o/l, lse = m + log l (−inf, out 0: no key).
+// Threads (flash-decoding): with B ≥ T threads each batch row is one task; else each row's keys are
+// cut into P = ⌈T/B⌉ parts (at least kMinPart keys each), whose (m, l, o) are merged exactly:
+// m = max m_p, l = Σ l_p·e^{m_p − m}, o = Σ o_p·e^{m_p − m}, in part order (the result depends on
+// T, not on which thread ran what). out = o/l, lse = m + log l (−inf, out 0: no key).
 //
 // Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
 // output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
 // steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
-// Memory: per thread O(R·kBlock + kBlock·D); the part buffers O(B·Hkv·P·R·D) when P > 1 (U < T).
+// Memory: per thread O(nb·(R + Hkv·D)) floats; the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
+// the kept tables Hq·(largest distance) floats (KERPLE) and one float per distance (Sandwich).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,7 +40,8 @@
 #include "posenc/view.h"
 namespace posenc::decode_impl {
 using I = std::int64_t;
-constexpr I kBlock = 128;  // keys per block
+// Keys per block: the block's K and V rows of every kv head, as float, fill ~256 KiB (L2).
+inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 128); }
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
 
@@ -49,8 +53,8 @@ struct Bias {
   I Hq = 0;
   const float* t5 = nullptr;       // [Hq, 2·t5_half + 1]: head h's weight at Δ = −t5_half + e
   I t5_half = 0;
-  const float* r1 = nullptr;       // kerple [Hq]
-  const float* r2 = nullptr;
+  const float* kt = nullptr;       // kerple: head h's bias at |Δ| = e at kt[h·kt_w + e]
+  I kt_w = 0;
   const float* sw = nullptr;       // sandwich: the head-independent part at |Δ| = 0, 1, …
   const float* hs = nullptr;       // sandwich: head scale [Hq]
   const float* w1 = nullptr;       // fire [W], b1 [W], w2 [Hq, W], b2 [Hq]
@@ -62,16 +66,16 @@ struct Bias {
   const float* inv = nullptr;      // fire: 1/ψ(max(L, qp)) per query i [M]
 };
 
-// One task's inputs.
+// One task's inputs: batch row b, keys [j0, j1), every kv head.
 struct Task {
-  I D, G, M, Hq, kh;
+  I D, G, M, Hq, Hkv;
   DType dt;
-  const float* q;      // [R, D]
-  const void* k;       // key row j of this (b, kh) at k + j·kld elements
+  const float* q;      // [Hkv, R, D]
+  const void* k;       // key j of kv head kh of batch row b at k + j·kld + kh·khs elements
   const void* v;
-  I kld, vld;
-  I j0, j1;            // the task's keys
-  const I* lo;         // [R]: row r sees keys [lo[r], hi[r])
+  I kld, khs, vld, vhs;
+  I j0, j1;
+  const I* lo;         // [Hkv, R]: row r of kv head kh sees keys [lo, hi)
   const I* hi;
   I q_off, k_off;
   const Bias* bias;
@@ -93,7 +97,6 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using decode_impl::BiasKind;
 using decode_impl::I;
-using decode_impl::kBlock;
 
 // n rows of D values of T (row stride ld) into dst [n, D] as float.
 template <class T>
@@ -124,7 +127,63 @@ HWY_INLINE float DotRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b
   return r;
 }
 
-// S[0, n) += the bias of head h, query i (position qp) at keys kp0, kp0 + 1, …
+// S[j] += c·tab[|d0 + j|] for j < n: loads when the run keeps one sign (reversed before the query).
+HWY_INLINE void AddTableRun(const float* HWY_RESTRICT tab, I d0, float c, float* HWY_RESTRICT S, I n) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const auto vc = hn::Set(d, c);
+  I j = 0;
+  if (d0 + n - 1 <= 0) {  // |Δ| = −d0 − j falls
+    for (; j + L <= n; j += L)
+      hn::StoreU(hn::MulAdd(vc, hn::Reverse(d, hn::LoadU(d, tab + (-d0 - j - L + 1))), hn::LoadU(d, S + j)), d, S + j);
+  } else if (d0 >= 0) {
+    for (; j + L <= n; j += L) hn::StoreU(hn::MulAdd(vc, hn::LoadU(d, tab + d0 + j), hn::LoadU(d, S + j)), d, S + j);
+  }
+  for (; j < n; ++j) {
+    const I a = d0 + j;
+    S[j] += c * tab[a < 0 ? -a : a];
+  }
+}
+
+// FIRE for the G heads h0 … h0 + G − 1 of query i at once (their rows S + g·ld): x and the hidden
+// units shared, four heads' outputs per pass.
+void AddFireGroup(const decode_impl::Bias& bs, I h0, I G, I i, I qp, I kp0, float* HWY_RESTRICT S, I ld, I n) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const float base = static_cast<float>(kp0 - qp);
+  const auto iota = hn::Iota(d, 0.f), c = hn::Set(d, bs.c), inv = hn::Set(d, bs.inv[i]);
+  HWY_ALIGN float buf[4][HWY_MAX_BYTES / sizeof(float)];
+  for (I j = 0; j < n; j += L) {
+    const auto dist = hn::Abs(hn::Add(hn::Set(d, base + static_cast<float>(j)), iota));
+    const auto x = hn::Mul(hn::Log1p(d, hn::Mul(c, dist)), inv);
+    for (I g0 = 0; g0 < G; g0 += 4) {
+      const I ng = std::min<I>(4, G - g0);
+      const float* w2 = bs.w2 + (h0 + g0) * bs.W;
+      auto f0 = hn::Set(d, bs.b2[h0 + g0]);
+      auto f1 = hn::Set(d, ng > 1 ? bs.b2[h0 + g0 + 1] : 0.f);
+      auto f2 = hn::Set(d, ng > 2 ? bs.b2[h0 + g0 + 2] : 0.f);
+      auto f3 = hn::Set(d, ng > 3 ? bs.b2[h0 + g0 + 3] : 0.f);
+      for (I u = 0; u < bs.W; ++u) {
+        const auto a = hn::Max(hn::MulAdd(hn::Set(d, bs.w1[u]), x, hn::Set(d, bs.b1[u])), hn::Zero(d));
+        f0 = hn::MulAdd(hn::Set(d, w2[u]), a, f0);
+        if (ng > 1) f1 = hn::MulAdd(hn::Set(d, w2[bs.W + u]), a, f1);
+        if (ng > 2) f2 = hn::MulAdd(hn::Set(d, w2[2 * bs.W + u]), a, f2);
+        if (ng > 3) f3 = hn::MulAdd(hn::Set(d, w2[3 * bs.W + u]), a, f3);
+      }
+      hn::Store(f0, d, buf[0]);
+      hn::Store(f1, d, buf[1]);
+      hn::Store(f2, d, buf[2]);
+      hn::Store(f3, d, buf[3]);
+      for (I g = 0; g < ng; ++g) {
+        float* Sg = S + (g0 + g) * ld + j;
+        if (j + L <= n) hn::StoreU(hn::Add(hn::LoadU(d, Sg), hn::Load(d, buf[g])), d, Sg);
+        else for (I e = 0; j + e < n; ++e) Sg[e] += buf[g][e];
+      }
+    }
+  }
+}
+
+// S[0, n) += the bias of head h, query i (position qp) at keys kp0, kp0 + 1, … (FIRE: AddFireGroup)
 void AddBias(const decode_impl::Bias& bs, I h, I i, I qp, I kp0, float* HWY_RESTRICT S, I n) {
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
@@ -163,57 +222,12 @@ void AddBias(const decode_impl::Bias& bs, I h, I i, I qp, I kp0, float* HWY_REST
       break;
     }
     case BiasKind::kKerpleLog:
-    case BiasKind::kKerplePower: {
-      const bool power = bs.kind == BiasKind::kKerplePower;
-      const auto r1 = hn::Set(d, -bs.r1[h]), r2 = hn::Set(d, bs.r2[h]);
-      HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
-      for (; j < n; j += L) {
-        const auto dist = hn::Abs(delta(j));
-        hn::Vec<decltype(d)> t;
-        if (power) {
-          const auto p = hn::Exp(d, hn::Mul(r2, hn::Log(d, hn::Max(dist, hn::Set(d, 1.f)))));
-          t = hn::IfThenZeroElse(hn::Eq(dist, hn::Zero(d)), p);  // 0^r2 = 0 (r2 > 0)
-        } else {
-          t = hn::Log1p(d, hn::Mul(r2, dist));
-        }
-        t = hn::Mul(r1, t);
-        if (j + L <= n) {
-          hn::StoreU(hn::Add(hn::LoadU(d, S + j), t), d, S + j);
-        } else {
-          hn::Store(t, d, buf);
-          for (I e = 0; j + e < n; ++e) S[j + e] += buf[e];
-        }
-      }
+    case BiasKind::kKerplePower:
+      AddTableRun(bs.kt + h * bs.kt_w, kp0 - qp, 1.f, S, n);
       break;
-    }
-    case BiasKind::kSandwich: {
-      const float hs = bs.hs[h];
-      for (; j < n; ++j) {
-        const I rel = kp0 - qp + j;
-        S[j] += bs.sw[rel < 0 ? -rel : rel] * hs;
-      }
+    case BiasKind::kSandwich:
+      AddTableRun(bs.sw, kp0 - qp, bs.hs[h], S, n);
       break;
-    }
-    case BiasKind::kFire: {
-      const auto c = hn::Set(d, bs.c), inv = hn::Set(d, bs.inv[i]), b2 = hn::Set(d, bs.b2[h]);
-      const float* w2 = bs.w2 + h * bs.W;
-      HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
-      for (; j < n; j += L) {
-        const auto x = hn::Mul(hn::Log1p(d, hn::Mul(c, hn::Abs(delta(j)))), inv);
-        auto f = b2;
-        for (I u = 0; u < bs.W; ++u) {
-          const auto a = hn::MulAdd(hn::Set(d, bs.w1[u]), x, hn::Set(d, bs.b1[u]));
-          f = hn::MulAdd(hn::Set(d, w2[u]), hn::Max(a, hn::Zero(d)), f);
-        }
-        if (j + L <= n) {
-          hn::StoreU(hn::Add(hn::LoadU(d, S + j), f), d, S + j);
-        } else {
-          hn::Store(f, d, buf);
-          for (I e = 0; j + e < n; ++e) S[j + e] += buf[e];
-        }
-      }
-      break;
-    }
     default: break;
   }
 }
@@ -298,70 +312,86 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
   for (; j < n; ++j) x[j] *= c;
 }
 
-// One task (decode_impl::Task) with K/V storage T: m, l [R] and o [R, D] (unnormalised). scratch:
-// kBlock·(R + 2·D) floats. Returns false at a NaN or +inf logit.
+// One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
+// (unnormalised). scratch: block_keys(Hkv, D)·(R + 2·Hkv·D) floats. Returns false at a NaN or +inf
+// logit. Per block of keys, the K and V rows of every kv head are converted in memory order (one
+// sequential stream, as the hardware prefetchers like it), then each kv head's R rows use them.
+constexpr I kPrefetch = 8;  // keys ahead of the conversion that the K and V rows are prefetched
+
 template <class T>
-bool RunTask(const decode_impl::Task& t, float* scratch, float* m, float* l, float* o) {
-  const I D = t.D, R = t.G * t.M;
-  float* S = scratch;               // [R, kBlock]
-  float* Kf = S + R * kBlock;       // [kBlock, D]
-  float* Vf = Kf + kBlock * D;      // [kBlock, D]
+bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0) {
+  const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
+  float* S = scratch;           // [R, nb]
+  float* Kf = S + R * nb;       // [H, nb, D]
+  float* Vf = Kf + H * nb * D;  // [H, nb, D]
   const T* K = static_cast<const T*>(t.k);
   const T* V = static_cast<const T*>(t.v);
-  constexpr bool kF32 = std::is_same_v<T, float>;
-  std::fill(m, m + R, -HUGE_VALF);
-  std::fill(l, l + R, 0.f);
-  std::fill(o, o + R * D, 0.f);
-  for (I c0 = t.j0; c0 < t.j1; c0 += kBlock) {
-    const I c1 = std::min(t.j1, c0 + kBlock);
-    I a = c1, e = c0;  // the keys some row sees
-    for (I r = 0; r < R; ++r)
-      if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r]) a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
+  std::fill(m0, m0 + H * R, -HUGE_VALF);
+  std::fill(l0, l0 + H * R, 0.f);
+  std::fill(o0, o0 + H * R * D, 0.f);
+  for (I c0 = t.j0; c0 < t.j1; c0 += nb) {
+    const I c1 = std::min(t.j1, c0 + nb);
+    I a = c1, e = c0;  // the keys some row of some head sees
+    for (I r = 0; r < H * R; ++r)
+      if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r])
+        a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
     if (a >= e) continue;
-    const float* Kb;
-    I kld;
-    if constexpr (kF32) {
-      Kb = K + a * t.kld;
-      kld = t.kld;
-    } else {
-      ConvertRows(K + a * t.kld, t.kld, e - a, D, Kf);
-      Kb = Kf;
-      kld = D;
-    }
-    for (I j = a; j < e; ++j) {
-      const float* kr = Kb + (j - a) * kld;
-      for (I r = 0; r < R; ++r)
-        if (j >= t.lo[r] && j < t.hi[r]) S[r * kBlock + (j - a)] = DotRow(t.q + r * D, kr, D);
-    }
-    const float* Vb;
-    if constexpr (kF32) {
-      Vb = nullptr;
-    } else {
-      ConvertRows(V + a * t.vld, t.vld, e - a, D, Vf);
-      Vb = Vf;
-    }
-    for (I r = 0; r < R; ++r) {
-      const I ra = std::max(a, t.lo[r]), re = std::min(e, t.hi[r]);
-      if (ra >= re) continue;
-      const I g = r / t.M, i = r % t.M, h = t.kh * t.G + g, qp = t.q_off + i;
-      float* Sr = S + r * kBlock + (ra - a);
-      const I n = re - ra;
-      if (t.bias->kind != BiasKind::kNone) AddBias(*t.bias, h, i, qp, t.k_off + ra, Sr, n);
-      float rm;
-      if (!RowMaxBelowInf(Sr, n, &rm)) return false;
-      const float mn = std::max(m[r], rm);
-      if (mn == -HUGE_VALF) continue;  // every logit −inf: no weight yet
-      const float sum = ExpSubSum(Sr, n, mn);
-      if (m[r] == -HUGE_VALF) {
-        l[r] = sum;
-      } else {
-        const float corr = std::exp(m[r] - mn);
-        if (corr != 1.f) ScaleRow(o + r * D, D, corr);
-        l[r] = l[r] * corr + sum;
+    for (I j = a; j < e; ++j)
+      for (I kh = 0; kh < H; ++kh) {
+        if (j + kPrefetch < t.j1) {  // the rows kPrefetch keys ahead, a cache line at a time
+          const char* pk = reinterpret_cast<const char*>(K + (j + kPrefetch) * t.kld + kh * t.khs);
+          const char* pv = reinterpret_cast<const char*>(V + (j + kPrefetch) * t.vld + kh * t.vhs);
+          for (I by = 0; by < D * I{sizeof(T)}; by += 64) {
+            hwy::Prefetch(pk + by);
+            hwy::Prefetch(pv + by);
+          }
+        }
+        ConvertRows(K + j * t.kld + kh * t.khs, 0, 1, D, Kf + (kh * nb + j - a) * D);
+        ConvertRows(V + j * t.vld + kh * t.vhs, 0, 1, D, Vf + (kh * nb + j - a) * D);
       }
-      m[r] = mn;
-      if constexpr (kF32) AddPV(Sr, V + ra * t.vld, t.vld, n, D, o + r * D);  // in place
-      else AddPV(Sr, Vb + (ra - a) * D, D, n, D, o + r * D);
+    for (I kh = 0; kh < H; ++kh) {
+      const I* lo = t.lo + kh * R;
+      const I* hi = t.hi + kh * R;
+      const float* Q = t.q + kh * R * D;
+      float* m = m0 + kh * R;
+      float* l = l0 + kh * R;
+      float* o = o0 + kh * R * D;
+      const float* Kb = Kf + kh * nb * D;
+      const float* Vb = Vf + kh * nb * D;
+      for (I j = a; j < e; ++j) {
+        const float* kr = Kb + (j - a) * D;
+        for (I r = 0; r < R; ++r)
+          if (j >= lo[r] && j < hi[r]) S[r * nb + (j - a)] = DotRow(Q + r * D, kr, D);
+      }
+      const BiasKind bk = t.bias->kind;
+      if (bk == BiasKind::kFire)  // rows g·M + i share their keys (FIRE masks only causally) and x
+        for (I i = 0; i < t.M; ++i) {
+          const I ra = std::max(a, lo[i]), re = std::min(e, hi[i]);
+          if (ra < re)
+            AddFireGroup(*t.bias, kh * t.G, t.G, i, t.q_off + i, t.k_off + ra, S + i * nb + (ra - a), t.M * nb, re - ra);
+        }
+      for (I r = 0; r < R; ++r) {
+        const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
+        if (ra >= re) continue;
+        const I g = r / t.M, i = r % t.M, h = kh * t.G + g, qp = t.q_off + i;
+        float* Sr = S + r * nb + (ra - a);
+        const I n = re - ra;
+        if (bk != BiasKind::kNone && bk != BiasKind::kFire) AddBias(*t.bias, h, i, qp, t.k_off + ra, Sr, n);
+        float rm;
+        if (!RowMaxBelowInf(Sr, n, &rm)) return false;
+        const float mn = std::max(m[r], rm);
+        if (mn == -HUGE_VALF) continue;  // every logit −inf: no weight yet
+        const float sum = ExpSubSum(Sr, n, mn);
+        if (m[r] == -HUGE_VALF) {
+          l[r] = sum;
+        } else {
+          const float corr = std::exp(m[r] - mn);
+          if (corr != 1.f) ScaleRow(o + r * D, D, corr);
+          l[r] = l[r] * corr + sum;
+        }
+        m[r] = mn;
+        AddPV(Sr, Vb + (ra - a) * D, D, n, D, o + r * D);
+      }
     }
   }
   return true;
@@ -392,6 +422,7 @@ HWY_AFTER_NAMESPACE();
 #include "enc/bias/alibi/alibi_math.h"
 #include "enc/bias/fire/fire_check.h"
 #include "enc/bias/fire/fire_math.h"
+#include "enc/bias/kerple/kerple_math.h"
 #include "enc/bias/sandwich/sandwich_math.h"
 #include "enc/bias/t5/t5_math.h"
 #include "enc/rotary/rotary_plan.h"
@@ -406,7 +437,6 @@ namespace {
 using decode_impl::Bias;
 using decode_impl::BiasKind;
 using decode_impl::I;
-using decode_impl::kBlock;
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
 constexpr I kMaxDistance = I{1} << 24;  // |kp − qp| below this: exact in float
@@ -437,22 +467,53 @@ std::shared_ptr<const std::vector<float>> sandwich_table(const SandwichParams& s
   return table;
 }
 
+// KERPLE's bias per head at |Δ| = 0 … w − 1, [Hq, w] (kerple_math.h, in double, rounded once), kept
+// for the process's last (kernel, r1, r2) and rebuilt wider on demand, as sandwich_table.
+struct KerpleTable {
+  std::shared_ptr<const std::vector<float>> tab;
+  I w = 0;
+};
+KerpleTable kerple_table(bool power, const std::vector<double>& r1, const std::vector<double>& r2, I n, int threads) {
+  static std::mutex mu;
+  static KerpleTable kept;
+  static bool kept_power = false;
+  static std::vector<double> kept_r1, kept_r2;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (kept.tab && kept_power == power && kept_r1 == r1 && kept_r2 == r2 && kept.w >= n) return kept;
+  const I w = kept.tab && kept_power == power && kept_r1 == r1 && kept_r2 == r2 ? std::max(n, 2 * kept.w) : n;
+  const I H = static_cast<I>(r1.size());
+  auto t = std::make_shared<std::vector<float>>(ix(H * w));
+  const int th = H * w > 65536 ? threads : 1;
+#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
+  for (I e = 0; e < w; ++e)
+    for (I h = 0; h < H; ++h)
+      (*t)[ix(h * w + e)] = static_cast<float>(kerple::bias(power, r1[ix(h)], r2[ix(h)], static_cast<double>(e)));
+  kept = KerpleTable{t, w};
+  kept_power = power;
+  kept_r1 = r1;
+  kept_r2 = r2;
+  return kept;
+}
+
+// The largest |kp − qp| of a call, + 1: the width of a per-distance table.
+I distances(const attn::Dims& d) {
+  const I a = std::abs(d.k_off - d.q_off - (d.M - 1)), z = std::abs(d.k_off + d.N - 1 - d.q_off);
+  return std::max(a, z) + 1;
+}
+
 // What a call's bias reads, owned (Bias points into it).
 struct BiasData {
   Bias b;
   std::vector<double> slopes, sig;
-  std::vector<float> t5, r1, r2, hs, w1, b1, w2, b2, inv;
+  std::vector<float> t5, hs, w1, b1, w2, b2, inv;
   std::shared_ptr<const std::vector<float>> sw;
+  KerpleTable kt;
 };
 
 void prepare_bias(const AttentionParams& p, const attn::Dims& d, const EncodingTensors& t, int threads,
                   BiasData* bd) {
   Bias& b = bd->b;
   const I Hq = d.Hq;
-  auto floats = [](const View& x) {
-    const std::vector<double> v = to_doubles(x);
-    return std::vector<float>(v.begin(), v.end());
-  };
   switch (p.encoding) {
     case Encoding::kAlibi:
       if (p.alibi.variant == AlibiVariant::kLearned) {
@@ -482,16 +543,16 @@ void prepare_bias(const AttentionParams& p, const attn::Dims& d, const EncodingT
       b.t5_half = half;
       break;
     }
-    case Encoding::kKerple:
-      bd->r1 = floats(t.r1);
-      bd->r2 = floats(t.r2);
-      b.kind = p.kerple.kernel == KerpleKernel::kPower ? BiasKind::kKerplePower : BiasKind::kKerpleLog;
-      b.r1 = bd->r1.data();
-      b.r2 = bd->r2.data();
+    case Encoding::kKerple: {
+      const bool power = p.kerple.kernel == KerpleKernel::kPower;
+      bd->kt = kerple_table(power, to_doubles(t.r1), to_doubles(t.r2), distances(d), threads);
+      b.kind = power ? BiasKind::kKerplePower : BiasKind::kKerpleLog;
+      b.kt = bd->kt.tab->data();
+      b.kt_w = bd->kt.w;
       break;
+    }
     case Encoding::kSandwich: {
-      const I a = std::abs(d.k_off - d.q_off - (d.M - 1)), z = std::abs(d.k_off + d.N - 1 - d.q_off);
-      bd->sw = sandwich_table(p.sandwich, std::max(a, z) + 1, threads);
+      bd->sw = sandwich_table(p.sandwich, distances(d), threads);
       bd->hs.resize(ix(Hq));
       for (I h = 0; h < Hq; ++h) bd->hs[ix(h)] = static_cast<float>(sandwich::head_scale(h, Hq));
       b.kind = BiasKind::kSandwich;
@@ -579,87 +640,77 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
       lo[ix(kh * R + r)] = fut ? std::clamp<I>(qp - d.k_off, 0, N) : 0;
       hi[ix(kh * R + r)] = past ? std::clamp<I>(qp - d.k_off + 1, 0, N) : N;
     }
-  const I U = B * Hkv;
+  // tasks: (batch row, key part); a row's keys are split in P parts when there are fewer rows than
+  // threads (flash-decoding)
   I P = 1;
-  if (U < threads) P = std::max<I>(1, std::min<I>((threads + U - 1) / U, N / kMinPart));
-  const I tasks = U * P;
-  // parts' results when split: [tasks, R·(D + 2)] (m, l, o)
-  std::vector<float> parts(P > 1 ? ix(tasks * R * (D + 2)) : 0);
+  if (B < threads) P = std::max<I>(1, std::min<I>((threads + B - 1) / B, N / kMinPart));
+  const I tasks = B * P, HR = Hkv * R, per = HR * (D + 2);  // per: a task's m, l [HR], o [HR, D]
+  std::vector<float> parts(P > 1 ? ix(tasks * per) : 0);
   std::atomic<bool> bad{false};
   const auto task_fn = HWY_DYNAMIC_DISPATCH(DecodeTask);
   const std::size_t esz = dtype_size(q.dtype);
   const int th = static_cast<int>(std::min<I>(threads, tasks));
+  const I nb = decode_impl::block_keys(Hkv, D);
+  // a task's finished rows (o normalised in place) into out and lse
+  const auto store = [&](I b, I kh, I r, float mr, float lr, float* o) {
+    const I h = kh * G + r / M, i = r % M;
+    double ls = -HUGE_VAL;
+    if (lr > 0) {
+      const float inv = 1.f / lr;
+      for (I e = 0; e < D; ++e) {
+        o[e] *= inv;
+        if (!std::isfinite(o[e])) bad = true;
+      }
+      ls = static_cast<double>(mr) + std::log(static_cast<double>(lr));
+    } else {
+      std::fill(o, o + D, 0.f);
+    }
+    attn_fast::store_row(out, D, b, i, h, o);
+    if (lse.present())
+      static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
+  };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
-    std::vector<float> scratch(ix(kBlock * (R + 2 * D))), Q(ix(R * D)), mine(P > 1 ? 0 : ix(R * (D + 2)));
+    std::vector<float> scratch(ix(nb * (R + 2 * Hkv * D))), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {
       if (bad.load(std::memory_order_relaxed)) continue;
-      const I u = task / P, part = task % P, b = u / Hkv, kh = u % Hkv;
-      prepare_q(d, q, b, kh, Q.data());
-      decode_impl::Task tk{D, G, M, d.Hq, kh, q.dtype, Q.data(),
-                           static_cast<const char*>(k.data) + ix(b * k.strides[0] + kh * k.strides[2]) * esz,
-                           static_cast<const char*>(v.data) + ix(b * v.strides[0] + kh * v.strides[2]) * esz,
-                           k.strides[1], v.strides[1], N * part / P, N * (part + 1) / P,
-                           &lo[ix(kh * R)], &hi[ix(kh * R)], d.q_off, d.k_off, &bd.b};
-      float* res = P > 1 ? &parts[ix(task * R * (D + 2))] : mine.data();
-      if (!task_fn(tk, scratch.data(), res, res + R, res + 2 * R)) {
+      const I b = task / P, part = task % P;
+      for (I kh = 0; kh < Hkv; ++kh) prepare_q(d, q, b, kh, &Q[ix(kh * R * D)]);
+      const decode_impl::Task tk{D, G, M, d.Hq, Hkv, q.dtype, Q.data(),
+                                 static_cast<const char*>(k.data) + ix(b * k.strides[0]) * esz,
+                                 static_cast<const char*>(v.data) + ix(b * v.strides[0]) * esz,
+                                 k.strides[1], k.strides[2], v.strides[1], v.strides[2],
+                                 N * part / P, N * (part + 1) / P, lo.data(), hi.data(), d.q_off, d.k_off, &bd.b};
+      float* res = P > 1 ? &parts[ix(task * per)] : mine.data();
+      if (!task_fn(tk, scratch.data(), res, res + HR, res + 2 * HR)) {
         bad = true;
         continue;
       }
-      if (P > 1) continue;
-      // one part: finish and store now
-      for (I r = 0; r < R; ++r) {
-        const I g = r / M, i = r % M, h = kh * G + g;
-        float* o = res + 2 * R + r * D;
-        const float mr = res[r], lr = res[R + r];
-        double ls = -HUGE_VAL;
-        if (lr > 0) {
-          const float inv = 1.f / lr;
-          for (I e = 0; e < D; ++e) o[e] *= inv;
-          ls = static_cast<double>(mr) + std::log(static_cast<double>(lr));
-          for (I e = 0; e < D; ++e)
-            if (!std::isfinite(o[e])) bad = true;
-        } else {
-          std::fill(o, o + D, 0.f);
-        }
-        attn_fast::store_row(out, D, b, i, h, o);
-        if (lse.present())
-          static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
-      }
+      if (P == 1)
+        for (I x = 0; x < HR; ++x) store(b, x / R, x % R, res[x], res[HR + x], res + 2 * HR + x * D);
     }
   }
   if (bad) return false;
-  if (P > 1) {  // merge the parts of each unit, in part order
+  if (P > 1) {  // merge the parts of each batch row, in part order
     std::vector<float> o(ix(D));
-    for (I u = 0; u < U; ++u)
-      for (I r = 0; r < R; ++r) {
-        const I b = u / Hkv, kh = u % Hkv, g = r / M, i = r % M, h = kh * G + g;
-        float mx = -HUGE_VALF;
-        for (I pt = 0; pt < P; ++pt) mx = std::max(mx, parts[ix((u * P + pt) * R * (D + 2) + r)]);
+    for (I b = 0; b < B; ++b)
+      for (I x = 0; x < HR; ++x) {
+        float mx = -HUGE_VALF, l = 0;
+        for (I pt = 0; pt < P; ++pt) mx = std::max(mx, parts[ix((b * P + pt) * per + x)]);
         std::fill(o.begin(), o.end(), 0.f);
-        double ls = -HUGE_VAL;
-        if (mx > -HUGE_VALF) {
-          float l = 0;
+        if (mx > -HUGE_VALF)
           for (I pt = 0; pt < P; ++pt) {
-            const float* res = &parts[ix((u * P + pt) * R * (D + 2))];
-            if (res[r] == -HUGE_VALF) continue;
-            const float c = std::exp(res[r] - mx);
-            l += res[R + r] * c;
-            const float* op = res + 2 * R + r * D;
+            const float* res = &parts[ix((b * P + pt) * per)];
+            if (res[x] == -HUGE_VALF) continue;
+            const float c = std::exp(res[x] - mx);
+            l += res[HR + x] * c;
+            const float* op = res + 2 * HR + x * D;
             for (I e = 0; e < D; ++e) o[ix(e)] += op[e] * c;
           }
-          const float inv = 1.f / l;
-          for (I e = 0; e < D; ++e) {
-            o[ix(e)] *= inv;
-            if (!std::isfinite(o[ix(e)])) return false;
-          }
-          ls = static_cast<double>(mx) + std::log(static_cast<double>(l));
-        }
-        attn_fast::store_row(out, D, b, i, h, o.data());
-        if (lse.present())
-          static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
+        store(b, x / R, x % R, mx, l, o.data());
       }
+    if (bad) return false;
   }
   return true;
 }
