@@ -41,7 +41,7 @@
 namespace posenc::decode_impl {
 using I = std::int64_t;
 // Keys per block: the block's K and V rows of every kv head, as float, fill ~256 KiB (L2).
-inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 128); }
+inline I block_keys(I Hkv, I D) { return std::clamp<I>(16384 / std::max<I>(Hkv * D, 1), 8, 128); }
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
 
@@ -133,6 +133,10 @@ HWY_INLINE void AddTableRun(const float* HWY_RESTRICT tab, I d0, float c, float*
   const I L = static_cast<I>(hn::Lanes(d));
   const auto vc = hn::Set(d, c);
   I j = 0;
+  // the next blocks' entries (a table per head: more streams than the prefetchers follow)
+  const I ahead = d0 + n - 1 <= 0 ? -d0 - n - 64 : d0 + n;
+  for (I k = 0; k < 64; k += 16)
+    if (ahead + k >= 0) hwy::Prefetch(tab + ahead + k);
   if (d0 + n - 1 <= 0) {  // |Δ| = −d0 − j falls
     for (; j + L <= n; j += L)
       hn::StoreU(hn::MulAdd(vc, hn::Reverse(d, hn::LoadU(d, tab + (-d0 - j - L + 1))), hn::LoadU(d, S + j)), d, S + j);
