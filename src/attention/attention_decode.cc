@@ -127,6 +127,57 @@ HWY_INLINE float DotRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b
   return r;
 }
 
+// s[g·lds] = a_g·b for four rows a_g = a + g·lda (one load of b for the four).
+HWY_INLINE void Dot4(const float* HWY_RESTRICT a, I lda, const float* HWY_RESTRICT b, I D, float* HWY_RESTRICT s,
+                     I lds) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  auto c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
+  I e = 0;
+  for (; e + L <= D; e += L) {
+    const auto bv = hn::LoadU(d, b + e);
+    c0 = hn::MulAdd(hn::LoadU(d, a + e), bv, c0);
+    c1 = hn::MulAdd(hn::LoadU(d, a + lda + e), bv, c1);
+    c2 = hn::MulAdd(hn::LoadU(d, a + 2 * lda + e), bv, c2);
+    c3 = hn::MulAdd(hn::LoadU(d, a + 3 * lda + e), bv, c3);
+  }
+  float r[4] = {hn::GetLane(hn::SumOfLanes(d, c0)), hn::GetLane(hn::SumOfLanes(d, c1)),
+                hn::GetLane(hn::SumOfLanes(d, c2)), hn::GetLane(hn::SumOfLanes(d, c3))};
+  for (; e < D; ++e)
+    for (int g = 0; g < 4; ++g) r[g] += a[g * lda + e] * b[e];
+  for (int g = 0; g < 4; ++g) s[g * lds] = r[g];
+}
+
+// o_g [D] += Σ_j p_g[j]·V[j] for four rows (p_g = p + g·ldp, o_g = o + g·ldo; V row stride D), one
+// load of V for the four.
+HWY_INLINE void AddPV4(const float* HWY_RESTRICT p, I ldp, const float* HWY_RESTRICT V, I n, I D,
+                       float* HWY_RESTRICT o, I ldo) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  I e = 0;
+  for (; e + L <= D; e += L) {
+    auto a0 = hn::LoadU(d, o + e), a1 = hn::LoadU(d, o + ldo + e), a2 = hn::LoadU(d, o + 2 * ldo + e),
+         a3 = hn::LoadU(d, o + 3 * ldo + e);
+    for (I j = 0; j < n; ++j) {
+      const auto v = hn::LoadU(d, V + j * D + e);
+      a0 = hn::MulAdd(hn::Set(d, p[j]), v, a0);
+      a1 = hn::MulAdd(hn::Set(d, p[ldp + j]), v, a1);
+      a2 = hn::MulAdd(hn::Set(d, p[2 * ldp + j]), v, a2);
+      a3 = hn::MulAdd(hn::Set(d, p[3 * ldp + j]), v, a3);
+    }
+    hn::StoreU(a0, d, o + e);
+    hn::StoreU(a1, d, o + ldo + e);
+    hn::StoreU(a2, d, o + 2 * ldo + e);
+    hn::StoreU(a3, d, o + 3 * ldo + e);
+  }
+  for (; e < D; ++e)
+    for (int g = 0; g < 4; ++g) {
+      float acc = o[g * ldo + e];
+      for (I j = 0; j < n; ++j) acc += p[g * ldp + j] * V[j * D + e];
+      o[g * ldo + e] = acc;
+    }
+}
+
 // S[j] += c·tab[|d0 + j|] for j < n: loads when the run keeps one sign (reversed before the query).
 HWY_INLINE void AddTableRun(const float* HWY_RESTRICT tab, I d0, float c, float* HWY_RESTRICT S, I n) {
   const hn::ScalableTag<float> d;
@@ -317,7 +368,7 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
 }
 
 // One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
-// (unnormalised). scratch: block_keys(Hkv, D)·(R + 2·Hkv·D) floats. Returns false at a NaN or +inf
+// (unnormalised). scratch: block_keys(Hkv, D)·(R + 2·Hkv·D) + R floats. Returns false at a NaN or +inf
 // logit. Per block of keys, the K and V rows of every kv head are converted in memory order (one
 // sequential stream, as the hardware prefetchers like it), then each kv head's R rows use them.
 constexpr I kPrefetch = 8;  // keys ahead of the conversion that the K and V rows are prefetched
@@ -328,6 +379,7 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   float* S = scratch;           // [R, nb]
   float* Kf = S + R * nb;       // [H, nb, D]
   float* Vf = Kf + H * nb * D;  // [H, nb, D]
+  float* act = Vf + H * nb * D;  // [R]: 1 for a row with weight in the block
   const T* K = static_cast<const T*>(t.k);
   const T* V = static_cast<const T*>(t.v);
   std::fill(m0, m0 + H * R, -HUGE_VALF);
@@ -362,11 +414,28 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       float* o = o0 + kh * R * D;
       const float* Kb = Kf + kh * nb * D;
       const float* Vb = Vf + kh * nb * D;
-      for (I j = a; j < e; ++j) {
-        const float* kr = Kb + (j - a) * D;
-        for (I r = 0; r < R; ++r)
-          if (j >= lo[r] && j < hi[r]) S[r * nb + (j - a)] = DotRow(Q + r * D, kr, D);
-      }
+      // logits: rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
+      // ALiBi's halves): four at a time share each K load
+      const auto same4 = [&](I r) {
+        for (I x = 1; x < 4; ++x)
+          if (lo[r + x * t.M] != lo[r] || hi[r + x * t.M] != hi[r]) return false;
+        return true;
+      };
+      for (I i = 0; i < t.M; ++i)
+        for (I g0 = 0; g0 < t.G; g0 += 4) {
+          const I r0 = g0 * t.M + i;
+          if (g0 + 4 <= t.G && same4(r0)) {
+            for (I j = std::max(a, lo[r0]); j < std::min(e, hi[r0]); ++j)
+              Dot4(Q + r0 * D, t.M * D, Kb + (j - a) * D, D, S + r0 * nb + (j - a), t.M * nb);
+            continue;
+          }
+          for (I g = g0; g < std::min(t.G, g0 + 4); ++g) {
+            const I r = g * t.M + i;
+            for (I j = std::max(a, lo[r]); j < std::min(e, hi[r]); ++j)
+              S[r * nb + (j - a)] = DotRow(Q + r * D, Kb + (j - a) * D, D);
+          }
+        }
+      std::fill(act, act + R, 0.f);
       const BiasKind bk = t.bias->kind;
       if (bk == BiasKind::kFire)  // rows g·M + i share their keys (FIRE masks only causally) and x
         for (I i = 0; i < t.M; ++i) {
@@ -394,8 +463,24 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
           l[r] = l[r] * corr + sum;
         }
         m[r] = mn;
-        AddPV(Sr, Vb + (ra - a) * D, D, n, D, o + r * D);
+        act[r] = 1.f;
       }
+      // o += P·V, four rows of one query at a time where they share their keys
+      for (I i = 0; i < t.M; ++i)
+        for (I g0 = 0; g0 < t.G; g0 += 4) {
+          const I r0 = g0 * t.M + i;
+          if (g0 + 4 <= t.G && same4(r0) && act[r0] != 0 && act[r0 + t.M] != 0 && act[r0 + 2 * t.M] != 0 && act[r0 + 3 * t.M] != 0) {
+            const I ra = std::max(a, lo[r0]), re = std::min(e, hi[r0]);
+            AddPV4(S + r0 * nb + (ra - a), t.M * nb, Vb + (ra - a) * D, re - ra, D, o + r0 * D, t.M * D);
+            continue;
+          }
+          for (I g = g0; g < std::min(t.G, g0 + 4); ++g) {
+            const I r = g * t.M + i;
+            if (act[r] == 0) continue;
+            const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
+            AddPV(S + r * nb + (ra - a), Vb + (ra - a) * D, D, re - ra, D, o + r * D);
+          }
+        }
     }
   }
   return true;
@@ -675,7 +760,7 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
-    std::vector<float> scratch(ix(nb * (R + 2 * Hkv * D))), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
+    std::vector<float> scratch(ix(nb * (R + 2 * Hkv * D) + R)), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {
       if (bad.load(std::memory_order_relaxed)) continue;
