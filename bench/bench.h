@@ -15,6 +15,16 @@
 // bytes (so the copy too reads and writes exactly the kernel's byte count), threads splitting the copy
 // like the kernel. Bias generation is write-only: baseline memset of the output.
 //
+// Decode (kernel attention.decode, unit GB/s): a decode step through the public
+// posenc::attention_forward, M = 1 query at the end of N keys (32768 and 131072), q [1, 1, Hq, D],
+// k and v [1, N, Hkv, D] float32, bfloat16 or float16 (shape column "[1, N, Hkv, D]/Hq"); nope,
+// rope (keys_rotated: a cache of rotated keys), alibi, t5, kerple, sandwich, fire. bytes = the K and V
+// bytes; baseline "sum": a sum of every 8-byte word of the same two buffers, split over the threads
+// (what reading K and V once costs), so ratio = baseline seconds / kernel seconds.
+//
+// Whole runs: `posenc bench --repeat N` runs the selected cases N times and prints one table of
+// per-row medians with the min–max of seconds and ratio over the rounds (combine_rounds).
+//
 // Attention (unit GFLOP/s = 10⁹ useful FLOP/s): through the public posenc::attention_forward /
 // attention_backward, causal, B = 1, Hq = Hkv = 8, d = 64, every encoding the attention takes (the
 // registry's kinds other than absolute), with each encoding's default parameters and random tensors
@@ -82,6 +92,8 @@ struct BenchRow {
   std::optional<double> one_thread_seconds;  // attention, threads > 1: the same call on one thread, beside it
   std::optional<double> speedup;             // attention, threads > 1: one_thread_seconds / seconds
   std::optional<double> baseline_speedup;    // attention, threads > 1: the same for the sgemm baseline
+  int rounds = 1;  // whole runs combined (combine_rounds): the fields above are their medians
+  double seconds_min = 0, seconds_max = 0, ratio_min = 0, ratio_max = 0;  // over the rounds
   std::optional<double> peak_extra_mb;  // memory rows: peak RSS − RSS before the call, MiB
   std::optional<double> io_mb;          // memory rows: inputs + outputs, MiB
 };
@@ -97,6 +109,11 @@ double bench_median_seconds(const std::function<void()>& fn, int warmup = 1, int
 std::vector<BenchRow> run_benchmarks(const std::string& filter_regex, int threads,
                                      std::function<void(const BenchRow&)> on_row,
                                      std::function<void(const std::string&)> on_progress = {});
+
+// Rows of several whole runs (the same cases in the same order) as one: per row the median of each
+// number over the rounds (seconds, rates, ratio, and the optional ones present in every round) and
+// the min and max of seconds and ratio.
+std::vector<BenchRow> combine_rounds(const std::vector<std::vector<BenchRow>>& rounds);
 
 // The memory rows (see above) whose line matches filter_regex, with `threads` threads (≤ 0: the
 // default count, posenc::num_threads()), at L = length (the rows of the issue: 65536). Each case runs in a

@@ -527,7 +527,8 @@ TEST_P(AttentionForward, MatchesNaiveFloat32) {
     ASSERT_TRUE(st.ok()) << st.message();
     const Fwd want = naive(c);
     EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want.out, 1e-6, 1e-6));
-    EXPECT_TRUE(AllClose(lse, want.lse, 1e-12, 1e-10));  // lse is float64, computed in double
+    // lse is float64; at M ≤ 16 the decode kernel sums in float32 (docs/attention.md)
+    EXPECT_TRUE(AllClose(lse, want.lse, 1e-6, 1e-6));
 
     // backward in float32 equals backward in float64 on the same (rounded) inputs
     const Vec dout = randn(c.q.size(), 8);

@@ -857,17 +857,18 @@ TEST(FastAttentionEdges, NoKeysWritesZeroGradients) {
   }
 }
 
-// The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the reference.
+// The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the reference,
+// a decode step (M ≤ 16) the decode kernel (tests/test_attention_decode.cc).
 TEST(FastAttentionDispatch, PublicEntryPointsPickTheKernelOrTheReference) {
   Variant var{"alibi", Encoding::kAlibi};
-  for (I L : {I{4}, I{200}}) {
+  for (I L : {I{17}, I{200}}) {
     Problem pr(var, {1, L, L, 2, 1, 64}, true, 1100);
     Tensor q(DType::kF32, randn(ix(L * 2 * 64), 1), pr.qshape());
     Tensor k(DType::kF32, randn(ix(L * 64), 2), pr.kshape());
     Tensor v(DType::kF32, randn(ix(L * 64), 3), pr.kshape());
     Tensor a(DType::kF32, pr.qshape()), b(DType::kF32, pr.qshape());
     ASSERT_TRUE(attention_forward(pr.p, q.view(), k.view(), v.view(), {}, a.view()).ok());
-    const Status st = L == 4 ? reference::attention_forward(pr.p, q.view(), k.view(), v.view(), {}, b.view())
+    const Status st = L == 17 ? reference::attention_forward(pr.p, q.view(), k.view(), v.view(), {}, b.view())
                              : fused::attention_forward(pr.p, q.view(), k.view(), v.view(), {}, b.view());
     ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(a.values(), b.values()) << "L = " << L;

@@ -1,4 +1,4 @@
-// posenc bench [--filter REGEX] [--threads N] [--json] [--memory [--memory-length L]
+// posenc bench [--filter REGEX] [--threads N] [--repeat N] [--json] [--memory [--memory-length L]
 // [--memory-dtype T]] — the benchmark cases of posenc/bench.h, each with its same-run baseline
 // (memcpy / memset of the same bytes, sgemm for attention) and the ratio; --memory: the L = 65536
 // attention peak-memory rows instead. A program, not a test. Progress lines for long cases go to stderr.
@@ -6,6 +6,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <string>
+#include <vector>
 
 #include "cli/cli_common.h"
 #include "bench/bench.h"
@@ -20,6 +22,7 @@ struct BenchState {
   bool json = false;
   bool memory = false;
   std::string memory_length, memory_dtype;
+  std::string repeat;
   CLI::Option *filter_opt = nullptr, *memory_dtype_opt = nullptr;
 };
 
@@ -42,6 +45,13 @@ nlohmann::ordered_json row_json(const BenchRow& r) {
   if (r.one_thread_seconds) j["one_thread_seconds"] = *r.one_thread_seconds;
   if (r.speedup) j["speedup"] = *r.speedup;
   if (r.baseline_speedup) j["baseline_speedup"] = *r.baseline_speedup;
+  if (r.rounds > 1) {
+    j["rounds"] = r.rounds;
+    j["seconds_min"] = r.seconds_min;
+    j["seconds_max"] = r.seconds_max;
+    j["ratio_min"] = r.ratio_min;
+    j["ratio_max"] = r.ratio_max;
+  }
   if (r.peak_extra_mb) j["peak_extra_mb"] = *r.peak_extra_mb;
   if (r.io_mb) j["io_mb"] = *r.io_mb;
   return j;
@@ -58,9 +68,13 @@ void print_row(const BenchRow& r, bool json, bool memory) {
     char vs[16] = "-", sp[32] = "";
     if (r.vs_nope) std::snprintf(vs, sizeof vs, "%.3f", *r.vs_nope);
     if (r.speedup) std::snprintf(sp, sizeof sp, "  %.2fx (base %.2fx)", *r.speedup, r.baseline_speedup.value_or(0));
-    std::printf("%-35s %-10s %-19s %-9s %3d %11.3e %9.2f %-7s %-7s %9.2f %6.3f %7s %s%s\n", r.kernel.c_str(),
+    char rounds[96] = "";
+    if (r.rounds > 1)
+      std::snprintf(rounds, sizeof rounds, "  %d rounds: seconds %.3e-%.3e, ratio %.3f-%.3f", r.rounds, r.seconds_min,
+                    r.seconds_max, r.ratio_min, r.ratio_max);
+    std::printf("%-35s %-10s %-19s %-9s %3d %11.3e %9.2f %-7s %-7s %9.2f %6.3f %7s %s%s%s\n", r.kernel.c_str(),
                 r.encoding.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads, r.seconds, r.throughput,
-                r.unit.c_str(), r.baseline.c_str(), r.baseline_throughput, r.ratio, vs, r.path.c_str(), sp);
+                r.unit.c_str(), r.baseline.c_str(), r.baseline_throughput, r.ratio, vs, r.path.c_str(), sp, rounds);
   }
   std::fflush(stdout);
 }
@@ -110,6 +124,13 @@ void run_bench(const BenchState& st) {
     else if (st.memory_dtype != "float32")
       fail(Status::Invalid("--memory-dtype", "expected float32, bfloat16 or float16, got '" + st.memory_dtype + "'"));
   }
+  int repeat = 1;
+  if (!st.repeat.empty()) {
+    if (st.memory) fail(Status::Invalid("--repeat", "not with --memory"));
+    const std::int64_t n = parse_int("--repeat", st.repeat);
+    if (n < 1 || n > 100) fail(Status::Invalid("--repeat", "expected 1 .. 100, got " + st.repeat));
+    repeat = static_cast<int>(n);
+  }
   bool header = st.json;  // the table's header comes with its first row (none when nothing ran)
   const auto on_row = [&](const BenchRow& r) {
     if (!header) print_header(st.memory);
@@ -121,8 +142,22 @@ void run_bench(const BenchState& st) {
     auto rows = run_memory_benchmarks(st.filter, threads, on_row, progress, length, dtype);
     if (!rows.ok()) fail(rows.status());
     n = rows->size();
-  } else {
+  } else if (repeat == 1) {
     n = run_benchmarks(st.filter, threads, on_row, progress).size();
+  } else {  // the rounds' rows as progress lines, then the table of their medians
+    std::vector<std::vector<BenchRow>> rounds;
+    for (int r = 0; r < repeat; ++r)
+      rounds.push_back(run_benchmarks(
+          st.filter, threads,
+          [&](const BenchRow& b) {
+            progress("round " + std::to_string(r + 1) + "/" + std::to_string(repeat) + ": " + b.kernel + " " +
+                     b.encoding + " " + b.shape + " " + b.dtype + " threads " + std::to_string(b.threads) +
+                     ": ratio " + std::to_string(b.ratio));
+          },
+          progress));
+    const std::vector<BenchRow> rows = combine_rounds(rounds);
+    for (const BenchRow& r : rows) on_row(r);
+    n = rows.size();
   }
   if (n == 0) fail(Status::Invalid("--filter", "matched no benchmark case: '" + st.filter + "'"));
 }
@@ -150,6 +185,10 @@ Command add_bench_command(CLI::App& root) {
                 "encoding, each in a child process reporting its peak RSS above its RSS before the call "
                 "(minutes)")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  add_text(app, "--repeat", &st->repeat,
+           "run the selected cases N times (whole runs) and print per row the median and the min-max of "
+           "seconds and ratio over the rounds (default 1)",
+           "INT");
   add_text(app, "--memory-length", &st->memory_length, "with --memory: L instead of 65536 (a quick look)",
            "INT");
   st->memory_dtype_opt =

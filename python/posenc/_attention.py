@@ -65,13 +65,15 @@ class _AttentionFn(torch.autograd.Function):
 
 
 def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=None, k_offset=0, return_lse=False,
-              **params):
+              keys_rotated=False, **params):
     """softmax(scale·q·kᵀ + encoding + mask)·v for q [B, M, Hq, D], k, v [B, N, Hkv, D] (Hq a multiple of Hkv).
 
     params: the encoding's keys (variant=, num_buckets=, kernel=, ...) and tensors (slopes=, weights=,
     table=, u=, v_bias=, rel_proj=, r1=, r2=, mlp_w1=, ..., freqs=, q_positions=, k_positions=) under the
     CLI's names; rope={...} RoPE's keys for rope, mrope, xpos and rope2d. Differentiable in q, k, v and
     the learned tensors. return_lse: also the float64 log-sum-exp [B, Hq, M] (not differentiable).
+    keys_rotated: k already carries its rotation (a cache of rotated keys; rotary encodings): q only
+    is rotated.
     """
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and
             q.dtype in FLOAT_DTYPES and k.dtype in FLOAT_DTYPES and v.dtype in FLOAT_DTYPES):
@@ -84,6 +86,10 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if causal:
         texts["causal"] = "true"
+    if keys_rotated is not True and keys_rotated is not False:
+        raise TypeError(f"keys_rotated: expected a bool, got {type(keys_rotated).__name__}")
+    if keys_rotated:
+        texts["keys_rotated"] = "true"
     if type(k_offset) is not int or k_offset:  # 0 is the library's default
         check_int("k_offset", k_offset)
         texts["k_offset"] = text("k_offset", k_offset)

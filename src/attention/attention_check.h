@@ -216,6 +216,12 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
     return Status::OutOfRange("q_offset", "expected q_offset in [-2^53, 2^53 - (M - 1)] (every query's position "
                                           "within +-2^53), got " + str(d->q_off) + " with M = " + str(d->M));
 
+  if (p.keys_rotated && !is_rotary(p.encoding))
+    return Status::Invalid("keys_rotated", "only for a rotary encoding (rope, rope2d, mrope, xpos), got " +
+                                               describe(p));
+  if (p.keys_rotated && p.encoding == Encoding::kRope2d && p.rope2d.variant == Rope2dVariant::kMixed)
+    return Status::Invalid("keys_rotated", "rope2d mixed rotates a key per query head (its frequencies are "
+                                           "per head): expected false");
   switch (p.encoding) {
     case Encoding::kRope: case Encoding::kRope2d: case Encoding::kMrope: case Encoding::kXpos:
       POSENC_RETURN_IF_ERROR(check_rotary(p, t, d));

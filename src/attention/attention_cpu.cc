@@ -479,6 +479,7 @@ HWY_AFTER_NAMESPACE();
 #include <utility>
 
 #include "attention/attention_check.h"
+#include "attention/attention_decode.h"
 #include "attention/attention_fused.h"
 #include "core/fast_common.h"
 #include "enc/bias/alibi/alibi_math.h"
@@ -625,9 +626,11 @@ class Fused {
       interleaved_ = d.rot.layout == RopeLayout::kInterleaved;
       per_head_ = d.rot.per_head();
       tab_q_.build(xs_, d.rot, d.q_ids, d.B, d.M, d.q_batched, Hq, +1, threads);
-      tab_k_.build(xs_, d.rot, d.k_ids, d.B, d.N, d.k_batched, Hq, -1, threads);
       tq_ = &tab_q_;
-      tk_ = &tab_k_;
+      if (!p.keys_rotated) {  // else k carries its rotation: read as it is, dK not rotated back
+        tab_k_.build(xs_, d.rot, d.k_ids, d.B, d.N, d.k_batched, Hq, -1, threads);
+        tk_ = &tab_k_;
+      }
       if (per_head_) {
         // dfreqs = Σ p·∂L/∂φ over the head's rotated q and k rows. The logits depend on φ_q − φ_k
         // only, so Σ ∂L/∂φ = 0 per head and pair: Σ (p − p₀)·∂L/∂φ is the same sum, and with p₀ the
@@ -1624,12 +1627,16 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
                          const EncodingTensors& t, const View& out, const View& lse) {
   Dims d;
   POSENC_RETURN_IF_ERROR(attn::validate_forward(p, q, k, v, t, out, lse, &d));
-  if (d.B * d.Hq * d.M * d.N < kFusedMinPairs ||
-      !fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2,
+  const bool fuse =
+      fusable(p, q, {&q, &k, &v, &t.slopes, &t.weights, &t.u, &t.v, &t.rel_proj, &t.table, &t.r1, &t.r2,
                   &t.fire.w1, &t.fire.b1, &t.fire.w2, &t.fire.b2, &t.fire.c, &t.fire.threshold, &t.freqs,
                   &t.q_positions, &t.k_positions},
-                 {{"out", &out}, {"lse", &lse}}).ok())
-    return reference::attention_forward(p, q, k, v, t, out, lse);
+              {{"out", &out}, {"lse", &lse}}).ok();
+  // A decode step (M ≤ 16): the decode kernel, whatever the size; it leaves a call with a NaN or
+  // ±inf to the paths below.
+  if (fuse && decode::covers(p, d, q, k, v) && decode::forward(p, d, q, k, v, t, out, lse, decode::threads_for(d)))
+    return Status::Ok();
+  if (d.B * d.Hq * d.M * d.N < kFusedMinPairs || !fuse) return reference::attention_forward(p, q, k, v, t, out, lse);
   return run_forward(p, d, q, k, v, t, out, lse);
 }
 

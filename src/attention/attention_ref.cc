@@ -139,7 +139,7 @@ class Problem {
         for (I j = 0; j < d.N; ++j)
           for (I h = 0; h < d.Hq; ++h)
             std::copy_n(this->k(b, j, h / d.G), d.D, &kq_[ix(((b * d.N + j) * d.Hq + h) * d.D)]);
-      rotary::rotate_ref(d.rot, &kq_, d.B, d.N, d.Hq, d.D, d.k_ids, +1, -1);
+      if (!p.keys_rotated) rotary::rotate_ref(d.rot, &kq_, d.B, d.N, d.Hq, d.D, d.k_ids, +1, -1);
     }
     if (p.encoding == Encoding::kAlibi) {
       if (p.alibi.variant == AlibiVariant::kLearned) {
@@ -514,7 +514,7 @@ class Problem {
       // Back from the rotated vectors: the transpose a·ρ·R(−φ); the key's per head, summed over its
       // group.
       rotary::rotate_ref(d_.rot, &gr->dq, B, M, Hq, D, d_.q_ids, -1, +1);
-      rotary::rotate_ref(d_.rot, &gr->dkq, B, N, Hq, D, d_.k_ids, -1, -1);
+      if (!p_.keys_rotated) rotary::rotate_ref(d_.rot, &gr->dkq, B, N, Hq, D, d_.k_ids, -1, -1);
       for (I b = 0; b < B; ++b)
         for (I j = 0; j < N; ++j)
           for (I h = 0; h < Hq; ++h)

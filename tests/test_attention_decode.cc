@@ -1,0 +1,269 @@
+// The decode kernel, posenc::decode:: (src/attention/attention_decode.cc), against the plain reference
+// posenc::reference::attention_forward (out and lse), for every encoding it covers (nope; rope in both
+// layouts, partial, xpos and mrope with keys_rotated; alibi symmetric, with slopes, nonsymmetric,
+// learned; t5 bi- and unidirectional; kerple log and power; sandwich; fire) × float32, bfloat16,
+// float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
+// (not a multiple of the kernel's 128-key blocks; two key parts at two threads when Hkv = 1) × 1 and
+// 2 threads; every SIMD target on one case per encoding and dtype; keys_rotated against rotating the
+// cache with rope_forward; the dispatcher's routing; non-finite inputs left to the tile kernel.
+//
+// The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
+// Tolerances as tests/test_attention_fast.cc's: |got − want| ≤ atol·max|want| + rtol·|want|.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <hwy/targets.h>
+
+#include "attention/attention_decode.h"
+#include "posenc/attention.h"
+#include "posenc/half.h"
+#include "posenc/rope.h"
+#include "posenc/threads.h"
+#include "testing.h"
+
+namespace posenc {
+namespace {
+
+using ::posenc::testing::AllClose;
+using ::posenc::testing::randn;
+using I = std::int64_t;
+using Vec = std::vector<double>;
+
+std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
+// Values stored in a dtype, and the same values as doubles.
+struct Tensor {
+  DType dtype;
+  std::vector<float> f;
+  std::vector<bf16> h;
+  std::vector<f16> hf;
+  Vec d;
+  std::vector<I> shape;
+  Tensor(DType t, const Vec& src, std::vector<I> s) : dtype(t), d(src.size()), shape(std::move(s)) {
+    f.resize(t == DType::kF32 ? src.size() : 0);
+    h.resize(t == DType::kBF16 ? src.size() : 0);
+    hf.resize(t == DType::kF16 ? src.size() : 0);
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      const float x = static_cast<float>(src[i]);
+      if (t == DType::kF32) d[i] = f[i] = x;
+      else if (t == DType::kBF16) d[i] = to_float(h[i] = to_bf16(x));
+      else d[i] = to_float(hf[i] = to_f16(x));
+    }
+  }
+  View view() {
+    void* p = dtype == DType::kF32 ? static_cast<void*>(f.data())
+              : dtype == DType::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(hf.data());
+    return View::contiguous(p, dtype, shape);
+  }
+  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
+  Vec values() const {
+    Vec r(d.size());
+    for (std::size_t i = 0; i < r.size(); ++i)
+      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : to_float(hf[i]);
+    return r;
+  }
+};
+
+struct Variant {
+  std::string name;
+  Encoding enc;
+};
+
+std::vector<Variant> variants() {
+  return {{"nope", Encoding::kNope},         {"rope_half", Encoding::kRope},
+          {"rope_interleaved_partial", Encoding::kRope}, {"xpos", Encoding::kXpos},
+          {"mrope", Encoding::kMrope},       {"alibi", Encoding::kAlibi},
+          {"alibi_slopes", Encoding::kAlibi}, {"alibi_nonsymmetric", Encoding::kAlibi},
+          {"alibi_learned", Encoding::kAlibi}, {"t5_bidirectional", Encoding::kT5},
+          {"t5_unidirectional", Encoding::kT5}, {"kerple_log", Encoding::kKerple},
+          {"kerple_power", Encoding::kKerple}, {"sandwich", Encoding::kSandwich},
+          {"fire", Encoding::kFire}};
+}
+
+// One call's parameters and encoding tensors (float64).
+struct Problem {
+  AttentionParams p;
+  I Hq, D;
+  Vec slopes, weights, r1, r2, w1, b1, w2, b2, c, L;
+  Problem(const Variant& var, I hq, I d, bool causal, std::uint64_t seed) : Hq(hq), D(d) {
+    p.encoding = var.enc;
+    p.causal = causal;
+    p.k_offset = 5;
+    const bool has = [&](const char* s) { return var.name.find(s) != std::string::npos; }("partial");
+    if (var.enc == Encoding::kRope) {
+      p.keys_rotated = true;
+      p.rope.layout = var.name.find("half") != std::string::npos ? RopeLayout::kHalf : RopeLayout::kInterleaved;
+      if (has) p.rope.rotary_dim = D / 2 - (D / 2) % 2;
+    }
+    if (var.enc == Encoding::kXpos) p.keys_rotated = true, p.xpos.scale_base = 64;
+    if (var.enc == Encoding::kMrope) {
+      p.keys_rotated = true;
+      const I half = D / 2, s3 = half / 3;
+      p.mrope.mrope_section = {half - 2 * s3, s3, s3};
+    }
+    if (var.name == "alibi_slopes") {
+      slopes = randn(ix(Hq), seed + 1, 0.2);
+      for (double& m : slopes) m = std::fabs(m);
+    }
+    if (var.name == "alibi_nonsymmetric") p.alibi.variant = AlibiVariant::kNonsymmetric;
+    if (var.name == "alibi_learned") {
+      p.alibi.variant = AlibiVariant::kLearned;
+      weights = randn(ix(2 * Hq), seed + 2);
+    }
+    if (var.enc == Encoding::kT5) {
+      p.t5.bidirectional = var.name == "t5_bidirectional";
+      p.t5.num_buckets = 16;
+      p.t5.max_distance = 40;
+      weights = randn(ix(16 * Hq), seed + 3);
+    }
+    if (var.enc == Encoding::kKerple) {
+      if (var.name == "kerple_power") p.kerple.kernel = KerpleKernel::kPower;
+      r1 = randn(ix(Hq), seed + 4);
+      r2 = randn(ix(Hq), seed + 5);
+      for (double& x : r1) x = 0.1 + 1.5 * (0.5 + 0.5 * std::tanh(x));
+      for (double& x : r2) x = 0.05 + 1.9 * (0.5 + 0.5 * std::tanh(x));
+    }
+    if (var.enc == Encoding::kSandwich) p.sandwich.sinusoid_dim = 16;
+    if (var.enc == Encoding::kFire) {
+      w1 = randn(9, seed + 6, 1.5);
+      b1 = randn(9, seed + 7, 0.7);
+      w2 = randn(ix(Hq * 9), seed + 8, 0.8);
+      b2 = randn(ix(Hq), seed + 9, 0.5);
+      c = {0.15};
+      L = {300.5};  // query positions on both sides of it over the shapes
+    }
+  }
+  static View v(Vec& x, std::initializer_list<I> s) { return View::contiguous(x.data(), DType::kF64, s); }
+  EncodingTensors tensors() {
+    EncodingTensors t;
+    if (!slopes.empty()) t.slopes = v(slopes, {Hq});
+    if (!weights.empty()) t.weights = v(weights, {I(weights.size()) / Hq, Hq});
+    if (!r1.empty()) t.r1 = v(r1, {Hq}), t.r2 = v(r2, {Hq});
+    if (!w1.empty()) t.fire = FireTensors{v(w1, {9}), v(b1, {9}), v(w2, {Hq, 9}), v(b2, {Hq}), v(c, {1}), v(L, {1})};
+    return t;
+  }
+};
+
+double amax(const Vec& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::isfinite(v) ? std::fabs(v) : 0.0);
+  return m;
+}
+
+// The decode kernel (at `threads`) against the reference on one shape.
+void check(const Variant& var, DType dt, I M, I Hq, I Hkv, bool causal, I N, int threads, std::uint64_t seed,
+           I D = 40) {
+  SCOPED_TRACE(var.name + " " + dtype_name(dt) + " M=" + std::to_string(M) + " Hq=" + std::to_string(Hq) +
+               " Hkv=" + std::to_string(Hkv) + (causal ? " causal" : "") + " threads=" + std::to_string(threads));
+  Problem pr(var, Hq, D, causal, seed);
+  const I B = 1;
+  Tensor q(dt, randn(ix(B * M * Hq * D), seed + 11), {B, M, Hq, D});
+  Tensor k(dt, randn(ix(B * N * Hkv * D), seed + 12), {B, N, Hkv, D});
+  Tensor v(dt, randn(ix(B * N * Hkv * D), seed + 13), {B, N, Hkv, D});
+  Tensor out(dt, Vec(q.d.size(), 0.0), {B, M, Hq, D});
+  Vec lse(ix(B * Hq * M), 7.0), want(q.d.size()), want_lse(lse.size());
+  const EncodingTensors t = pr.tensors();
+  {
+    const ThreadScope scope(threads);
+    const Status st = decode::attention_forward(pr.p, q.view(), k.view(), v.view(), t, out.view(),
+                                                View::contiguous(lse.data(), DType::kF64, {B, Hq, M}));
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  const Status sr = reference::attention_forward(pr.p, q.view64(), k.view64(), v.view64(), t,
+                                                 View::contiguous(want.data(), DType::kF64, {B, M, Hq, D}),
+                                                 View::contiguous(want_lse.data(), DType::kF64, {B, Hq, M}));
+  ASSERT_TRUE(sr.ok()) << sr.message();
+  const double atol = dt == DType::kF32 ? 2e-6 : 8e-3, rtol = dt == DType::kF32 ? 2e-5 : 8e-3;
+  EXPECT_TRUE(AllClose(out.values(), want, atol * std::max(amax(want), 1e-30), rtol)) << "out";
+  EXPECT_TRUE(AllClose(lse, want_lse, 1e-4, 1e-5)) << "lse";
+}
+
+class Decode : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(Decode, MatchesReference) {
+  std::uint64_t seed = 100;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (I M : {1, 3, 16})
+      for (auto [Hq, Hkv] : {std::pair<I, I>{8, 2}, {4, 1}})
+        for (bool causal : {false, true})
+          for (int threads : {1, 2}) check(GetParam(), dt, M, Hq, Hkv, causal, 601, threads, seed += 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Decode, Decode, ::testing::ValuesIn(variants()),
+                         [](const ::testing::TestParamInfo<Variant>& i) { return i.param.name; });
+
+// Every SIMD target compiled and supported here, one case per encoding and dtype (D = 70: vector
+// tails in every row loop).
+TEST(DecodeTargets, EveryTargetMatchesReference) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (const Variant& var : variants())
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) check(var, dt, 2, 4, 2, true, 301, 2, 7, 70);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// keys_rotated: a cache rotated by rope_forward at the keys' positions, with q rotated by the call,
+// gives what the call gives when it rotates both (reference and decode kernel alike).
+TEST(DecodeKeysRotated, EqualsRotatingTheCache) {
+  const I B = 1, M = 2, N = 333, Hq = 4, Hkv = 2, D = 32;
+  for (RopeLayout layout : {RopeLayout::kHalf, RopeLayout::kInterleaved}) {
+    AttentionParams p;
+    p.encoding = Encoding::kRope;
+    p.rope.layout = layout;
+    p.causal = true;
+    p.k_offset = 10;
+    std::vector<double> q = randn(ix(B * M * Hq * D), 1), k = randn(ix(B * N * Hkv * D), 2),
+                        v = randn(ix(B * N * Hkv * D), 3), kr(k.size());
+    ASSERT_TRUE(rope_forward(p.rope, testing::V(k, {B, N, Hkv, D}), Positions{View{}, p.k_offset},
+                             testing::V(kr, {B, N, Hkv, D})).ok());
+    Vec want(q.size()), got(q.size()), fast(q.size());
+    ASSERT_TRUE(reference::attention_forward(p, testing::V(q, {B, M, Hq, D}), testing::V(k, {B, N, Hkv, D}),
+                                             testing::V(v, {B, N, Hkv, D}), {}, testing::V(want, {B, M, Hq, D})).ok());
+    p.keys_rotated = true;
+    ASSERT_TRUE(reference::attention_forward(p, testing::V(q, {B, M, Hq, D}), testing::V(kr, {B, N, Hkv, D}),
+                                             testing::V(v, {B, N, Hkv, D}), {}, testing::V(got, {B, M, Hq, D})).ok());
+    EXPECT_TRUE(AllClose(got, want, 1e-12, 1e-10));
+    std::vector<float> qf(q.begin(), q.end()), krf(kr.begin(), kr.end()), vf(v.begin(), v.end()), of(q.size());
+    ASSERT_TRUE(decode::attention_forward(p, testing::V(qf, {B, M, Hq, D}), testing::V(krf, {B, N, Hkv, D}),
+                                          testing::V(vf, {B, N, Hkv, D}), {}, testing::V(of, {B, M, Hq, D})).ok());
+    EXPECT_TRUE(AllClose(Vec(of.begin(), of.end()), want, 2e-6 * amax(want), 2e-5));
+  }
+}
+
+// keys_rotated is refused where it means nothing, naming the argument.
+TEST(DecodeKeysRotated, RefusedOutsideTheRotaryEncodings) {
+  std::vector<float> q(8, 0.5f), out(8);
+  AttentionParams p;
+  p.keys_rotated = true;
+  const View qv = testing::V(q, {1, 2, 1, 4}), ov = testing::V(out, {1, 2, 1, 4});
+  const Status st = attention_forward(p, qv, qv, qv, {}, ov);
+  EXPECT_EQ(st.arg(), "keys_rotated");
+  p.encoding = Encoding::kRope2d;
+  p.rope2d.variant = Rope2dVariant::kMixed;
+  EXPECT_EQ(reference::attention_forward(p, qv, qv, qv, {}, ov).arg(), "keys_rotated");
+}
+
+// The public dispatcher sends a decode step to the decode kernel (bit for bit), also below the
+// size where it would run the reference, and a NaN in k to a path that gives the reference's NaN row.
+TEST(DecodeDispatch, PublicEntryPointRunsTheDecodeKernel) {
+  const I M = 1, N = 40, Hq = 4, Hkv = 2, D = 16;
+  Problem pr({"alibi", Encoding::kAlibi}, Hq, D, true, 3);
+  std::vector<float> q = testing::to_float(randn(ix(M * Hq * D), 1)), k = testing::to_float(randn(ix(N * Hkv * D), 2)),
+                     v = testing::to_float(randn(ix(N * Hkv * D), 3)), a(q.size()), b(q.size());
+  const View qv = testing::V(q, {1, M, Hq, D}), kv = testing::V(k, {1, N, Hkv, D}), vv = testing::V(v, {1, N, Hkv, D});
+  ASSERT_TRUE(attention_forward(pr.p, qv, kv, vv, {}, testing::V(a, {1, M, Hq, D})).ok());
+  ASSERT_TRUE(decode::attention_forward(pr.p, qv, kv, vv, {}, testing::V(b, {1, M, Hq, D})).ok());
+  EXPECT_EQ(a, b);
+  k[ix(7 * Hkv * D + 3)] = std::numeric_limits<float>::quiet_NaN();  // key 7 of kv head 0
+  EXPECT_EQ(decode::attention_forward(pr.p, qv, kv, vv, {}, testing::V(b, {1, M, Hq, D})).arg(), "k");
+  ASSERT_TRUE(attention_forward(pr.p, qv, kv, vv, {}, testing::V(a, {1, M, Hq, D})).ok());
+  for (I h = 0; h < Hq; ++h)
+    for (I e = 0; e < D; ++e) EXPECT_EQ(std::isnan(a[ix(h * D + e)]), h < 2) << h;
+}
+
+}  // namespace
+}  // namespace posenc
