@@ -35,6 +35,7 @@ namespace {
 struct StudyState {
   std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
   std::string batch, eval_tokens, task, seeds, plan, job, merge;
+  bool extend = false;
   CLI::Option *encodings_opt = nullptr, *task_opt = nullptr, *corpus_opt = nullptr, *out_opt = nullptr;
   CLI::Option *plan_opt = nullptr, *job_opt = nullptr, *merge_opt = nullptr, *preset_opt = nullptr;
 };
@@ -63,6 +64,13 @@ std::vector<Encoding> parse_encodings(const std::string& list) {
 StudyConfig parse_config(const StudyState& st) {
   StudyConfig cfg = take_study(study_preset(st.preset));
   cfg.encodings = st.encodings_opt->count() > 0 ? parse_encodings(st.encodings) : study_encodings();
+  if (st.extend) {  // RoPE with its scaling schemes (study/extend.h)
+    if (st.encodings_opt->count() > 0 && cfg.encodings != std::vector<Encoding>{Encoding::kRope})
+      fail(Status::Invalid("--encodings", "--extend studies rope alone"));
+    if (st.task_opt->count() > 0) fail(Status::Invalid("--task", "cannot be combined with --extend"));
+    cfg.encodings = {Encoding::kRope};
+    cfg.extend = true;
+  }
   if (!st.train_len.empty()) {
     cfg.train_len = parse_int("--train-len", st.train_len);
     if (cfg.train_len < 2 || cfg.train_len > 4096) fail(Status::Invalid("--train-len", "expected 2 .. 4096"));
@@ -204,6 +212,7 @@ std::string job_command(const StudyState& st, const StudyConfig& cfg, const Stud
     if (!st.corpus.empty()) w.insert(w.end(), {"--corpus", st.corpus});
     w.insert(w.end(), {"--eval-tokens", std::to_string(cfg.eval_tokens)});
   }
+  if (cfg.extend) w.push_back("--extend");
   w.insert(w.end(), {"--threads", std::to_string(threads), "--job", job.id, "--out", dir});
   std::string line;
   for (const std::string& x : w) line += (line.empty() ? "" : " ") + shell_word(x);
@@ -220,6 +229,7 @@ void merge_command(const StudyState& st) {
     if (!value->empty()) fail(Status::Invalid(flag, "cannot be combined with --merge (the plan fixes the study)"));
   if (st.preset_opt->count() > 0) fail(Status::Invalid("--preset", "cannot be combined with --merge (the plan fixes the study)"));
   if (st.plan_opt->count() > 0) fail(Status::Invalid("--plan", "cannot be combined with --merge"));
+  if (st.extend) fail(Status::Invalid("--extend", "cannot be combined with --merge (the plan fixes the study)"));
   if (st.merge.empty()) fail(Status::Invalid("--merge", "expected a plan directory"));
   check_out(st.out);
   const StudyRun run = take_study(merge_plan_dir(st.merge));
@@ -324,6 +334,9 @@ Command add_study_command(CLI::App& root) {
                           "DIR");
   st->job_opt = add_text(app, "--job", &st->job, "run one job of a plan (a line of jobs.txt) into --out/jobs/ID.json",
                          "ID");
+  app->add_flag("--extend", st->extend,
+                "RoPE's context extension: rope trained at L, evaluated at 1-16 L with each scaling scheme "
+                "(linear, ntk, dynamic, yarn, llama3) zero-shot and after a fine-tune at 4 L");
   st->merge_opt = add_text(app, "--merge", &st->merge,
                            "merge a plan's finished jobs into --out (as a local run writes them)", "DIR");
   st->task_opt = add_text(app, "--task", &st->task,

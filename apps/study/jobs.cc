@@ -1,6 +1,7 @@
 // study/jobs.cc — jobs, their files, and the merge of their rows into a study.
 #include "study/jobs.h"
 
+#include "study/extend.h"
 #include "study/run.h"
 
 #include <sys/stat.h>
@@ -105,7 +106,7 @@ std::vector<StudyJob> plan_jobs(const StudyConfig& cfg) {
       StudyJob j;
       j.encoding = e;
       j.seed = cfg.seed + std::uint64_t(k);
-      j.id = encoding_info(e).name + "-s" + std::to_string(j.seed);
+      j.id = (cfg.extend ? std::string("extend") : encoding_info(e).name) + "-s" + std::to_string(j.seed);
       jobs.push_back(j);
     }
   return jobs;
@@ -113,6 +114,7 @@ std::vector<StudyJob> plan_jobs(const StudyConfig& cfg) {
 
 Expected<std::vector<StudyResult>> run_job(const StudyConfig& cfg, const Corpus& corpus, const StudyJob& job,
                                            std::size_t index, const StudyProgress& progress) {
+  if (cfg.extend) return run_extend(cfg, corpus, job.seed, index, progress);
   Expected<StudyResult> r = run_one(cfg, corpus, job.encoding, job.seed, index, progress);
   if (!r.ok()) return r.status();
   return std::vector<StudyResult>{std::move(r).value()};
@@ -167,6 +169,7 @@ std::string study_config_json(const StudyConfig& cfg, const std::string& preset,
   j["eval_tokens"] = cfg.eval_tokens;
   j["eval_examples"] = cfg.eval_examples;
   j["task"] = cfg.task ? json(task_name(*cfg.task)) : json(nullptr);
+  j["extend"] = cfg.extend;
   j["encodings"] = json::array();
   for (Encoding e : cfg.encodings) j["encodings"].push_back(encoding_info(e).name);
   return j.dump();
@@ -190,6 +193,7 @@ Expected<PlannedStudy> study_config_from_json(const std::string& text) {
     ps.cfg.eval_multiples = j.at("eval_multiples").get<std::vector<std::int64_t>>();
     ps.cfg.eval_tokens = j.at("eval_tokens").get<std::int64_t>();
     ps.cfg.eval_examples = j.at("eval_examples").get<std::int64_t>();
+    ps.cfg.extend = j.at("extend").get<bool>();
     if (!j.at("task").is_null()) {
       Expected<Task> t = parse_task(j.at("task").get<std::string>());
       if (!t.ok()) return Status::Invalid("plan", t.status().message());

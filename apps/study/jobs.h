@@ -18,15 +18,16 @@ namespace posenc {
 
 // One training and its evaluation.
 struct StudyJob {
-  std::string id;  // "<encoding>-s<seed>", e.g. "rope-s2": letters, digits, '-', '_', '.' only
+  std::string id;  // "<encoding>-s<seed>", e.g. "rope-s2" ("extend-s<seed>" for --extend)
   Encoding encoding = Encoding::kNope;
   std::uint64_t seed = 1;
 };
 
-// The jobs of cfg: each encoding in order, each with seeds cfg.seed … cfg.seed + cfg.seeds − 1.
+// The jobs of cfg: each encoding in order, each with seeds cfg.seed … cfg.seed + cfg.seeds − 1
+// (cfg.extend: one job per seed, study/extend.h).
 std::vector<StudyJob> plan_jobs(const StudyConfig& cfg);
 
-// Runs one job: its rows (one per encoding; several for --extend), each with the job's seed.
+// Runs one job: its rows (one for an encoding; run_extend's for --extend), each with the job's seed.
 // `index` is passed on to `progress`.
 Expected<std::vector<StudyResult>> run_job(const StudyConfig& cfg, const Corpus& corpus, const StudyJob& job,
                                            std::size_t index, const StudyProgress& progress);

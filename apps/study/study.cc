@@ -141,6 +141,13 @@ Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok
   return loss;
 }
 
+Expected<double> held_out_ppl(Model<float>& model, const Corpus& corpus, I E, I len) {
+  // E / len contiguous windows: a [windows, len] view of the held-out bytes, targets one byte on.
+  Expected<LossSum> r = model.forward(corpus.held.data(), corpus.held.data() + 1, E / len, len);
+  if (!r.ok()) return r.status();
+  return std::exp(r.value().nll / double(r.value().count));
+}
+
 Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::uint64_t seed,
                               std::size_t index, const StudyProgress& progress) {
   ModelConfig mc = cfg.model;
@@ -221,10 +228,9 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
       res.eval.push_back(pt);
       continue;
     }
-    // E / len contiguous windows: a [windows, len] view of the held-out bytes, targets one byte on.
-    Expected<LossSum> r = model.forward(corpus.held.data(), corpus.held.data() + 1, E / len, len);
-    if (!r.ok()) return r.status();
-    pt.ppl = std::exp(r.value().nll / double(r.value().count));
+    Expected<double> ppl = held_out_ppl(model, corpus, E, len);
+    if (!ppl.ok()) return ppl.status();
+    pt.ppl = ppl.value();
     res.eval.push_back(pt);
     if (progress) progress(index, cfg.steps + 1, res.final_train_loss);
   }

@@ -52,6 +52,7 @@ struct StudyConfig {
   std::int64_t seeds = 1;                    // trainings per encoding (each its own seed)
   std::optional<Task> task;                  // set: train and score on the task instead of the corpus
   std::int64_t eval_examples = 64;           // task: examples scored at every length
+  bool extend = false;                       // RoPE's context extension (study/extend.h) instead
 };
 
 struct EvalPoint {
@@ -95,6 +96,9 @@ Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok
 
 // Progress: job index (study/jobs.h), steps done for it (steps + 1 while evaluating), and the last loss.
 using StudyProgress = std::function<void(std::size_t enc, std::int64_t step, double loss)>;
+
+// Perplexity per byte of `model` on the first E held-out bytes, cut into E / len windows of len bytes.
+Expected<double> held_out_ppl(Model<float>& model, const Corpus& corpus, std::int64_t E, std::int64_t len);
 
 // Trains one model at cfg.train_len with `seed` (its parameters, training windows and, for a task,
 // its examples; model config: cfg.model with the encoding set; learned's table is train_len rows)
