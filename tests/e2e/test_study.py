@@ -217,7 +217,7 @@ def study_merge_refuses_missing_and_duplicate_jobs(d):
 @case
 def study_extend_compares_rope_schemes(d):
     out = os.path.join(d, "out")
-    r = study(d, out, "--extend", "--steps", 20, "--threads", "2")
+    r = study(d, out, "--extend", "--threads", "2")  # 12 steps, fine-tunes of one step
     j = json.load(open(os.path.join(out, "results.json")))
     schemes = ["linear", "ntk", "dynamic", "yarn", "llama3"]
     names = [e["encoding"] for e in j["encodings"]]
