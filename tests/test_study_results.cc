@@ -49,7 +49,9 @@ StudyRun sample_run(bool task) {
   run.threads_per_worker = 1;
   for (Encoding e : run.cfg.encodings) {
     StudyResult r;
+    r.name = encoding_info(e).name;
     r.encoding = e;
+    r.seeds = {1};
     r.final_train_loss = 2.5;
     r.train_seconds = 1.25;
     r.tokens_per_second = 12345.6;
@@ -62,6 +64,7 @@ StudyRun sample_run(bool task) {
       }
       r.eval.push_back(p);
     }
+    r.per_seed = {r.eval};
     run.results.push_back(r);
   }
   return run;
@@ -83,7 +86,9 @@ std::vector<std::string> words(const std::string& line) {
 
 TEST(StudyResults, JsonRoundTripIsExact) {
   StudyResult r;
+  r.name = "rope";
   r.encoding = Encoding::kRope;
+  r.seeds = {7};
   r.final_train_loss = 1.0 / 3.0;
   r.train_seconds = 0.1 + 0.2;
   r.tokens_per_second = std::numeric_limits<double>::max();
@@ -97,12 +102,14 @@ TEST(StudyResults, JsonRoundTripIsExact) {
     if (v < 1) p.acc = 1 - v;
     r.eval.push_back(p);
   }
-  r.eval.push_back({len, std::nullopt, std::nullopt});
+  r.eval.push_back({len, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
   const std::string line = result_to_json(r);
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   const Expected<StudyResult> back = result_from_json(line);
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->encoding, r.encoding);
+  EXPECT_EQ(back->name, "rope");
+  EXPECT_EQ(back->seeds, std::vector<std::uint64_t>{7});
   EXPECT_TRUE(same_bits(back->final_train_loss, r.final_train_loss));
   EXPECT_TRUE(same_bits(back->train_seconds, r.train_seconds));
   EXPECT_TRUE(same_bits(back->tokens_per_second, r.tokens_per_second));
@@ -184,9 +191,12 @@ TEST(StudyResults, ResultsJsonHoldsTheRunsSettings) {
   const std::string text = results_json(sample_run(true));
   ASSERT_FALSE(text.empty());
   EXPECT_EQ(text.back(), '\n');
-  for (const char* key : {"\"train_len\": 16", "\"task\": \"copy\"", "\"corpus\": \"task copy\"", "\"workers\": 2",
-                          "\"threads_per_worker\": 1", "\"acc\": 0.5", "\"acc\": null", "\"encoding\": \"learned\""})
+  for (const char* key : {"\"train_len\": 16", "\"task\": \"copy\"", "\"corpus\": \"task copy\"", "\"seeds\": 1",
+                          "\"acc\": 0.5", "\"acc\": null", "\"encoding\": \"learned\""})
     EXPECT_NE(text.find(key), std::string::npos) << key;
+  // nothing of the machine it ran on: a local run and a merged sweep write the same file
+  for (const char* key : {"\"workers\"", "\"threads", "\"train_seconds\"", "\"tokens_per_second\"", "_sd\""})
+    EXPECT_EQ(text.find(key), std::string::npos) << key;
   EXPECT_EQ(results_json(sample_run(false)).find("\"acc\""), std::string::npos);  // only for a task
 }
 

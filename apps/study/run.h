@@ -9,14 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "study/jobs.h"
 #include "study/results.h"
 #include "study/study.h"
 #include "posenc/status.h"
 
 namespace posenc {
 
-// The presets: "quick" finishes in a few minutes on 2 cores, "full" trains a larger model for longer.
-// No encodings are set. Any other name is an error naming "preset".
+// The presets: "quick" finishes in a few minutes on 2 cores (one seed), "full" trains a larger model
+// for longer, three seeds per encoding. No encodings are set. Any other name is an error naming "preset".
 Expected<StudyConfig> study_preset(const std::string& name);
 
 // Whether the study's model takes encoding e: Ok, or validate_config's error naming "encoding".
@@ -25,20 +26,22 @@ Status model_takes(Encoding e);
 // The encodings the model takes, in catalogue order (the default of a study).
 std::vector<Encoding> study_encodings();
 
-// How `threads` threads train `encodings` encodings: W = min(threads, encodings) workers of
+// How `threads` threads run `jobs` jobs (study/jobs.h): W = min(threads, jobs) workers of
 // threads / W threads each (at least one); one worker trains in this process.
 struct WorkerPlan {
   int workers = 1, threads_per_worker = 1;
 };
-WorkerPlan plan_workers(int threads, std::size_t encodings);
+WorkerPlan plan_workers(int threads, std::size_t jobs);
 
 struct RunOptions {
   std::string preset = "quick";  // recorded in results.json
   int threads = 1;               // in all, split by plan_workers
 };
 
-// Trains and evaluates every encoding of cfg (plan_workers(opt.threads, …) at a time; this process's
-// thread count set to the plan's threads per worker). `progress` is called in this process.
+// Runs every job of plan_jobs(cfg) (plan_workers(opt.threads, …) at a time; this process's thread
+// count set to the plan's threads per worker) and merges their rows (merge_runs: the same merge as
+// merge_plan_dir, so a local run and a merged sweep write the same files). `progress` is called in
+// this process with job indices.
 Expected<StudyRun> run_study(const StudyConfig& cfg, const Corpus& corpus, const RunOptions& opt,
                              const StudyProgress& progress);
 

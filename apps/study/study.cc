@@ -141,20 +141,27 @@ Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok
   return loss;
 }
 
-Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::size_t index,
-                              const StudyProgress& progress) {
+Expected<double> held_out_ppl(Model<float>& model, const Corpus& corpus, I E, I len) {
+  // E / len contiguous windows: a [windows, len] view of the held-out bytes, targets one byte on.
+  Expected<LossSum> r = model.forward(corpus.held.data(), corpus.held.data() + 1, E / len, len);
+  if (!r.ok()) return r.status();
+  return std::exp(r.value().nll / double(r.value().count));
+}
+
+Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::uint64_t seed,
+                              std::size_t index, const StudyProgress& progress) {
   ModelConfig mc = cfg.model;
   mc.encoding = e;
   mc.max_len = cfg.train_len;
   POSENC_RETURN_IF_ERROR(validate_config(mc));
   const I L = cfg.train_len, B = cfg.batch;
   if (!cfg.task && I(corpus.train.size()) < L + 2) return Status::Invalid("train-len", "longer than the training text");
-  Model<float> model(mc, cfg.seed);
+  Model<float> model(mc, seed);
   AdamWConfig oc = cfg.opt;
   oc.total = cfg.steps;
   AdamW opt(oc, model.layout(), model.params().size());
-  Batcher batches(corpus, L, B, cfg.seed);
-  std::mt19937_64 task_rng(cfg.seed * 0x9E3779B97F4A7C15ull + 2);
+  Batcher batches(corpus, L, B, seed);
+  std::mt19937_64 task_rng(seed * 0x9E3779B97F4A7C15ull + 2);
   std::vector<std::int32_t> tok(ix(B * L)), tgt(ix(B * L));
   std::vector<double> recent;
   const auto t0 = std::chrono::steady_clock::now();
@@ -173,13 +180,15 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
     if (progress) progress(index, step + 1, loss);
   }
   StudyResult res;
+  res.name = encoding_info(e).name;
   res.encoding = e;
+  res.seeds = {seed};
   res.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.tokens_per_second = double(cfg.steps * B * L) / res.train_seconds;
   for (double x : recent) res.final_train_loss += x / double(recent.size());
 
   if (cfg.task) {  // accuracy by length on fresh examples (the same ones for every encoding)
-    std::mt19937_64 eval_rng(cfg.seed * 0x9E3779B97F4A7C15ull + 3);
+    std::mt19937_64 eval_rng(seed * 0x9E3779B97F4A7C15ull + 3);
     for (I mult : cfg.eval_multiples) {
       const I len = mult * L, n = cfg.eval_examples;
       EvalPoint pt;
@@ -219,10 +228,9 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
       res.eval.push_back(pt);
       continue;
     }
-    // E / len contiguous windows: a [windows, len] view of the held-out bytes, targets one byte on.
-    Expected<LossSum> r = model.forward(corpus.held.data(), corpus.held.data() + 1, E / len, len);
-    if (!r.ok()) return r.status();
-    pt.ppl = std::exp(r.value().nll / double(r.value().count));
+    Expected<double> ppl = held_out_ppl(model, corpus, E, len);
+    if (!ppl.ok()) return ppl.status();
+    pt.ppl = ppl.value();
     res.eval.push_back(pt);
     if (progress) progress(index, cfg.steps + 1, res.final_train_loss);
   }

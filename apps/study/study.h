@@ -48,19 +48,28 @@ struct StudyConfig {
   std::int64_t batch = 16;
   std::vector<std::int64_t> eval_multiples = {1, 2, 4, 8, 16};
   std::int64_t eval_tokens = 16384;          // held-out bytes scored at every length
-  std::uint64_t seed = 1;
+  std::uint64_t seed = 1;                    // the first seed; seeds run seed, seed + 1, …
+  std::int64_t seeds = 1;                    // trainings per encoding (each its own seed)
   std::optional<Task> task;                  // set: train and score on the task instead of the corpus
   std::int64_t eval_examples = 64;           // task: examples scored at every length
+  bool extend = false;                       // RoPE's context extension (study/extend.h) instead
 };
 
 struct EvalPoint {
   std::int64_t len = 0;
   std::optional<double> ppl;  // absent where the encoding cannot run (learned past its table)
   std::optional<double> acc;  // task: fraction of scored bytes predicted exactly (argmax)
+  // Over seeds (a merged result of two or more trainings): the sample standard deviations (n − 1)
+  // of ppl and acc, which then hold the means.
+  std::optional<double> ppl_sd, acc_sd;
 };
 
+// One training's evaluation (a row of the study), or the mean over its seeds once merged.
 struct StudyResult {
+  std::string name;  // the row: the encoding's name (run_one), or a scheme's row of --extend
   Encoding encoding = Encoding::kNope;
+  std::vector<std::uint64_t> seeds;  // the seed of this training; once merged, every seed's
+  std::vector<std::vector<EvalPoint>> per_seed;  // merged: each seed's eval, in `seeds`' order
   std::vector<EvalPoint> eval;
   double final_train_loss = 0;  // mean of the last 20 steps
   double train_seconds = 0, tokens_per_second = 0;
@@ -85,12 +94,16 @@ Expected<double> train_step(Model<float>& m, AdamW& opt, const std::int32_t* tok
                             const std::int32_t* targets, std::int64_t batch, std::int64_t len,
                             double* grad_norm = nullptr);
 
-// Progress: encoding index, steps done for it (steps + 1 while evaluating), and the last loss.
+// Progress: job index (study/jobs.h), steps done for it (steps + 1 while evaluating), and the last loss.
 using StudyProgress = std::function<void(std::size_t enc, std::int64_t step, double loss)>;
 
-// Trains one model at cfg.train_len (model config: cfg.model with the encoding set; learned's table
-// is train_len rows) and evaluates it.
-Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::size_t index,
-                              const StudyProgress& progress);
+// Perplexity per byte of `model` on the first E held-out bytes, cut into E / len windows of len bytes.
+Expected<double> held_out_ppl(Model<float>& model, const Corpus& corpus, std::int64_t E, std::int64_t len);
+
+// Trains one model at cfg.train_len with `seed` (its parameters, training windows and, for a task,
+// its examples; model config: cfg.model with the encoding set; learned's table is train_len rows)
+// and evaluates it. `index` is passed on to `progress`.
+Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::uint64_t seed,
+                              std::size_t index, const StudyProgress& progress);
 
 }  // namespace posenc

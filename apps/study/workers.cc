@@ -1,6 +1,6 @@
-// study/workers.cc — the worker processes and their pipe protocol. Parent to worker: encoding indices
+// study/workers.cc — the worker processes and their pipe protocol. Parent to worker: job indices
 // as int32 (−1: stop). Worker to parent, one line each: "P index step loss" (progress), "R index json"
-// (a result, study/results.h) or "E message" (the worker failed and exits).
+// (a job's rows, study/jobs.h) or "E message" (the worker failed and exits).
 #include "study/workers.h"
 
 #include <poll.h>
@@ -30,9 +30,9 @@ bool write_all(int fd, const std::string& s) {
   return true;
 }
 
-// A worker: reads encoding indices from `in`, trains and evaluates each, and writes its lines to
-// `out`. Never returns.
-[[noreturn]] void worker_main(const StudyConfig& cfg, const Corpus& corpus, int threads, int in, int out) {
+// A worker: reads job indices from `in`, runs each, and writes its lines to `out`. Never returns.
+[[noreturn]] void worker_main(const StudyConfig& cfg, const Corpus& corpus, const std::vector<StudyJob>& jobs,
+                              int threads, int in, int out) {
   set_num_threads(threads);
   for (;;) {
     std::int32_t idx = -1;
@@ -44,7 +44,7 @@ bool write_all(int fd, const std::string& s) {
       got += std::size_t(n);
     }
     if (idx < 0) _exit(0);
-    Expected<StudyResult> r = run_one(cfg, corpus, cfg.encodings[std::size_t(idx)], std::size_t(idx),
+    Expected<std::vector<StudyResult>> r = run_job(cfg, corpus, jobs[std::size_t(idx)], std::size_t(idx),
                                       [&](std::size_t e, std::int64_t s, double l) {
                                         char buf[96];
                                         std::snprintf(buf, sizeof buf, "P %zu %lld %.17g\n", e, (long long)s, l);
@@ -57,7 +57,7 @@ bool write_all(int fd, const std::string& s) {
       write_all(out, "E " + m + "\n");
       _exit(2);
     }
-    if (!write_all(out, "R " + std::to_string(idx) + " " + result_to_json(r.value()) + "\n")) _exit(3);
+    if (!write_all(out, "R " + std::to_string(idx) + " " + job_rows_to_json(r.value()) + "\n")) _exit(3);
   }
 }
 
@@ -77,7 +77,8 @@ void stop_all(std::vector<Child>& kids) {
 }
 
 // Forks the workers, each with a pipe down (indices) and one up (lines).
-Status start_workers(std::vector<Child>& kids, const StudyConfig& cfg, const Corpus& corpus, int per_worker) {
+Status start_workers(std::vector<Child>& kids, const StudyConfig& cfg, const Corpus& corpus,
+                     const std::vector<StudyJob>& jobs, int per_worker) {
   std::fflush(nullptr);
   for (Child& c : kids) {
     int down[2], up[2];
@@ -95,7 +96,7 @@ Status start_workers(std::vector<Child>& kids, const StudyConfig& cfg, const Cor
       close(up[0]);
       for (const Child& o : kids)  // the earlier workers' pipe ends are not this worker's
         if (o.pid > 0) close(o.to), close(o.from);
-      worker_main(cfg, corpus, per_worker, down[0], up[1]);
+      worker_main(cfg, corpus, jobs, per_worker, down[0], up[1]);
     }
     close(down[0]);
     close(up[1]);
@@ -130,9 +131,9 @@ class Collector {
       std::size_t at = 0;
       int used = 0;
       if (std::sscanf(line.c_str() + 2, "%zu %n", &at, &used) != 1) return "a study worker sent a malformed result";
-      Expected<StudyResult> r = result_from_json(line.substr(2 + std::size_t(used)));
+      Expected<std::vector<StudyResult>> r = job_rows_from_json(line.substr(2 + std::size_t(used)));
       if (!r.ok()) return "a study worker sent a malformed result";
-      if (at >= results_.size() || results_[at]) return "a study worker sent a result for an encoding it was not given";
+      if (at >= results_.size() || results_[at]) return "a study worker sent a result for a job it was not given";
       results_[at] = std::move(r).value();
       ++finished_;
       hand_out(c);
@@ -141,14 +142,14 @@ class Collector {
     }
     return {};
   }
-  std::vector<StudyResult> results() {
-    std::vector<StudyResult> out;
+  std::vector<std::vector<StudyResult>> results() {
+    std::vector<std::vector<StudyResult>> out;
     for (auto& r : results_) out.push_back(std::move(*r));
     return out;
   }
 
  private:
-  std::vector<std::optional<StudyResult>> results_;
+  std::vector<std::optional<std::vector<StudyResult>>> results_;
   const StudyProgress& progress_;
   std::size_t next_ = 0, finished_ = 0;
 };
@@ -161,7 +162,7 @@ std::string collect(std::vector<Child>& kids, Collector& col) {
     std::vector<Child*> who;
     for (Child& c : kids)
       if (c.open) fds.push_back({c.from, POLLIN, 0}), who.push_back(&c);
-    if (fds.empty()) return "study workers ended before every encoding was trained";
+    if (fds.empty()) return "study workers ended before every job was run";
     if (poll(fds.data(), fds.size(), -1) < 0) {
       if (errno == EINTR) continue;
       return "poll failed";
@@ -189,12 +190,14 @@ std::string collect(std::vector<Child>& kids, Collector& col) {
 
 }  // namespace
 
-Expected<std::vector<StudyResult>> train_in_workers(const StudyConfig& cfg, const Corpus& corpus, int workers,
-                                                    int threads_per_worker, const StudyProgress& progress) {
+Expected<std::vector<std::vector<StudyResult>>> train_in_workers(const StudyConfig& cfg, const Corpus& corpus,
+                                                                 const std::vector<StudyJob>& jobs, int workers,
+                                                                 int threads_per_worker,
+                                                                 const StudyProgress& progress) {
   std::vector<Child> kids(static_cast<std::size_t>(workers));
-  if (Status s = start_workers(kids, cfg, corpus, threads_per_worker); !s.ok()) return s;
+  if (Status s = start_workers(kids, cfg, corpus, jobs, threads_per_worker); !s.ok()) return s;
   signal(SIGPIPE, SIG_IGN);
-  Collector col(cfg.encodings.size(), progress);
+  Collector col(jobs.size(), progress);
   const std::string error = collect(kids, col);
   for (Child& c : kids) {
     close(c.to);

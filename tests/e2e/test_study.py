@@ -17,11 +17,13 @@ import csv
 import json
 import math
 import os
+import shutil
 import struct
+import subprocess
 import sys
 import zlib
 
-from harness import case, expect_error, main, run
+from harness import POSENC, case, expect_error, main, run
 
 
 def png_pixels(path):
@@ -128,11 +130,112 @@ def study_workers_give_the_numbers_of_one_thread(d):
     study(d, a, "--encodings", "sinusoidal,alibi,t5", "--threads", "1")
     study(d, b, "--encodings", "sinusoidal,alibi,t5", "--threads", "2")
     ja, jb = (json.load(open(os.path.join(x, "results.json"))) for x in (a, b))
-    assert jb["workers"] == 2 and jb["threads_per_worker"] == 1, jb
     for ea, eb in zip(ja["encodings"], jb["encodings"]):
         assert ea["encoding"] == eb["encoding"]
         assert ea["eval"] == eb["eval"], f"{ea['encoding']}: {ea['eval']} != {eb['eval']}"
         assert ea["final_train_loss"] == eb["final_train_loss"]
+    for f in ("results.json", "results.csv"):  # nothing of how it ran: the same bytes
+        assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read(), f
+
+
+@case
+def study_seeds_give_mean_and_sd(d):
+    one, three = os.path.join(d, "one"), os.path.join(d, "three")
+    study(d, one, "--encodings", "alibi,learned", "--threads", "2", "--seed", "2")
+    r = study(d, three, "--encodings", "alibi,learned", "--threads", "2", "--seeds", "3")
+    j1, j3 = (json.load(open(os.path.join(x, "results.json"))) for x in (one, three))
+    assert j3["seeds"] == 3 and "ppl_sd" not in j1["encodings"][0]["eval"][0], j1
+    for e in j3["encodings"]:
+        assert e["seeds"] == [1, 2, 3], e["seeds"]
+        for p in e["eval"]:
+            vals = p["ppl_seeds"]
+            if e["encoding"] == "learned" and p["len"] > 16:
+                assert vals == [None] * 3 and p["ppl"] is None and p["ppl_sd"] is None, p
+                continue
+            mean = sum(vals) / 3
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / 2)
+            assert abs(p["ppl"] - mean) <= 1e-12 * mean and abs(p["ppl_sd"] - sd) <= 1e-9 * mean, (p, mean, sd)
+            assert len(set(vals)) == 3, f"the seeds gave equal values: {vals}"
+    # the second seed of three is the run with --seed 2
+    e1 = {e["encoding"]: e for e in j1["encodings"]}
+    for e in j3["encodings"]:
+        assert [p["ppl_seeds"][1] for p in e["eval"]] == [p["ppl"] for p in e1[e["encoding"]]["eval"]], e
+    rows = list(csv.DictReader(open(os.path.join(three, "results.csv"))))
+    assert rows[0].keys() == {"encoding", "len", "ppl", "ppl_sd"}, rows[0]
+    assert "±" in r.stdout and "3 seeds" in r.stdout, r.stdout
+    assert_picture(os.path.join(three, "ppl_vs_length.png"), 960, 640)
+
+
+def plan_and_run(d, plan, *flags, parallel=2):
+    """--plan into `plan`, then every line of jobs.txt run by xargs -P as a cluster would."""
+    r = run("study", "--corpus", corpus(d), *SMALL, *flags, "--plan", plan)
+    lines = open(os.path.join(plan, "jobs.txt")).read().splitlines()
+    for line in lines:
+        assert line.startswith(POSENC + " study ") and "--job " in line and "--out " + plan in line, line
+    subprocess.run(["xargs", "-P", str(parallel), "-I{}", "sh", "-c", "{}"], stdin=open(os.path.join(plan, "jobs.txt")),
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/", timeout=600)
+    return r, lines
+
+
+@case
+def study_plan_and_merge_match_a_local_run_bit_for_bit(d):
+    flags = ["--encodings", "alibi,rope", "--seeds", "2"]
+    local, plan, merged = (os.path.join(d, x) for x in ("local", "plan", "merged"))
+    study(d, local, *flags, "--threads", "2")
+    _, lines = plan_and_run(d, plan, *flags)
+    assert len(lines) == 4, lines
+    sb = open(os.path.join(plan, "slurm.sbatch")).read()
+    assert "#SBATCH --array=1-4\n" in sb and "SLURM_ARRAY_TASK_ID" in sb, sb
+    assert sorted(os.listdir(os.path.join(plan, "jobs"))) == ["alibi-s1.json", "alibi-s2.json", "rope-s1.json",
+                                                               "rope-s2.json"]
+    r = run("study", "--merge", plan, "--out", merged)
+    for f in ("results.json", "results.csv", "ppl_vs_length.png"):
+        assert open(os.path.join(local, f), "rb").read() == open(os.path.join(merged, f), "rb").read(), f
+    assert "±" in r.stdout, r.stdout
+
+
+@case
+def study_merge_refuses_missing_and_duplicate_jobs(d):
+    plan, out = os.path.join(d, "plan"), os.path.join(d, "out")
+    plan_and_run(d, plan, "--encodings", "alibi,nope")
+    jobs = os.path.join(plan, "jobs")
+    os.rename(os.path.join(jobs, "nope-s1.json"), os.path.join(d, "nope-s1.json"))
+    line = expect_error(["study", "--merge", plan, "--out", out], "--merge", [out])
+    assert "1 of 2 jobs have no file" in line and "nope-s1" in line, line
+    os.rename(os.path.join(d, "nope-s1.json"), os.path.join(jobs, "nope-s1.json"))
+    shutil.copy(os.path.join(jobs, "alibi-s1.json"), os.path.join(jobs, "again.json"))
+    line = expect_error(["study", "--merge", plan, "--out", out], "--merge", [out])
+    assert "duplicate" in line and "alibi-s1" in line, line
+    os.remove(os.path.join(jobs, "again.json"))
+    run("study", "--merge", plan, "--out", out)
+    expect_error(["study", "--merge", plan, "--out", out, "--steps", 3], "--steps")
+    expect_error(["study", "--corpus", corpus(d), *SMALL, "--plan", plan, "--out", out], "--out")
+    expect_error(["study", "--corpus", corpus(d), *SMALL, "--job", "frob-s1", "--out", plan], "--job")
+    expect_error(["study", "--corpus", corpus(d), *SMALL, "--seeds", 0, "--out", out], "--seeds")
+
+
+@case
+def study_extend_compares_rope_schemes(d):
+    out = os.path.join(d, "out")
+    r = study(d, out, "--extend", "--threads", "2")  # 12 steps, fine-tunes of one step
+    j = json.load(open(os.path.join(out, "results.json")))
+    schemes = ["linear", "ntk", "dynamic", "yarn", "llama3"]
+    names = [e["encoding"] for e in j["encodings"]]
+    assert names == ["rope", *schemes, "rope+ft", *[s + "+ft" for s in schemes]], names
+    by = {e["encoding"]: e["eval"] for e in j["encodings"]}
+    for name, ev in by.items():
+        assert [p["len"] for p in ev] == [16, 32, 64, 128, 256], ev
+        assert all(1 < p["ppl"] < math.inf for p in ev), (name, ev)
+    base = by["rope"][0]["ppl"]
+    for s in schemes:  # at the training length every scheme's factor is 1: the trained model itself
+        assert abs(by[s][0]["ppl"] - base) <= 1e-6 * base, (s, by[s][0], base)
+        assert by[s][4]["ppl"] != by["rope"][4]["ppl"], f"{s} changed nothing at 16 L"
+    for s in schemes:  # the fine-tunes differ from the model they start from
+        assert by[s + "+ft"][2]["ppl"] != by[s][2]["ppl"], s
+    assert "yarn+ft" in r.stdout
+    expect_error(["study", "--corpus", corpus(d), *SMALL, "--extend", "--encodings", "alibi", "--out", out],
+                 "--encodings")
+    expect_error(["study", "--extend", "--task", "copy", "--train-len", 16, "--out", out], "--task")
 
 
 @case
