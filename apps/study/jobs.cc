@@ -3,6 +3,7 @@
 
 #include "study/extend.h"
 #include "study/run.h"
+#include "study/temp_files.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,25 +24,6 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-// Writes text beside path and renames it into place; false (errno kept) on failure.
-bool write_atomically(const std::string& path, const std::string& text) {
-  const fs::path p(path);
-  const std::string tmp = (p.parent_path() / (".tmp-" + std::to_string(getpid()) + "-" + p.filename().string())).string();
-  if (!write_file(tmp, text)) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    errno = e;
-    return false;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    errno = e;
-    return false;
-  }
-  return true;
-}
 
 Expected<std::string> read_text(const std::string& path, const char* arg) {
   std::ifstream f(path, std::ios::binary);
@@ -236,7 +218,7 @@ Status write_plan(const std::string& dir, const StudyConfig& cfg, const std::str
   const std::pair<const char*, std::string> files[] = {
       {"plan.json", plan.dump(2) + "\n"}, {"jobs.txt", lines}, {"slurm.sbatch", sbatch}};
   for (const auto& [name, text] : files)
-    if (!write_atomically(dir + "/" + name, text))
+    if (!files::write_atomic(dir + "/" + name, text))
       return Status::Io("plan", "cannot write " + dir + "/" + name + ": " + std::strerror(errno));
   return Status::Ok();
 }
@@ -249,7 +231,7 @@ Status write_job_file(const std::string& dir, const StudyConfig& cfg, const std:
   const std::string text = "{\"id\": " + json(job.id).dump() + ", \"config\": " +
                            study_config_json(cfg, preset, corpus) + ", \"rows\": " + job_rows_to_json(rows) + "}\n";
   const std::string path = dir + "/jobs/" + job.id + ".json";
-  if (!write_atomically(path, text)) return Status::Io("out", "cannot write " + path + ": " + std::strerror(errno));
+  if (!files::write_atomic(path, text)) return Status::Io("out", "cannot write " + path + ": " + std::strerror(errno));
   return Status::Ok();
 }
 
