@@ -5,8 +5,6 @@
 #include "study/run.h"
 #include "study/temp_files.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
