@@ -13,7 +13,8 @@ byte-identical to the first output or equal to the complete second one (results.
 but for its timings), never a mix, never partial; and nothing but the destinations and hidden
 temporaries (".NAME.posenc-tmp-PID-N") may be in the folder. A temporary can remain (a killed
 process cannot clean up): the rule is that the next complete write of that name removes it, which
-the last step checks. Each case returns how many runs were killed, and how many of those left a
+the last step checks. Four more runs per case are killed as soon as a temporary of an output
+appears (while it writes). Each case returns how many runs were killed, and how many of those left a
 new temporary of an output (killed while writing). Each case prints one line (PASS/FAIL); the last
 line is exactly "N passed, M failed"; exit 1 if any case failed (tests/e2e/harness.py).
 """
@@ -28,8 +29,8 @@ import time
 
 from harness import POSENC, case, main, run, skip
 
-TRAIN = ["--encoding", "alibi", "--steps", "30", "--batch", "2", "--train-len", "16", "--threads", "1",
-         "--log-every", "30"]
+TRAIN = ["--encoding", "alibi", "--steps", "8", "--batch", "2", "--train-len", "16", "--threads", "1", "--d-model", "192",
+         "--d-ff", "768", "--log-every", "8"]  # a checkpoint of 3.6 MB: its writing takes a while
 STUDY = ["--encodings", "nope,alibi", "--steps", "4", "--batch", "2", "--train-len", "16", "--threads", "1"]
 
 
@@ -83,6 +84,22 @@ def killed_run(args, delay):
         return True, delay
 
 
+def killed_while_writing(args, folder, names):
+    """posenc with args, killed (its process group, SIGKILL) as soon as a temporary of one of `names`
+    appears in folder: during its writing. Returns whether it was killed before it ended."""
+    p = subprocess.Popen([POSENC, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    prefixes = tuple("." + n + ".posenc-tmp-" for n in names)
+    while p.poll() is None:
+        if any(e.startswith(prefixes) for e in os.listdir(folder)):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            return True
+        time.sleep(0.0002)
+    assert p.returncode == 0, f"posenc {' '.join(map(str, args))} exited {p.returncode}"
+    return False
+
+
 def fractions(rng, n):
     """n kill times as fractions of a run: a third anywhere, a third in its last 30 %, a third in its
     last 8 % (where the writing happens)."""
@@ -111,11 +128,14 @@ def kill_trials(make_args, folder, names, first, second, seed, trials):
     rng = random.Random(seed)
     kills = in_writing = 0
     before = set()
-    for u in fractions(rng, trials):
-        delay = u * full
-        killed, ran = killed_run(make_args(), delay)
+    for u in fractions(rng, trials) + [None] * 4:  # then 4 kills as the writing starts
+        delay = 0.0 if u is None else u * full
+        if u is None:
+            killed = killed_while_writing(make_args(), folder, names)
+        else:
+            killed, ran = killed_run(make_args(), delay)
+            full = full if killed else min(full, ran)
         kills += killed
-        full = full if killed else min(full, ran)
         for n in names:
             got = read(os.path.join(folder, n))
             assert got == first[n] or canonical(n, got) == canonical(n, second[n]), \
@@ -146,7 +166,7 @@ def train_save(d):
     assert first != second
     kills, temps = kill_trials(lambda: ["train", *TRAIN, "--corpus", c, "--seed", 2, "--save", dest],
                                d.out("run"), ["model.safetensors"], first, second, 28, 20)
-    assert kills >= 8, f"only {kills} of 20 runs were killed before they ended"
+    assert kills >= 12, f"only {kills} of 24 runs were killed before they ended"
     return f"{kills} kills, {temps} of them while writing"
 
 
@@ -165,7 +185,7 @@ def study_out(d):
     assert first["results.json"] != second["results.json"]
     kills, temps = kill_trials(lambda: ["study", *STUDY, "--corpus", c, "--seed", 2, "--out", out],
                                out, names, first, second, 29, 16)
-    assert kills >= 6, f"only {kills} of 16 runs were killed before they ended"
+    assert kills >= 10, f"only {kills} of 20 runs were killed before they ended"
     return f"{kills} kills, {temps} of them while writing"
 
 
