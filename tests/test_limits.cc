@@ -236,8 +236,12 @@ TEST(Limits, OomChild) {
 // enough. Each must end normally (no std::terminate, no abort); with no room both calls fail
 // with POSENC_ERR_NOMEM, with ample room both succeed.
 TEST(Limits, AllocationFailureIsAnErrorCode) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__)  // GCC
   GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot apply";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)  // Clang
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot apply";
+#endif
 #endif
   if (std::getenv("POSENC_OOM_CHILD") != nullptr) GTEST_SKIP();
   const std::string report = testing::TempDir() + "posenc_oom_report";
