@@ -44,8 +44,12 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n > 0 ? n : 1)) return p;
   throw std::bad_alloc();
 }
+// The pair malloc/free matches: GCC cannot see it through the inlined operators.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace posenc {
 namespace {
@@ -164,7 +168,9 @@ TEST(Limits, AllocationFailingOnAWorkerThreadIsAnErrorCode) {
                       trel = tensor64(rel.data(), {1, D, 4});
   for (const char* enc : {"rope", "alibi", "xl", "cope"}) {
     posenc_attention_params* p = posenc_attention_params_new(enc);
-    if (std::string(enc) == "cope") ASSERT_EQ(posenc_attention_set_tensor(p, "table", &ttable), POSENC_OK);
+    if (std::string(enc) == "cope") {
+      ASSERT_EQ(posenc_attention_set_tensor(p, "table", &ttable), POSENC_OK);
+    }
     if (std::string(enc) == "xl") {
       ASSERT_EQ(posenc_attention_set_tensor(p, "u", &tu), POSENC_OK);
       ASSERT_EQ(posenc_attention_set_tensor(p, "v_bias", &tu), POSENC_OK);
@@ -268,8 +274,12 @@ TEST(Limits, AllocationFailureIsAnErrorCode) {
     int nomem = -1;
     std::ifstream(report) >> nomem;
     std::printf("room %ld KiB: %d of 2 calls out of memory\n", extra, nomem);
-    if (extra == 0) EXPECT_EQ(nomem, 2);
-    if (extra == 131072L) EXPECT_EQ(nomem, 0);
+    if (extra == 0) {
+      EXPECT_EQ(nomem, 2);
+    }
+    if (extra == 131072L) {
+      EXPECT_EQ(nomem, 0);
+    }
     std::remove(report.c_str());
   }
 }
