@@ -362,15 +362,20 @@ TEST(ThreadsStress, ConcurrentCallersEachGetTheirOwnTeam) {
     for (int t = 0; t < kCallers; ++t)
       pool.emplace_back([&] {
         EXPECT_EQ(num_threads(), per_caller);
-        for (int r = 0; r < 4; ++r)
-          for (const Call& c : calls) EXPECT_EQ(execute(c).message, "");
+        for (int r = 0; r < 4; ++r) {
+          for (const Call& c : calls) {
+            EXPECT_EQ(execute(c).message, "");
+          }
+        }
       });
     for (std::thread& th : pool) th.join();
     done = true;
     watch.join();
     // callers + their teams' other threads + the watcher
     EXPECT_LE(peak.load(), before + kCallers * per_caller + 1) << "per caller " << per_caller;
-    if (per_caller > 1) EXPECT_GT(peak.load(), before + kCallers + 1);  // the teams did run
+    if (per_caller > 1) {
+      EXPECT_GT(peak.load(), before + kCallers + 1);  // the teams did run
+    }
     std::printf("per caller %d, %d callers: %d threads before, at most %d during\n", per_caller, kCallers, before,
                 peak.load());
   }
