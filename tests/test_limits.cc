@@ -44,8 +44,12 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n > 0 ? n : 1)) return p;
   throw std::bad_alloc();
 }
+// The pair malloc/free matches: GCC cannot see it through the inlined operators.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace posenc {
 namespace {
@@ -164,7 +168,9 @@ TEST(Limits, AllocationFailingOnAWorkerThreadIsAnErrorCode) {
                       trel = tensor64(rel.data(), {1, D, 4});
   for (const char* enc : {"rope", "alibi", "xl", "cope"}) {
     posenc_attention_params* p = posenc_attention_params_new(enc);
-    if (std::string(enc) == "cope") ASSERT_EQ(posenc_attention_set_tensor(p, "table", &ttable), POSENC_OK);
+    if (std::string(enc) == "cope") {
+      ASSERT_EQ(posenc_attention_set_tensor(p, "table", &ttable), POSENC_OK);
+    }
     if (std::string(enc) == "xl") {
       ASSERT_EQ(posenc_attention_set_tensor(p, "u", &tu), POSENC_OK);
       ASSERT_EQ(posenc_attention_set_tensor(p, "v_bias", &tu), POSENC_OK);
@@ -236,8 +242,12 @@ TEST(Limits, OomChild) {
 // enough. Each must end normally (no std::terminate, no abort); with no room both calls fail
 // with POSENC_ERR_NOMEM, with ample room both succeed.
 TEST(Limits, AllocationFailureIsAnErrorCode) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__)  // GCC
   GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot apply";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)  // Clang
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot apply";
+#endif
 #endif
   if (std::getenv("POSENC_OOM_CHILD") != nullptr) GTEST_SKIP();
   const std::string report = testing::TempDir() + "posenc_oom_report";
@@ -264,8 +274,12 @@ TEST(Limits, AllocationFailureIsAnErrorCode) {
     int nomem = -1;
     std::ifstream(report) >> nomem;
     std::printf("room %ld KiB: %d of 2 calls out of memory\n", extra, nomem);
-    if (extra == 0) EXPECT_EQ(nomem, 2);
-    if (extra == 131072L) EXPECT_EQ(nomem, 0);
+    if (extra == 0) {
+      EXPECT_EQ(nomem, 2);
+    }
+    if (extra == 131072L) {
+      EXPECT_EQ(nomem, 0);
+    }
     std::remove(report.c_str());
   }
 }

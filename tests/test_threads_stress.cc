@@ -284,9 +284,10 @@ TEST(ThreadsStress, EightThreadsGiveTheLoneResultsBitForBit) {
   std::vector<std::thread> pool;
   for (int t = 0; t < kThreads; ++t)
     pool.emplace_back([&, t] {
-      std::mt19937_64 order(static_cast<std::uint64_t>(t));
-      for (std::size_t n = 0; n < calls.size(); ++n) {
-        const std::size_t i = (n * 7 + static_cast<std::size_t>(t) * 37 + order() % 3) % calls.size();
+      std::vector<std::size_t> order(calls.size());  // every call once, in this thread's own order
+      for (std::size_t n = 0; n < order.size(); ++n) order[n] = n;
+      std::shuffle(order.begin(), order.end(), std::mt19937_64(static_cast<std::uint64_t>(t)));
+      for (std::size_t i : order) {
         const Result got = execute(calls[i]);
         const bool same = got.message == want[i].message && got.bytes.size() == want[i].bytes.size() &&
                           std::memcmp(got.bytes.data(), want[i].bytes.data(), got.bytes.size()) == 0;
@@ -361,15 +362,20 @@ TEST(ThreadsStress, ConcurrentCallersEachGetTheirOwnTeam) {
     for (int t = 0; t < kCallers; ++t)
       pool.emplace_back([&] {
         EXPECT_EQ(num_threads(), per_caller);
-        for (int r = 0; r < 4; ++r)
-          for (const Call& c : calls) EXPECT_EQ(execute(c).message, "");
+        for (int r = 0; r < 4; ++r) {
+          for (const Call& c : calls) {
+            EXPECT_EQ(execute(c).message, "");
+          }
+        }
       });
     for (std::thread& th : pool) th.join();
     done = true;
     watch.join();
     // callers + their teams' other threads + the watcher
     EXPECT_LE(peak.load(), before + kCallers * per_caller + 1) << "per caller " << per_caller;
-    if (per_caller > 1) EXPECT_GT(peak.load(), before + kCallers + 1);  // the teams did run
+    if (per_caller > 1) {
+      EXPECT_GT(peak.load(), before + kCallers + 1);  // the teams did run
+    }
     std::printf("per caller %d, %d callers: %d threads before, at most %d during\n", per_caller, kCallers, before,
                 peak.load());
   }

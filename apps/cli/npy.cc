@@ -367,8 +367,12 @@ std::string npy_bytes(const Tensor& t) {
 }
 
 int probe_dir_errno(const std::string& dir) {
-  const std::string probe = dir + "/.posenc-tmp-" + std::to_string(::getpid()) + "-probe";
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT, 0600);  // our own name: a stale one is reused
+  // A temporary like every output's (study/temp_files.h), so that a probe left by a killed process
+  // is removed by the next one.
+  const std::string name = dir + "/posenc-probe";
+  files::remove_stale_temps(name);
+  const std::string probe = files::temp_path(name);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT, 0600);
   if (fd < 0) return errno;
   ::close(fd);
   ::unlink(probe.c_str());
