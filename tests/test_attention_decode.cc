@@ -5,7 +5,7 @@
 // float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
 // (not a multiple of the kernel's 128-key blocks; two key parts at two threads when Hkv = 1) × 1 and
 // 2 threads; every SIMD target on one case per encoding and dtype; keys_rotated against rotating the
-// cache with rope_forward; the dispatcher's routing; non-finite inputs left to the tile kernel.
+// cache with rope_forward, its refusals and its text key; the dispatcher's routing; non-finite inputs left to the tile kernel.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
 // Tolerances as tests/test_attention_fast.cc's: |got − want| ≤ atol·max|want| + rtol·|want|.
@@ -17,6 +17,7 @@
 #include <hwy/targets.h>
 
 #include "attention/attention_decode.h"
+#include "core/param_text.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/rope.h"
@@ -245,6 +246,17 @@ TEST(DecodeKeysRotated, RefusedOutsideTheRotaryEncodings) {
   p.encoding = Encoding::kRope2d;
   p.rope2d.variant = Rope2dVariant::kMixed;
   EXPECT_EQ(reference::attention_forward(p, qv, qv, qv, {}, ov).arg(), "keys_rotated");
+}
+
+// The C ABI's and Python's key vocabulary sets it from text.
+TEST(DecodeKeysRotated, KeyFromText) {
+  AttentionParams p;
+  p.encoding = Encoding::kRope;
+  ASSERT_TRUE(text::set_attention_param(&p, "keys_rotated", "true").ok());
+  EXPECT_TRUE(p.keys_rotated);
+  ASSERT_TRUE(text::set_attention_param(&p, "keys_rotated", "false").ok());
+  EXPECT_FALSE(p.keys_rotated);
+  EXPECT_EQ(text::set_attention_param(&p, "keys_rotated", "maybe").arg(), "keys_rotated");
 }
 
 // The public dispatcher sends a decode step to the decode kernel (bit for bit), also below the
