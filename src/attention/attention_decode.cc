@@ -5,7 +5,7 @@
 //
 // Per task (batch row b, key part [j0, j1)): the R query rows of every kv head, scaled and rotated
 // (rotary encodings: q only, the keys carry their rotation: keys_rotated) in double and rounded once
-// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: ~256 KiB of float rows):
+// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: ~64 KiB of float K rows):
 //   the K and V rows of every kv head converted to float in memory order, one sequential stream
 //   (F16C / AVX-512 conversions on float16, a shift on bfloat16, a copy on float32); then per kv
 //   head S [R, nb] = Q·Kᵀ on each row's visible keys;

@@ -10,7 +10,7 @@
 #define POSENC_ATTENTION_DECODE_TYPES
 namespace posenc::decode_impl {
 using I = std::int64_t;
-// Keys per block: the block's K and V rows of every kv head, as float, fill ~256 KiB (L2).
+// Keys per block: the block's K rows of every kv head, as float, fill ~64 KiB (V's as many).
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(16384 / std::max<I>(Hkv * D, 1), 8, 128); }
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
