@@ -5,7 +5,7 @@
 // float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
 // (not a multiple of the kernel's 128-key blocks; two key parts at two threads when Hkv = 1) × 1 and
 // 2 threads; every SIMD target on one case per encoding and dtype; keys_rotated against rotating the
-// cache with rope_forward; the dispatcher's routing; non-finite inputs left to the tile kernel.
+// cache with rope_forward, its refusals and its text key; the dispatcher's routing; non-finite inputs left to the tile kernel.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
 // Tolerances as tests/test_attention_fast.cc's: |got − want| ≤ atol·max|want| + rtol·|want|.
@@ -17,6 +17,8 @@
 #include <hwy/targets.h>
 
 #include "attention/attention_decode.h"
+#include "attention/attention_fused.h"
+#include "core/param_text.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/rope.h"
@@ -234,6 +236,40 @@ TEST(DecodeKeysRotated, EqualsRotatingTheCache) {
   }
 }
 
+// The backward with keys_rotated gives the gradient of the rotated keys: rope_backward of it is the
+// dk of the call that rotates k itself; dq and dv are that call's. The tile kernel's backward agrees.
+TEST(DecodeKeysRotated, BackwardGivesTheRotatedKeysGradient) {
+  const I B = 1, M = 40, N = 300, Hq = 4, Hkv = 2, D = 16;
+  AttentionParams p;
+  p.encoding = Encoding::kRope;
+  p.causal = true;
+  p.k_offset = 3;
+  const std::vector<I> qs = {B, M, Hq, D}, ks = {B, N, Hkv, D};
+  auto v64 = [](std::vector<double>& x, const std::vector<I>& s) { return View::contiguous(x.data(), DType::kF64, s); };
+  std::vector<double> q = randn(ix(B * M * Hq * D), 1), k = randn(ix(B * N * Hkv * D), 2),
+                      v = randn(ix(B * N * Hkv * D), 3), dout = randn(q.size(), 4), kr(k.size());
+  const Positions kpos{View{}, p.k_offset};
+  ASSERT_TRUE(rope_forward(p.rope, v64(k, ks), kpos, v64(kr, ks)).ok());
+  Vec dq1(q.size()), dk1(k.size()), dv1(v.size()), dq2(q.size()), dk2(k.size()), dv2(v.size()), dk2u(k.size());
+  ASSERT_TRUE(reference::attention_backward(p, v64(q, qs), v64(k, ks), v64(v, ks), {}, v64(dout, qs), v64(dq1, qs),
+                                            v64(dk1, ks), v64(dv1, ks), {}).ok());
+  p.keys_rotated = true;
+  ASSERT_TRUE(reference::attention_backward(p, v64(q, qs), v64(kr, ks), v64(v, ks), {}, v64(dout, qs),
+                                            v64(dq2, qs), v64(dk2, ks), v64(dv2, ks), {}).ok());
+  ASSERT_TRUE(rope_backward(p.rope, v64(dk2, ks), kpos, v64(dk2u, ks)).ok());
+  EXPECT_TRUE(AllClose(dq2, dq1, 1e-10, 1e-9)) << "dq";
+  EXPECT_TRUE(AllClose(dv2, dv1, 1e-10, 1e-9)) << "dv";
+  EXPECT_TRUE(AllClose(dk2u, dk1, 1e-10, 1e-9)) << "dk";
+  std::vector<float> qf(q.begin(), q.end()), krf(kr.begin(), kr.end()), vf(v.begin(), v.end()),
+      df(dout.begin(), dout.end()), dq(q.size()), dk(k.size()), dv(v.size());
+  auto v32 = [](std::vector<float>& x, const std::vector<I>& s) { return View::contiguous(x.data(), DType::kF32, s); };
+  ASSERT_TRUE(fused::attention_backward(p, v32(qf, qs), v32(krf, ks), v32(vf, ks), {}, v32(df, qs), v32(dq, qs),
+                                        v32(dk, ks), v32(dv, ks), {}).ok());
+  EXPECT_TRUE(AllClose(Vec(dq.begin(), dq.end()), dq2, 2e-5 * amax(dq2), 1e-4)) << "fused dq";
+  EXPECT_TRUE(AllClose(Vec(dk.begin(), dk.end()), dk2, 2e-5 * amax(dk2), 1e-4)) << "fused dk";
+  EXPECT_TRUE(AllClose(Vec(dv.begin(), dv.end()), dv2, 2e-5 * amax(dv2), 1e-4)) << "fused dv";
+}
+
 // keys_rotated is refused where it means nothing, naming the argument.
 TEST(DecodeKeysRotated, RefusedOutsideTheRotaryEncodings) {
   std::vector<float> q(8, 0.5f), out(8);
@@ -245,6 +281,17 @@ TEST(DecodeKeysRotated, RefusedOutsideTheRotaryEncodings) {
   p.encoding = Encoding::kRope2d;
   p.rope2d.variant = Rope2dVariant::kMixed;
   EXPECT_EQ(reference::attention_forward(p, qv, qv, qv, {}, ov).arg(), "keys_rotated");
+}
+
+// The C ABI's and Python's key vocabulary sets it from text.
+TEST(DecodeKeysRotated, KeyFromText) {
+  AttentionParams p;
+  p.encoding = Encoding::kRope;
+  ASSERT_TRUE(text::set_attention_param(&p, "keys_rotated", "true").ok());
+  EXPECT_TRUE(p.keys_rotated);
+  ASSERT_TRUE(text::set_attention_param(&p, "keys_rotated", "false").ok());
+  EXPECT_FALSE(p.keys_rotated);
+  EXPECT_EQ(text::set_attention_param(&p, "keys_rotated", "maybe").arg(), "keys_rotated");
 }
 
 // The public dispatcher sends a decode step to the decode kernel (bit for bit), also below the

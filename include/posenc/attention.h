@@ -20,7 +20,7 @@ struct AttentionParams {
   std::optional<std::int64_t> q_offset;    // default k_offset + N − M
   std::int64_t k_offset = 0;               // key j sits at k_offset + j, query i at q_offset + i
   // Rotary encodings but rope2d mixed: k already carries its rotation at its positions (a KV cache
-  // filled through rope_apply); only q is rotated, and dk is the gradient of those rotated keys.
+  // filled through rope_forward); only q is rotated, and dk is the gradient of those rotated keys.
   bool keys_rotated = false;
   RopeParams rope;
   Rope2dParams rope2d;

@@ -6,9 +6,10 @@
 // (symmetric, nonsymmetric, learned), t5, kerple, sandwich and fire
 // on float32, bfloat16 and float16 q/k/v (any strides; tiles are converted to float32 on load,
 // outputs rounded once on store); xl and cope run the kernels of attention_xl_cpu.cc and
-// attention_cope_cpu.cc where those are built. Float64 inputs, outputs that overlap an input, and
-// small problems (fewer than 2^14 (query, key) pairs over batch and heads: as fast there, and
-// exact) fall back to posenc::reference (attention_ref.cc, double accumulation) — the function the
+// attention_cope_cpu.cc where those are built. A forward of M ≤ 16 queries that the decode kernel
+// takes runs it first (attention_decode.h), whatever its size. Float64 inputs, outputs that overlap
+// an input, and other small problems (fewer than 2^14 (query, key) pairs over batch and heads: as
+// fast there, and exact) fall back to posenc::reference (attention_ref.cc, double accumulation) — the function the
 // tests compare against. The kernels themselves, without the small-problem rule, are posenc::fused::
 // (attention_fused.h) for the tests.
 //

@@ -1,0 +1,60 @@
+// Private: one task of the decode kernel (attention_decode.cc): batch row b, a part of its keys,
+// every kv head — its inputs, and run_task(), the best SIMD target's body (attention_decode_task.cc).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "posenc/view.h"
+
+#define POSENC_ATTENTION_DECODE_TYPES
+namespace posenc::decode_impl {
+using I = std::int64_t;
+// Keys per block: the block's K rows of every kv head, as float, fill ~64 KiB (V's as many).
+inline I block_keys(I Hkv, I D) { return std::clamp<I>(16384 / std::max<I>(Hkv * D, 1), 8, 128); }
+
+enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
+
+// A call's bias, as the per-target code reads it (filled in prepare_bias below).
+struct Bias {
+  BiasKind kind = BiasKind::kNone;
+  const double* slopes = nullptr;  // alibi [Hq]
+  const double* sig = nullptr;     // learned alibi σ(w) [2, Hq]
+  I Hq = 0;
+  const float* t5 = nullptr;       // [Hq, 2·t5_half + 1]: head h's weight at Δ = −t5_half + e
+  I t5_half = 0;
+  const float* kt = nullptr;       // kerple: head h's bias at |Δ| = e at kt[h·kt_w + e]
+  I kt_w = 0;
+  const float* sw = nullptr;       // sandwich: the head-independent part at |Δ| = 0, 1, …
+  const float* hs = nullptr;       // sandwich: head scale [Hq]
+  const float* w1 = nullptr;       // fire [W], b1 [W], w2 [Hq, W], b2 [Hq]
+  const float* b1 = nullptr;
+  const float* w2 = nullptr;
+  const float* b2 = nullptr;
+  I W = 0;
+  float c = 0;
+  const float* inv = nullptr;      // fire: 1/ψ(max(L, qp)) per query i [M]
+};
+
+// One task's inputs: batch row b, keys [j0, j1), every kv head.
+struct Task {
+  I D, G, M, Hq, Hkv;
+  DType dt;
+  const float* q;      // [Hkv, R, D]
+  const void* k;       // key j of kv head kh of batch row b at k + j·kld + kh·khs elements
+  const void* v;
+  I kld, khs, vld, vhs;
+  I j0, j1;
+  const I* lo;         // [Hkv, R]: row r of kv head kh sees keys [lo, hi)
+  const I* hi;
+  I q_off, k_off;
+  const Bias* bias;
+};
+}  // namespace posenc::decode_impl
+
+namespace posenc::decode_impl {
+// Runs task t (the best target of this CPU, chosen per call): m, l [Hkv, R] and o [Hkv, R, D] of its
+// keys (o unnormalised), scratch of block_keys(Hkv, D)·(R + 2·Hkv·D) + R floats, R = G·M. Returns
+// false at a NaN or +inf logit.
+bool run_task(const Task& t, float* scratch, float* m, float* l, float* o);
+}  // namespace posenc::decode_impl
