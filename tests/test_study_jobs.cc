@@ -93,6 +93,16 @@ TEST(StudyJobs, MergeTakesMeanAndSampleSd) {
   const std::string table = results_table(run);
   EXPECT_NE(table.find("4.000±2.000"), std::string::npos) << table;
   EXPECT_NE(table.find("mean ± sd over 3 seeds"), std::string::npos) << table;
+  std::vector<std::size_t> widths;  // aligned columns: every line as many characters (not bytes)
+  std::istringstream in(table);
+  for (std::string line; std::getline(in, line);) {
+    std::size_t n = 0;
+    for (char c : line) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    widths.push_back(n);
+  }
+  ASSERT_EQ(widths.size(), 4u);
+  EXPECT_EQ(widths[1], widths[2]) << table;
+  EXPECT_EQ(widths[1], widths[3]) << table;
   const std::string json = results_json(run);
   EXPECT_NE(json.find("\"ppl_seeds\""), std::string::npos);
   EXPECT_NE(json.find("\"ppl_sd\""), std::string::npos);

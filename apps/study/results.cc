@@ -39,6 +39,13 @@ json optional_json(const std::optional<double>& v) { return v ? json(*v) : json(
 // A value with three decimals, "-" when missing.
 std::string three(const std::optional<double>& v) { return v ? format("%.3f", *v) : std::string("-"); }
 
+// s right-aligned in w columns, counting characters, not bytes ("±" is two bytes of UTF-8).
+std::string right(const std::string& s, std::size_t w) {
+  std::size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return std::string(n < w ? w - n : 0, ' ') + s;
+}
+
 }  // namespace
 
 std::string result_to_json(const StudyResult& r) {
@@ -152,7 +159,7 @@ std::string results_table(const StudyRun& run) {
     for (const EvalPoint& p : r.eval) {
       const auto& v = acc ? p.acc : p.ppl;
       const auto& s = acc ? p.acc_sd : p.ppl_sd;
-      t += format(" %*s", w, (v && s ? three(v) + "±" + three(s) : three(v)).c_str());
+      t += " " + right(v && s ? three(v) + "±" + three(s) : three(v), std::size_t(w));
     }
     if (r.eval.empty()) {
       t += format(" %9s %9.0f\n", "-", r.tokens_per_second);
