@@ -16,7 +16,8 @@ target=$1 seconds=$2
 shift 2
 seeds=tests/fuzz/corpus/$target
 [[ -d $seeds ]] || { echo "fuzz.sh: TARGET: no seed corpus $seeds" >&2; exit 2; }
-scripts/asan_build.sh "fuzz_$target" >/dev/null
+# POSENC_FUZZ_NO_BUILD=1 runs the binary as it is (while build-asan is being rebuilt for something else)
+[[ -n ${POSENC_FUZZ_NO_BUILD:-} ]] || scripts/asan_build.sh "fuzz_$target" >/dev/null
 work=build-asan/fuzz/corpus-$target
 mkdir -p "$work"
 dict=()

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -465,6 +466,41 @@ TEST(Model, CheckpointRoundTrip) {
     std::remove(path.c_str());
   }
   EXPECT_FALSE(load_checkpoint("/nonexistent/ckpt.safetensors").ok());
+}
+
+// A checkpoint whose header lies is refused with a Status (the regression inputs of
+// tests/fuzz/corpus/checkpoint/regress-*): each edit below is applied to a real checkpoint's header.
+TEST(Model, CheckpointWithABadHeaderIsRefused) {
+  const ModelConfig c = tiny(Encoding::kRope);
+  Model<float> m(c, 3);
+  const std::string good = checkpoint_bytes(c, m.params()).value();
+  std::uint64_t n = 0;
+  std::memcpy(&n, good.data(), 8);
+  const std::string header = good.substr(8, n), data = good.substr(8 + n);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string h = header;
+    const std::size_t at = h.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) h.replace(at, from.size(), to);
+    std::string out(8, '\0');
+    const std::uint64_t len = h.size();
+    std::memcpy(out.data(), &len, 8);
+    return out + h + data;
+  };
+  ASSERT_TRUE(checkpoint_from_bytes(good, "good").ok());
+  const std::string lnf_b = "\"lnf.b\":{\"data_offsets\":[";
+  const std::size_t at = header.find(lnf_b) + lnf_b.size();
+  const std::string offsets = header.substr(at, header.find(']', at) - at);  // "b,e"
+  const std::uint64_t b = std::stoull(offsets), e = std::stoull(offsets.substr(offsets.find(',') + 1));
+  const std::string wrapped =  // begin past the data, end − begin the size modulo 2^64
+      std::to_string(std::uint64_t(0) - 8) + "," + std::to_string(e - b - 8);
+  for (const std::string& bad :
+       {with(lnf_b + offsets, lnf_b + wrapped), with("\"posenc.config\":\"", "\"posenc.config\":5,\"x\":\""),
+        with("\\\"vocab\\\":" + std::to_string(c.vocab), "\\\"vocab\\\":1099511627776"),
+        with("\"lnf.g\":{", "\"lnf.g\":[1,2],\"unused\":{"), with(lnf_b, "\"lnf.b\":{\"x\":[")}) {
+    const Expected<Checkpoint> ck = checkpoint_from_bytes(bad, "bad");
+    EXPECT_FALSE(ck.ok()) << bad.substr(8, 300);
+  }
 }
 
 }  // namespace

@@ -631,6 +631,20 @@ TEST(Xpos, GradientsMatchFiniteDifferences) {
     }
 }
 
+// The automatic centre is ⌈n/2⌉ for every n a call can state, 2^63 − 1 included (seq_len from the C
+// ABI or the CLI): it must not overflow (regression input tests/fuzz/corpus/capi/regress-xpos-center-overflow).
+TEST(Xpos, AutoCenterIsCeilHalfUpToTheLargestLength) {
+  XposParams p;
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{2}, std::int64_t{7}, std::int64_t{1} << 53,
+                               INT64_MAX - 1, INT64_MAX}) {
+    p.rope.seq_len = n;
+    const std::int64_t want = static_cast<std::int64_t>((static_cast<unsigned __int128>(n) + 1) / 2);
+    EXPECT_EQ(xpos_center(p, 3), want) << n;
+  }
+  p.rope.seq_len = 0;
+  EXPECT_EQ(xpos_center(p, 5), 3);  // from the call's length
+}
+
 TEST(Xpos, BadParamsNameTheField) {
   Vec x(1 * 3 * 1 * 8, 0.5), y(x.size());
   const View xv = V(x, {1, 3, 1, 8}), yv = V(y, {1, 3, 1, 8});

@@ -2,9 +2,13 @@
 // JSON header mapping each tensor name to {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}
 // (byte offsets into the data that follows) plus "__metadata__" (string values only: here the
 // model's config as JSON under "posenc.config"), then the raw little-endian data.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "posenc/bias.h"
 #include "posenc/rope.h"
@@ -101,6 +105,40 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
   return c;
 }
 
+// Every size the layout multiplies, and every product of two, within the data's `floats` float32
+// values: each is (a factor of) some tensor's element count, and every tensor lies in the data.
+// Checked before the layout is built, so that a config that lies can neither overflow its products nor
+// ask for more memory than the file holds.
+Status check_sizes(const ModelConfig& c, std::uint64_t floats, const std::string& path) {
+  const std::int64_t C = c.d_model, H = c.n_heads;
+  struct Product {
+    const char* what;
+    std::int64_t a, b;
+  };
+  std::vector<Product> ps = {{"n_layers", c.n_layers, 1}, {"n_heads", H, 1}, {"d_model", C, 1},
+                             {"vocab x d_model", c.vocab, C}, {"d_model x d_ff", C, c.d_ff}};
+  if (C >= 0 && static_cast<std::uint64_t>(C) <= floats) ps.push_back({"d_model x 3 d_model", C, 3 * C});
+  const std::int64_t D = H > 0 ? C / H : 0;
+  switch (c.encoding) {
+    case Encoding::kLearned: ps.push_back({"max_len x d_model", c.max_len, C}); break;
+    case Encoding::kCope: ps.push_back({"cope_npos x head dim", c.cope_npos ? c.cope_npos : c.max_len, D}); break;
+    case Encoding::kXL: ps.push_back({"d_model x xl_dim", C, c.xl_dim ? c.xl_dim : D}); break;
+    case Encoding::kT5: ps.push_back({"t5.num_buckets x n_heads", c.t5.num_buckets, H}); break;
+    case Encoding::kFire: ps.push_back({"fire_width x n_heads", c.fire_width, H}); break;
+    default: break;
+  }
+  for (const Product& p : ps) {
+    const bool fits = p.a >= 0 && p.b >= 0 && static_cast<std::uint64_t>(p.a) <= floats &&
+                      static_cast<std::uint64_t>(p.b) <= floats &&
+                      (p.b == 0 || static_cast<std::uint64_t>(p.a) <= floats / static_cast<std::uint64_t>(p.b));
+    if (!fits)
+      return Status::Invalid("checkpoint", path + ": the config's " + p.what + " (" + std::to_string(p.a) + " x " +
+                                               std::to_string(p.b) + ") exceeds the " + std::to_string(floats) +
+                                               " float32 values the file holds");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<std::string> checkpoint_bytes(const ModelConfig& c, const std::vector<float>& params) {
@@ -152,27 +190,41 @@ Expected<Checkpoint> checkpoint_from_bytes(const std::string& bytes, const std::
   const std::string data = bytes.substr(8 + n);
   nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
   if (h.is_discarded() || !h.is_object()) return Status::Invalid("checkpoint", path + ": header is not JSON");
-  if (!h.contains("__metadata__") || !h["__metadata__"].contains("posenc.config"))
-    return Status::Invalid("checkpoint", path + ": no posenc.config in __metadata__");
-  nlohmann::json cj = nlohmann::json::parse(h["__metadata__"]["posenc.config"].get<std::string>(), nullptr, false);
+  const auto meta = h.find("__metadata__");
+  if (meta == h.end() || !meta->is_object() || !meta->contains("posenc.config") ||
+      !meta->at("posenc.config").is_string())
+    return Status::Invalid("checkpoint", path + ": no posenc.config string in __metadata__");
+  nlohmann::json cj = nlohmann::json::parse(meta->at("posenc.config").get<std::string>(), nullptr, false);
   if (cj.is_discarded()) return Status::Invalid("checkpoint", path + ": posenc.config is not JSON");
   Expected<ModelConfig> c = config_from_json(cj);
   if (!c.ok()) return c.status();
   Checkpoint ck;
   ck.config = c.value();
+  POSENC_RETURN_IF_ERROR(check_sizes(ck.config, data.size() / 4, path));
   const std::vector<ParamInfo> layout = param_layout(ck.config);
   std::size_t total = 0;
   for (const ParamInfo& p : layout) total = std::max(total, p.offset + p.size);
+  if (total > data.size() / 4)
+    return Status::Invalid("checkpoint", path + ": the config has " + std::to_string(total) +
+                                             " parameters, the file holds " + std::to_string(data.size() / 4));
   ck.params.assign(total, 0.f);
   for (const ParamInfo& p : layout) {
-    if (!h.contains(p.name)) return Status::Invalid("checkpoint", path + ": missing tensor " + p.name);
-    const nlohmann::json& t = h[p.name];
-    if (t.value("dtype", "") != "F32" || t.value("shape", std::vector<std::int64_t>{}) != p.shape)
+    const auto t = h.find(p.name);
+    if (t == h.end()) return Status::Invalid("checkpoint", path + ": missing tensor " + p.name);
+    const nlohmann::json* dtype = t->is_object() && t->contains("dtype") ? &t->at("dtype") : nullptr;
+    const nlohmann::json* shape = t->is_object() && t->contains("shape") ? &t->at("shape") : nullptr;
+    if (dtype == nullptr || *dtype != "F32" || shape == nullptr || *shape != nlohmann::json(p.shape))
       return Status::Invalid("checkpoint", path + ": tensor " + p.name + " is not F32 of the config's shape");
-    const auto off = t.at("data_offsets").get<std::vector<std::size_t>>();
-    if (off.size() != 2 || off[1] - off[0] != p.size * 4 || off[1] > data.size())
+    const nlohmann::json* off = t->contains("data_offsets") ? &t->at("data_offsets") : nullptr;
+    const std::size_t bytes = p.size * 4;
+    // [begin, end) inside the data, end − begin the tensor's bytes (compared without wrapping around)
+    if (off == nullptr || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned() || (*off)[0].get<std::uint64_t>() > data.size() ||
+        (*off)[1].get<std::uint64_t>() > data.size() ||
+        (*off)[1].get<std::uint64_t>() - (*off)[0].get<std::uint64_t>() != bytes ||
+        (*off)[0].get<std::uint64_t>() > (*off)[1].get<std::uint64_t>())
       return Status::Invalid("checkpoint", path + ": bad data_offsets for " + p.name);
-    std::memcpy(ck.params.data() + p.offset, data.data() + off[0], p.size * 4);
+    std::memcpy(ck.params.data() + p.offset, data.data() + (*off)[0].get<std::uint64_t>(), bytes);
   }
   return ck;
 }

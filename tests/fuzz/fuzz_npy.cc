@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli/cli_common.h"
 #include "cli/npy.h"
 
 using posenc::cli::Tensor;
@@ -14,8 +15,9 @@ using posenc::cli::Tensor;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));
   posenc::Expected<Tensor> t = posenc::cli::read_npy_stream(in, static_cast<std::int64_t>(size), "fuzz.npy", "--in");
-  if (!t.ok()) {
-    if (t.status().message().find('\n') != std::string::npos) std::abort();  // one line, always
+  if (!t.ok()) {  // the message may quote the file's bytes; the line the command prints has no break
+    const std::string line = posenc::cli::one_line(t.status().message());
+    if (line.find_first_of(std::string("\n\r\0", 3)) != std::string::npos) std::abort();
     return 0;
   }
   const Tensor& x = t.value();

@@ -23,7 +23,7 @@ inline double zeta(I k, I r, double gamma) {
 // ln ζ_k / scale_base: ρ = ζ_k^(e/scale_base) = exp(e·ln ζ_k/scale_base).
 inline double log_rate(I k, I r, double gamma, double scale_base) { return std::log(zeta(k, r, gamma)) / scale_base; }
 // torchscale's centre for n positions: −min_pos = −(−n // 2) = ⌈n/2⌉.
-inline I auto_center(I n) { return n <= 0 ? 0 : (n + 1) / 2; }
+inline I auto_center(I n) { return n <= 0 ? 0 : n / 2 + n % 2; }  // no n + 1: n may be 2^63 − 1
 // ρ of a query (sign +1) or key (sign −1) at position m: ζ^(sign·(m − c)/scale_base).
 inline double rho(I m, I c, double rate, int sign) {
   return std::exp(static_cast<double>(sign) * static_cast<double>(m - c) * rate);
