@@ -25,7 +25,9 @@ dict=()
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # -close_fd_mask=1: the CLI's --help texts would fill the log; reports go to stderr
+set +e
 "build-asan/fuzz/fuzz_$target" "$work" "$seeds" "${dict[@]}" -max_total_time="$seconds" -timeout=25 \
   -close_fd_mask=1 -print_final_stats=1 -artifact_prefix="build-asan/fuzz/crash-$target-" "$@" 2>&1 |
-  grep -vE '^#[0-9]+\s+(NEW|REDUCE|pulse)' || true
-exit "${PIPESTATUS[0]}"
+  grep -vE '^#[0-9]+\s+(NEW|REDUCE|pulse)'
+status=${PIPESTATUS[0]}
+exit "$status"

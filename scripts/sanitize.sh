@@ -18,5 +18,5 @@ for t in npy checkpoint rope_config positions capi cli; do
     echo "sanitize.sh: fuzz target $t failed (input: build-asan/fuzz/crash-$t-*)" >&2
     exit 1
   fi
-  echo "fuzz $t: $(grep -E '^#[0-9]+ +DONE' "$log" | tail -n 1)"
+  echo "fuzz $t: $(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)"
 done

@@ -664,7 +664,9 @@ void check_all_grads(const Case& c0, std::uint64_t seed) {
     checks.push_back({"c", &g.dfc});
     checks.push_back({"threshold", &g.dfL});
   }
-  for (const auto& [name, analytic] : checks) {
+  for (const auto& check : checks) {
+    const auto& name = check.first;  // not a structured binding: clang 14 cannot capture one
+    const auto& analytic = check.second;
     SCOPED_TRACE("d" + name);
     Case c = c0;
     auto loss = [&](const Vec& x) {

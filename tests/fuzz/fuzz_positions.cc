@@ -13,6 +13,7 @@
 #include "cli/npy.h"
 #include "fuzz_input.h"
 #include "posenc/posenc.h"
+#include "posenc/threads.h"
 
 namespace {
 
