@@ -407,7 +407,9 @@ HWY_INLINE hn::Vec<D> ExpTaylor(D d, hn::Vec<D> r, hn::Vec<D> acc = hn::Vec<D>()
 template <class D>
 HWY_INLINE hn::Vec<D> ExpSoftmax(D d, hn::Vec<D> x) {
   const hn::RebindToSigned<D> di;
-  const auto nf = hn::Round(hn::Mul(x, hn::Set(d, kLog2e)));
+  // NaN's n is taken as 0 (converting NaN to an integer is undefined; its result is masked below).
+  const auto nx = hn::Round(hn::Mul(x, hn::Set(d, kLog2e)));
+  const auto nf = hn::IfThenElseZero(hn::Eq(nx, nx), nx);
   auto r = hn::NegMulAdd(nf, hn::Set(d, kLn2Hi), x);
   r = hn::NegMulAdd(nf, hn::Set(d, kLn2Lo), r);
   const auto e = ExpTaylor<7>(d, r);
