@@ -157,11 +157,16 @@ HWY_INLINE float RowMax(const float* HWY_RESTRICT x, std::size_t n) {
   const hn::ScalableTag<float> d;
   const std::size_t L = hn::Lanes(d);
   auto m = hn::Set(d, -HUGE_VALF);
+  auto nan = hn::IsNaN(m);  // Max's NaN rule differs between targets (EMU128 drops NaN): tracked apart
   std::size_t i = 0;
-  for (; i + L <= n; i += L) m = hn::Max(m, hn::LoadU(d, x + i));
+  for (; i + L <= n; i += L) {
+    const auto v = hn::LoadU(d, x + i);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
+  }
   float r = hn::GetLane(hn::MaxOfLanes(d, m));
-  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
-  return r;
+  for (; i < n; ++i) r = (x[i] > r || std::isnan(x[i])) ? x[i] : r;
+  return hn::AllFalse(d, nan) ? r : std::numeric_limits<float>::quiet_NaN();
 }
 
 // x = e^(x − mx) (ExpSoftmax, core/simd-inl.h); with kSum, returns Σ x (else 0).
