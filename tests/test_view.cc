@@ -60,5 +60,17 @@ TEST(RequireFinite, FollowsStridesAndHalfTypes) {
             "expected finite values, got inf at [1]");
 }
 
+// An empty tensor's inner dimensions may multiply past int64 (an .npy header can say so): the
+// strides within int64 are C-order, those beyond it 0, and nothing overflows (UBSan checks).
+TEST(ViewContiguous, EmptyShapeWhoseProductOverflows) {
+  const std::int64_t big = std::int64_t{1} << 31;
+  const View v = View::contiguous(nullptr, DType::kF32, {0, big, big, big});
+  EXPECT_EQ(v.numel(), 0);
+  EXPECT_EQ(v.strides[3], 1);
+  EXPECT_EQ(v.strides[2], big);
+  EXPECT_EQ(v.strides[1], big * big);
+  EXPECT_EQ(v.strides[0], 0);
+}
+
 }  // namespace
 }  // namespace posenc

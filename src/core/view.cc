@@ -34,11 +34,12 @@ View View::contiguous(const void* data, DType dtype, const std::vector<std::int6
   v.data = const_cast<void*>(data);
   v.dtype = dtype;
   v.ndim = static_cast<int>(shape.size());
+  // A product beyond int64 (only an empty tensor can have one) leaves the outer strides 0.
   std::int64_t stride = 1;
   for (int i = v.ndim - 1; i >= 0; --i) {
     v.shape[i] = shape[static_cast<std::size_t>(i)];
     v.strides[i] = stride;
-    stride *= v.shape[i];
+    if (__builtin_mul_overflow(stride, v.shape[i], &stride)) stride = 0;
   }
   return v;
 }
