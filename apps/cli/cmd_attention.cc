@@ -1,5 +1,5 @@
 // posenc attention ENC --q Q.npy --k K.npy --v V.npy --out O.npy [--causal] [--scale s]
-//                  [--q-offset a] [--k-offset b] [params] [--lse LSE.npy]
+//                  [--q-offset a] [--k-offset b] [--keys-rotated] [params] [--lse LSE.npy]
 //                  [--grad-out dO.npy --grad-q dQ.npy --grad-k dK.npy --grad-v dV.npy
 //                   [--grad-weights dW.npy] [--grad-table dE.npy]
 //                   [--grad-u dU.npy --grad-v-bias dVb.npy --grad-rel-proj dW.npy]
@@ -28,7 +28,7 @@ bool in_attention(Encoding e) { return encoding_info(e).kind != Kind::kAbsolute;
 struct AttentionState {
   std::string enc, q, k, v, out, lse, scale, q_offset, k_offset = "0", grad_out, grad_q, grad_k, grad_v;
   std::string q_positions, k_positions;
-  bool causal = false;
+  bool causal = false, keys_rotated = false;
   CLI::Option *scale_opt = nullptr, *q_offset_opt = nullptr, *lse_opt = nullptr, *grad_out_opt = nullptr,
               *grad_q_opt = nullptr, *grad_k_opt = nullptr, *grad_v_opt = nullptr, *q_positions_opt = nullptr,
               *k_positions_opt = nullptr;
@@ -41,6 +41,7 @@ void run_attention(AttentionState& st) {
   AttentionParams p;
   p.encoding = e.id;
   p.causal = st.causal;
+  p.keys_rotated = st.keys_rotated;
   if (st.scale_opt->count() > 0) p.scale = parse_float("--scale", st.scale);
   if (st.q_offset_opt->count() > 0) p.q_offset = parse_int("--q-offset", st.q_offset);
   p.k_offset = parse_int("--k-offset", st.k_offset);
@@ -179,7 +180,7 @@ void run_attention(AttentionState& st) {
 
   // ---- compute everything, then write
   FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}, {"q_positions", "--q-positions"},
-                   {"k_positions", "--k-positions"}};
+                   {"k_positions", "--k-positions"}, {"keys_rotated", "--keys-rotated"}};
   // RoPE's parameters from --config name it; an unset --rotary-dim is q's head dimension D.
   for (auto& n : rope_names(st.params, "--q")) names.push_back(n);
   Tensor out(q.dtype(), q.shape());
@@ -224,6 +225,10 @@ Command add_attention_command(CLI::App& root) {
   add_path(app, "--v", &st->v, "values [B, N, Hkv, D]")->required();
   add_path(app, "--out", &st->out, "output [B, M, Hq, D], q's dtype")->required();
   app->add_flag("--causal", st->causal, "mask keys whose position exceeds the query's")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  app->add_flag("--keys-rotated", st->keys_rotated,
+                "rope, mrope, xpos, rope2d axial: --k already holds the rotated keys (a cache filled by "
+                "'posenc apply'); only q is rotated, and --grad-k is the rotated keys' gradient")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   st->scale_opt = add_text(app, "--scale", &st->scale, "multiplies q.k (default 1/sqrt(D))", "FLOAT");
   st->q_offset_opt =

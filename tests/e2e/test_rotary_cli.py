@@ -408,6 +408,40 @@ def attention_rotary_gradients(d):
             close(load(d.out("d" + name + ".npy")), numeric_grad(loss, arr), f"{enc} d{name}", atol=2e-6, rtol=2e-5)
 
 
+@case
+def attention_keys_rotated(d):
+    """--keys-rotated: k holds keys already rotated at their positions (numpy's rotation here); only q is
+    rotated, and dk is the gradient with respect to those rotated keys."""
+    B, M, N, Hq, Hkv, D = 1, 3, 7, 4, 2, 8
+    q, k, v, R = randn(B, M, Hq, D), randn(B, N, Hkv, D), randn(B, N, Hkv, D), randn(B, M, Hq, D)
+    qo, ko = 9, 5
+    at = lambda pos: np.stack([pos, pos, pos])  # mrope with equal components is 1D RoPE (half layout)
+    rot_q = lambda x: mrope(x, at(qo + np.arange(M)), [2, 1, 1])
+    kr = mrope(k, at(ko + np.arange(N)), [2, 1, 1])
+    ref = lambda: attention(q, kr, v, rot_q, lambda x: x, True, qo, ko)
+    run(*attn_args(d, "rope", q, kr, v, "--layout", "half", "--keys-rotated", "--causal", "--q-offset", qo,
+                   "--k-offset", ko, "--grad-out", d.save("R.npy", R), "--grad-q", d.out("dq.npy"), "--grad-k",
+                   d.out("dk.npy"), "--grad-v", d.out("dv.npy")))
+    close(load(d.out("o.npy")), ref(), "rope --keys-rotated")
+    loss = lambda: float((ref() * R).sum())
+    for name, arr in (("q", q), ("k", kr), ("v", v)):
+        close(load(d.out("d" + name + ".npy")), numeric_grad(loss, arr), f"rope --keys-rotated d{name}",
+              atol=2e-6, rtol=2e-5)
+    # float32, the fused kernels' path (a decode step: one query)
+    q1 = q[:, -1:].astype(np.float32)
+    run(*attn_args(d, "rope", q1, kr.astype(np.float32), v.astype(np.float32), "--layout", "half",
+                   "--keys-rotated", "--k-offset", ko))
+    close(load(d.out("o.npy")), attention(q1.astype(np.float64), kr, v,
+                                          lambda x: mrope(x, at(np.array([ko + N - 1])), [2, 1, 1]),
+                                          lambda x: x, False, ko + N - 1, ko),
+          "rope --keys-rotated float32 decode", atol=1e-5, rtol=1e-4)
+    x = d.save("x.npy", randn(1, 4, 2, 8))
+    expect_error(["attention", "alibi", "--q", x, "--k", x, "--v", x, "--out", d.out("o1.npy"), "--keys-rotated"],
+                 "--keys-rotated", [d.out("o1.npy")])
+    expect_error(["attention", "rope", "--q", x, "--k", x, "--v", x, "--out", d.out("o2.npy"), "--keys-rotated",
+                  "--keys-rotated"], "--keys-rotated", [d.out("o2.npy")])
+
+
 # ------------------------------------------------------------------------------------------------
 # bad input
 # ------------------------------------------------------------------------------------------------
