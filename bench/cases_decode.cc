@@ -1,0 +1,108 @@
+// The decode cases of `posenc bench`: one query against N cached keys through the public
+// attention_forward, against a same-run read of the K and V bytes.
+#include <omp.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "bench/bench_cases.h"
+
+namespace posenc::bench_impl {
+namespace {
+
+// The encodings of the decode rows: those the decode kernel takes (rope with keys_rotated).
+const std::vector<Encoding>& decode_encodings() {
+  static const std::vector<Encoding> e = {Encoding::kNope, Encoding::kRope, Encoding::kAlibi, Encoding::kT5,
+                                          Encoding::kKerple, Encoding::kSandwich, Encoding::kFire};
+  return e;
+}
+
+std::atomic<std::uint64_t> g_sink{0};  // the read baseline's sums, so that the reads stay
+
+// The read baseline of a decode row: sums every 8-byte word of the K and V buffers (the very bytes
+// the kernel reads), split over the threads like the kernel's (batch, kv head, key part) tasks.
+void sum_bytes(const void* a, const void* b, std::size_t bytes, int threads) {
+  const std::size_t words = bytes / 8;
+  std::uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total) if (threads > 1)
+  {
+    const std::size_t t = ix(omp_get_thread_num()), T = ix(omp_get_num_threads());
+    for (const void* buf : {a, b}) {
+      const std::uint64_t* p = static_cast<const std::uint64_t*>(buf);
+      const std::size_t lo = words * t / T, hi = words * (t + 1) / T;
+      std::uint64_t s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      std::size_t i = lo;
+      for (; i + 8 <= hi; i += 8)
+        for (int e = 0; e < 8; ++e) s[e] += p[i + ix(e)];
+      for (; i < hi; ++i) s[0] += p[i];
+      for (std::uint64_t x : s) total += x;
+    }
+  }
+  g_sink += total;
+}
+
+// A decode step: M = 1 query at the end of N cached keys, q [1, 1, Hq, D], k and v [1, N, Hkv, D]
+// of dtype dt (rope: keys_rotated, the cache holds rotated keys), not causal (the one query sees every
+// key either way). Rate: the K and V bytes read per second; baseline: sum_bytes over the same buffers.
+Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
+  Case c{"attention.decode", encoding_info(enc).name, shape_str({1, N, Hkv, D}) + "/" + std::to_string(Hq), dt};
+  c.path = "decode";
+  c.setup = [=](int threads) {
+    auto a = std::make_shared<AttnProblem>();
+    a->p.encoding = enc;
+    a->p.keys_rotated = enc == Encoding::kRope;
+    const std::size_t es = dtype_size(dt), kv = ix(N * Hkv * D) * es;
+    auto qm = std::make_shared<Mem>(ix(Hq * D) * es, 1), om = std::make_shared<Mem>(ix(Hq * D) * es, 1);
+    auto km = std::make_shared<Mem>(kv, threads), vm = std::make_shared<Mem>(kv, threads);
+    a->mem = {qm, om, km, vm};
+    a->q = View::contiguous(qm->data(), dt, {1, 1, Hq, D});
+    a->out = View::contiguous(om->data(), dt, {1, 1, Hq, D});
+    a->k = View::contiguous(km->data(), dt, {1, N, Hkv, D});
+    a->v = View::contiguous(vm->data(), dt, {1, N, Hkv, D});
+    fill_all(a->q, 1);
+    fill_random(km->data(), ix(N * Hkv * D), dt);  // a strided sample: the speed does not depend on it
+    fill_random(vm->data(), ix(N * Hkv * D), dt);
+    auto small = [&](std::vector<I> s, double lo, double step) {
+      a->small.emplace_back(ix(numel(s)), 0.f);
+      for (std::size_t e = 0; e < a->small.back().size(); ++e) a->small.back()[e] = static_cast<float>(lo + step * double(e));
+      return View::contiguous(a->small.back().data(), DType::kF32, s);
+    };
+    a->small.reserve(8);
+    if (enc == Encoding::kT5) a->t.weights = small({kT5Buckets, Hq}, -0.5, 0.001);
+    if (enc == Encoding::kKerple) a->t.r1 = small({Hq}, 0.25, 0.04), a->t.r2 = small({Hq}, 0.05, 0.02);
+    if (enc == Encoding::kFire) {
+      FireTensors& f = a->t.fire;
+      f.w1 = small({kFireWidth}, -1.0, 0.06);
+      f.b1 = small({kFireWidth}, 0.5, -0.03);
+      f.w2 = small({Hq, kFireWidth}, -0.3, 0.0006);
+      f.b2 = small({Hq}, 0.1, 0.0);
+      f.c = small({1}, 0.1, 0);
+      f.threshold = small({1}, 512.0, 0);
+    }
+    Bound b;
+    b.kernel = [=] {
+      const Status st = attention_forward(a->p, a->q, a->k, a->v, a->t, a->out);
+      if (!st.ok()) std::fprintf(stderr, "posenc bench: attention refused: %s\n", st.message().c_str());
+    };
+    b.baseline = [=] { sum_bytes(km->data(), vm->data(), kv, threads); };
+    b.kernel_work = b.baseline_work = 2.0 * static_cast<double>(kv);
+    b.baseline_name = "sum";
+    b.keep = a;
+    return b;
+  };
+  return c;
+}
+
+}  // namespace
+
+std::vector<Case> decode_cases() {
+  std::vector<Case> cs;
+  // (Hq = 32, Hkv = 8, D = 128: Llama 3 8B's attention; and Hq = 8, Hkv = 2, D = 64).
+  for (I N : {I{32768}, I{131072}})
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (Encoding e : decode_encodings()) cs.push_back(decode_case(e, N, 32, 8, 128, dt));
+  for (DType dt : {DType::kF32, DType::kF16}) cs.push_back(decode_case(Encoding::kNope, 32768, 8, 2, 64, dt));
+  return cs;
+}
+
+}  // namespace posenc::bench_impl
