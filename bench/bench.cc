@@ -70,7 +70,7 @@ struct Timing {
 
 // Baseline, kernel and the other functions (nope beside an encoding; the one-thread kernel and
 // baseline beside a row of more threads) interleaved, round by round, so that all see the same
-// machine state; see bench.h.
+// machine state (docs/performance.md, "How a case is timed").
 // settle: seconds to wait after each baseline sample before the kernel's (see kBlasSettle).
 Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline,
                const std::function<void(double)>& on_slow,

@@ -3,7 +3,6 @@
 // Benchmarks are programs, never tests. What each row measures, its baseline and how a case is timed:
 // docs/performance.md ("How a case is timed", "What the baselines measure").
 
-
 #include <cstdint>
 #include <functional>
 #include <optional>
