@@ -248,7 +248,7 @@ std::vector<Case> attention_cases() {
         cs.push_back(attention_case(encoding_info(Encoding::kRope2d), L, DType::kF32, backward, true));
         for (const EncodingInfo* e : attention_encodings())
           if (e->id == Encoding::kNope || e->id == Encoding::kRope)
-            cs.push_back(attention_case(*e, L, DType::kBF16, backward));
+            for (DType dt : {DType::kBF16, DType::kF16}) cs.push_back(attention_case(*e, L, dt, backward));
       }
     }
   return cs;

@@ -18,6 +18,7 @@
 
 #include "attention/attention_check.h"
 #include "attention/tile_gemm.h"
+#include "core/convert.h"
 #include "core/fast_common.h"
 #include "posenc/half.h"
 #include "posenc/view.h"
@@ -100,12 +101,14 @@ inline void load_rows(const View& x, I D, I b, I r0, I n, I head, float* dst) {
       }
       case DType::kBF16: {
         const bf16* src = static_cast<const bf16*>(x.data) + off;
-        for (I e = 0; e < D; ++e) y[e] = to_float(src[e * s3]);
+        if (s3 == 1) fast::widen(src, y, D);  // vector conversions (a scalar float16 one is a libgcc call)
+        else for (I e = 0; e < D; ++e) y[e] = to_float(src[e * s3]);
         break;
       }
       default: {  // float16
         const f16* src = static_cast<const f16*>(x.data) + off;
-        for (I e = 0; e < D; ++e) y[e] = to_float(src[e * s3]);
+        if (s3 == 1) fast::widen(src, y, D);
+        else for (I e = 0; e < D; ++e) y[e] = to_float(src[e * s3]);
         break;
       }
     }
@@ -125,12 +128,14 @@ inline void store_row(const View& x, I D, I b, I r, I head, const float* y) {
     }
     case DType::kBF16: {
       bf16* dst = static_cast<bf16*>(x.data) + off;
-      for (I e = 0; e < D; ++e) dst[e * s3] = to_bf16(y[e]);
+      if (s3 == 1) fast::narrow(y, dst, D);
+      else for (I e = 0; e < D; ++e) dst[e * s3] = to_bf16(y[e]);
       break;
     }
     default: {
       f16* dst = static_cast<f16*>(x.data) + off;
-      for (I e = 0; e < D; ++e) dst[e * s3] = to_f16(y[e]);
+      if (s3 == 1) fast::narrow(y, dst, D);
+      else for (I e = 0; e < D; ++e) dst[e * s3] = to_f16(y[e]);
       break;
     }
   }
