@@ -25,6 +25,7 @@
 #include "posenc/half.h"
 #include "posenc/threads.h"
 #include "testing.h"
+#include "typed_tensor.h"
 
 namespace posenc {
 namespace {
@@ -36,50 +37,7 @@ using Vec = std::vector<double>;
 
 std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
-// Storage of one dtype (float32, bfloat16 or float64) and the stored values as doubles.
-struct Tensor {
-  DType dtype;
-  std::vector<float> f;
-  std::vector<bf16> h;
-  std::vector<f16> hf;
-  Vec d;
-  std::vector<std::int64_t> shape;
-
-  Tensor(DType t, const Vec& src, std::vector<std::int64_t> s)
-      : dtype(t), d(src.size()), shape(std::move(s)) {
-    if (t == DType::kF32) f.assign(src.begin(), src.end());
-    if (t == DType::kBF16)
-      for (double x : src) h.push_back(to_bf16(static_cast<float>(x)));
-    if (t == DType::kF16)
-      for (double x : src) hf.push_back(to_f16(static_cast<float>(x)));
-    for (std::size_t i = 0; i < src.size(); ++i)
-      d[i] = t == DType::kF32    ? f[i]
-             : t == DType::kBF16 ? to_float(h[i])
-             : t == DType::kF16  ? to_float(hf[i])
-                                 : src[i];
-  }
-  Tensor(DType t, std::vector<std::int64_t> s) : Tensor(t, Vec(count(s), 0.0), s) {}
-  static std::size_t count(const std::vector<std::int64_t>& s) {
-    std::size_t n = 1;
-    for (auto x : s) n *= ix(x);
-    return n;
-  }
-  View view() {
-    void* p = dtype == DType::kF32    ? static_cast<void*>(f.data())
-              : dtype == DType::kBF16 ? static_cast<void*>(h.data())
-              : dtype == DType::kF16  ? static_cast<void*>(hf.data())
-                                      : static_cast<void*>(d.data());
-    return View::contiguous(p, dtype, shape);
-  }
-  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
-  Vec values() const {  // what the kernel wrote
-    if (dtype == DType::kF64) return d;
-    Vec r(d.size());
-    for (std::size_t i = 0; i < r.size(); ++i)
-      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : to_float(hf[i]);
-    return r;
-  }
-};
+using Tensor = testing::TypedTensor;
 
 struct Case {
   I B, M, N, Hq, Hkv, D;

@@ -24,6 +24,7 @@
 #include "posenc/rope.h"
 #include "posenc/threads.h"
 #include "testing.h"
+#include "typed_tensor.h"
 
 namespace posenc {
 namespace {
@@ -35,38 +36,7 @@ using Vec = std::vector<double>;
 
 std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
-// Values stored in a dtype, and the same values as doubles.
-struct Tensor {
-  DType dtype;
-  std::vector<float> f;
-  std::vector<bf16> h;
-  std::vector<f16> hf;
-  Vec d;
-  std::vector<I> shape;
-  Tensor(DType t, const Vec& src, std::vector<I> s) : dtype(t), d(src.size()), shape(std::move(s)) {
-    f.resize(t == DType::kF32 ? src.size() : 0);
-    h.resize(t == DType::kBF16 ? src.size() : 0);
-    hf.resize(t == DType::kF16 ? src.size() : 0);
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      const float x = static_cast<float>(src[i]);
-      if (t == DType::kF32) d[i] = f[i] = x;
-      else if (t == DType::kBF16) d[i] = to_float(h[i] = to_bf16(x));
-      else d[i] = to_float(hf[i] = to_f16(x));
-    }
-  }
-  View view() {
-    void* p = dtype == DType::kF32 ? static_cast<void*>(f.data())
-              : dtype == DType::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(hf.data());
-    return View::contiguous(p, dtype, shape);
-  }
-  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
-  Vec values() const {
-    Vec r(d.size());
-    for (std::size_t i = 0; i < r.size(); ++i)
-      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : to_float(hf[i]);
-    return r;
-  }
-};
+using Tensor = testing::TypedTensor;
 
 struct Variant {
   std::string name;

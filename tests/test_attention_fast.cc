@@ -35,6 +35,7 @@
 #include "posenc/half.h"
 #include "posenc/threads.h"
 #include "testing.h"
+#include "typed_tensor.h"
 
 namespace posenc {
 namespace {
@@ -145,55 +146,7 @@ struct Shape {
       : B(b), M(m), N(n), Hq(hq), Hkv(hkv), D(d), q_off(qo), k_off(ko) {}
 };
 
-// Storage of one dtype: float32, bfloat16 or float16 (the bits), and its float64 copy for the
-// reference.
-struct Tensor {
-  DType dtype = DType::kF32;
-  std::vector<float> f;
-  std::vector<bf16> h;
-  std::vector<f16> hf;
-  Vec d;  // the stored values, exactly, as doubles
-  std::vector<std::int64_t> shape;
-
-  Tensor(DType t, const Vec& src, std::vector<std::int64_t> s) : dtype(t), shape(std::move(s)) {
-    d.resize(src.size());
-    if (t == DType::kF32) {
-      f.assign(src.begin(), src.end());
-      for (std::size_t i = 0; i < src.size(); ++i) d[i] = f[i];
-    } else if (t == DType::kBF16) {
-      h.resize(src.size());
-      for (std::size_t i = 0; i < src.size(); ++i) {
-        h[i] = to_bf16(static_cast<float>(src[i]));
-        d[i] = to_float(h[i]);
-      }
-    } else {
-      hf.resize(src.size());
-      for (std::size_t i = 0; i < src.size(); ++i) {
-        hf[i] = to_f16(static_cast<float>(src[i]));
-        d[i] = to_float(hf[i]);
-      }
-    }
-  }
-  Tensor(DType t, std::vector<std::int64_t> s) : Tensor(t, Vec(count(s), 0.0), s) {}
-  static std::size_t count(const std::vector<std::int64_t>& s) {
-    std::size_t n = 1;
-    for (auto x : s) n *= static_cast<std::size_t>(x);
-    return n;
-  }
-  View view() {
-    void* p = dtype == DType::kF32    ? static_cast<void*>(f.data())
-              : dtype == DType::kBF16 ? static_cast<void*>(h.data())
-                                      : static_cast<void*>(hf.data());
-    return View::contiguous(p, dtype, shape);
-  }
-  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
-  Vec values() const {  // what the kernel wrote
-    Vec r(d.size());
-    for (std::size_t i = 0; i < r.size(); ++i)
-      r[i] = dtype == DType::kF32 ? f[i] : dtype == DType::kBF16 ? to_float(h[i]) : to_float(hf[i]);
-    return r;
-  }
-};
+using Tensor = testing::TypedTensor;
 
 struct Problem {
   AttentionParams p;

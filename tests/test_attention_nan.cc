@@ -30,6 +30,7 @@
 #include "posenc/half.h"
 #include "posenc/threads.h"
 #include "testing.h"
+#include "typed_tensor.h"
 
 namespace posenc {
 namespace {
@@ -45,41 +46,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
-// Storage of one dtype (float32 or bfloat16) and its values as doubles (what the reference reads).
-struct Tensor {
-  DType dtype;
-  std::vector<float> f;
-  std::vector<bf16> h;
-  Vec d;
-  std::vector<I> shape;
-  Tensor(DType t, const Vec& src, std::vector<I> s) : dtype(t), d(src.size()), shape(std::move(s)) {
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      if (t == DType::kF32) f.push_back(static_cast<float>(src[i]));
-      else h.push_back(to_bf16(static_cast<float>(src[i])));
-      d[i] = t == DType::kF32 ? f[i] : to_float(h[i]);
-    }
-  }
-  Tensor(DType t, std::vector<I> s) : Tensor(t, Vec(count(s), 0.0), s) {}
-  static std::size_t count(const std::vector<I>& s) {
-    std::size_t n = 1;
-    for (I x : s) n *= ix(x);
-    return n;
-  }
-  void set(std::size_t at, double x) {
-    if (dtype == DType::kF32) f[at] = static_cast<float>(x), d[at] = f[at];
-    else h[at] = to_bf16(static_cast<float>(x)), d[at] = to_float(h[at]);
-  }
-  View view() {
-    return View::contiguous(dtype == DType::kF32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()),
-                            dtype, shape);
-  }
-  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
-  Vec values() const {
-    Vec r(d.size());
-    for (std::size_t i = 0; i < r.size(); ++i) r[i] = dtype == DType::kF32 ? f[i] : to_float(h[i]);
-    return r;
-  }
-};
+using Tensor = testing::TypedTensor;
 
 enum class Enc { kNope, kRope, kAlibi, kAlibiLearned, kT5, kKerple, kSandwich, kFire, kXL, kCope };
 const char* enc_name(Enc e) {

@@ -24,6 +24,7 @@
 #include "posenc/half.h"
 #include "posenc/threads.h"
 #include "testing.h"
+#include "typed_tensor.h"
 
 namespace posenc {
 namespace {
@@ -35,51 +36,7 @@ using Vec = std::vector<double>;
 
 std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
-// Storage of one dtype (float32, bfloat16 or float64) and the stored values as doubles.
-struct Tensor {
-  DType dtype;
-  std::vector<float> f;
-  std::vector<bf16> h;
-  std::vector<f16> hf;
-  Vec d;
-  std::vector<I> shape;
-
-  Tensor(DType t, const Vec& src, std::vector<I> s) : dtype(t), d(src), shape(std::move(s)) {
-    if (t == DType::kF32) f.assign(src.begin(), src.end());
-    if (t == DType::kBF16)
-      for (double x : src) h.push_back(to_bf16(static_cast<float>(x)));
-    if (t == DType::kF16)
-      for (double x : src) hf.push_back(to_f16(static_cast<float>(x)));
-    for (std::size_t i = 0; i < d.size(); ++i)
-      d[i] = t == DType::kF32    ? f[i]
-             : t == DType::kBF16 ? to_float(h[i])
-             : t == DType::kF16  ? to_float(hf[i])
-                                 : src[i];
-  }
-  Tensor(DType t, std::vector<I> s) : Tensor(t, Vec(count(s), 0.0), s) {}
-  static std::size_t count(const std::vector<I>& s) {
-    std::size_t n = 1;
-    for (I x : s) n *= ix(x);
-    return n;
-  }
-  View view() {
-    void* p = dtype == DType::kF32    ? static_cast<void*>(f.data())
-              : dtype == DType::kBF16 ? static_cast<void*>(h.data())
-              : dtype == DType::kF16  ? static_cast<void*>(hf.data())
-                                      : static_cast<void*>(d.data());
-    return View::contiguous(p, dtype, shape);
-  }
-  View view64() { return View::contiguous(d.data(), DType::kF64, shape); }
-  Vec values() const {  // what the kernel wrote
-    Vec r(d.size());
-    for (std::size_t i = 0; i < r.size(); ++i)
-      r[i] = dtype == DType::kF32    ? f[i]
-             : dtype == DType::kBF16 ? to_float(h[i])
-             : dtype == DType::kF16  ? to_float(hf[i])
-                                     : d[i];
-    return r;
-  }
-};
+using Tensor = testing::TypedTensor;
 
 struct Shape {
   const char* name;
