@@ -1,6 +1,6 @@
 // The attention tiles' small GEMM (src/attention/tile_gemm.cc) against a plain triple loop in double,
-// on every SIMD target compiled and supported here: the three forms (NT overwriting C, NN and TN
-// adding to it), M, N, K ∈ {1, 3, 16, 17, 33, 64} (tails shorter than a vector, one and two vectors
+// on every SIMD target compiled and supported here: the four forms (NT and NP overwriting C, NN
+// and TN adding to it; NP also against NT bit for bit), M, N, K ∈ {1, 3, 16, 17, 33, 64} (tails shorter than a vector, one and two vectors
 // and more on every width), leading dimensions equal to and larger than the rows, alpha ≠ 1, the
 // tiles' largest sizes (128), products taller than a tile (the model's projections, blocks of 8
 // rows), a K past the NT stack buffer, empty products, and banded (causal) tiles. Bounds: each element
@@ -30,7 +30,11 @@ using testing::randn;
 constexpr float kGuard = -777.25f;
 inline std::size_t sz(I n) { return static_cast<std::size_t>(n); }
 
-const char* name(GemmForm f) { return f == GemmForm::kNT ? "NT" : f == GemmForm::kNN ? "NN" : "TN"; }
+const char* name(GemmForm f) {
+  return f == GemmForm::kNT ? "NT" : f == GemmForm::kNN ? "NN" : f == GemmForm::kTN ? "TN" : "NP";
+}
+// kNT and kNP write C (beta = 0); kNN and kTN add to it.
+bool writes(GemmForm f) { return f == GemmForm::kNT || f == GemmForm::kNP; }
 
 // One case: A, B, C₀ in memory with the given leading dimensions; the exact result and its bound.
 struct Case {
@@ -51,7 +55,7 @@ struct Case {
     B = fill(brows, bcols, ldb, seed + 2);
     C0.assign(sz(M * ldc + 7), kGuard);
     const std::vector<double> c = randn(sz(M * N), seed + 3);
-    if (f != GemmForm::kNT)  // NT writes C without reading it: its C₀ stays the guard value
+    if (!writes(f))  // NT and NP write C without reading it: their C₀ stays the guard value
       for (I i = 0; i < M; ++i)
         for (I j = 0; j < N; ++j) C0[sz(i * ldc + j)] = float(c[sz(i * N + j)]);
     want.assign(sz(M * N), 0.0);
@@ -64,7 +68,7 @@ struct Case {
           s += p;
           sa += std::fabs(p);
         }
-        const double c0 = f == GemmForm::kNT ? 0.0 : double(C0[sz(i * ldc + j)]);
+        const double c0 = writes(f) ? 0.0 : double(C0[sz(i * ldc + j)]);
         want[sz(i * N + j)] = c0 + double(alpha) * s;
         bound[sz(i * N + j)] = double(2 * K + 3) * 0x1p-24 * (std::fabs(double(alpha)) * sa + std::fabs(c0));
       }
@@ -115,7 +119,7 @@ TEST(TileGemm, EveryFormAndSizeMatchesDoubleOnEveryTarget) {
   std::vector<Case> cases;
   std::uint64_t seed = 10;
   const I sizes[] = {1, 3, 16, 17, 33, 64};
-  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN})
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP})
     for (I m : sizes)
       for (I n : sizes)
         for (I k : sizes) {
@@ -141,7 +145,7 @@ TEST(TileGemm, EveryFormAndSizeMatchesDoubleOnEveryTarget) {
 TEST(TileGemm, LargeAndAttentionShapesOnEveryTarget) {
   std::vector<Case> cases;
   std::uint64_t seed = 5000;
-  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP}) {
     cases.emplace_back(f, 128, 128, 128, 1, 0.5f, seed += 5);
     cases.emplace_back(f, 40, 50, 200, 2, 1.f, seed += 5);
     cases.emplace_back(f, 127, 129, 31, 0, -2.f, seed += 5);
@@ -166,7 +170,7 @@ TEST(TileGemm, LargeAndAttentionShapesOnEveryTarget) {
 TEST(TileGemm, EmptyProductsOnEveryTarget) {
   ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
     SCOPED_TRACE(target);
-    for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
+    for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP}) {
       for (auto [m, n, k] : {std::tuple<I, I, I>{0, 5, 3}, {5, 0, 3}, {5, 7, 0}, {0, 0, 0}}) {
         const Case c(f, m, n, k, 2, 1.5f, 77);
         ASSERT_TRUE(c.check(c.run(g))) << name(f) << " " << m << " " << n << " " << k;
@@ -179,7 +183,7 @@ TEST(TileGemm, EmptyProductsOnEveryTarget) {
 // bit, and so does each column block (N a part of the columns): no result depends on where it lies.
 TEST(TileGemm, RowsAndColumnsDoNotDependOnTheirBlockOnEveryTarget) {
   ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
-    for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN}) {
+    for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP}) {
       SCOPED_TRACE(target + " " + name(f));
       for (const I m : {I{37}, I{203}}) {  // 203: past kWideM, blocks of 8 rows on AVX-512
         const Case c(f, m, 45, 19, 3, 0.75f, 901);
@@ -203,21 +207,21 @@ TEST(TileGemm, RowsAndColumnsDoNotDependOnTheirBlockOnEveryTarget) {
 }
 
 // A band c (causal tiles, tile_gemm.h): the score tile's entries (query i, key j) with j > i + c are
-// masked. kNT: every entry with j ≤ i + c equals the full product's, bit for bit, and nothing outside
+// masked. kNT and kNP: every entry with j ≤ i + c equals the full product's, bit for bit, and nothing outside
 // M × N is written; kNN and kTN, whose masked A entries hold zeros (as P and dS do): all of C equals
 // the full product's. Bands below, on, above the diagonal and past the tile; sizes that straddle the
 // row blocks and vector widths.
 TEST(TileGemm, BandedProductsEqualTheFullOnesWhereTheyMatterOnEveryTarget) {
   std::vector<std::tuple<Case, I>> cases;
   std::uint64_t seed = 7000;
-  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN})
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP})
     for (auto [m, n, k] : {std::tuple<I, I, I>{64, 64, 16}, {37, 45, 19}, {128, 128, 64}, {5, 70, 3},
                            {70, 5, 9}, {1, 1, 1}})
       for (I c : {I{-100}, I{-30}, I{-3}, I{0}, I{1}, I{7}, I{40}, I{200}}) {
         Case cs(f, m, n, k, 2, 0.75f, seed += 3);
         // kNN's and kTN's A is the tile (A [M, K] and A [K, M]; kNT's is its C)
         const I rows = f == GemmForm::kTN ? k : m, cols = f == GemmForm::kTN ? m : k;
-        if (f != GemmForm::kNT)  // zeros in the masked entries of A
+        if (!writes(f))  // zeros in the masked entries of A
           for (I i = 0; i < rows; ++i)
             for (I j = 0; j < cols; ++j) {
               const bool masked = j > i + c;  // row = query, column = key in both
@@ -235,9 +239,34 @@ TEST(TileGemm, BandedProductsEqualTheFullOnesWhereTheyMatterOnEveryTarget) {
         const bool inside = i < cs.M && j < cs.N;
         if (!inside) {
           ASSERT_EQ(banded[t], cs.C0[t]) << "wrote outside the product at " << t;
-        } else if (cs.form != GemmForm::kNT || j <= i + c) {
+        } else if (!writes(cs.form) || j <= i + c) {
           ASSERT_EQ(banded[t], full[t]) << i << " " << j;
         }
+      }
+    }
+  });
+}
+
+// kNP given Bᵀ equals kNT given B, bit for bit (the same sums), with and without a band; what
+// kNT leaves unwritten under a band, kNP leaves too.
+TEST(TileGemm, PackedFormEqualsNTBitForBitOnEveryTarget) {
+  std::vector<Case> cases;
+  std::uint64_t seed = 9000;
+  for (auto [m, n, k] : {std::tuple<I, I, I>{128, 128, 64}, {37, 45, 19}, {5, 70, 3}, {70, 131, 33}})
+    cases.emplace_back(GemmForm::kNT, m, n, k, 3, 0.625f, seed += 3);
+  ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
+    for (const Case& c : cases) {
+      const I ldt = c.N + 5;  // Bᵀ [K, N]
+      std::vector<float> bt(sz(c.K * ldt), kGuard);
+      for (I kk = 0; kk < c.K; ++kk)
+        for (I j = 0; j < c.N; ++j) bt[sz(kk * ldt + j)] = c.B[sz(j * c.ldb + kk)];
+      for (I band : {attn_fast::kNoBand, I{-3}, I{0}, I{20}}) {
+        SCOPED_TRACE(target + " M " + std::to_string(c.M) + " N " + std::to_string(c.N) + " band " +
+                     std::to_string(band));
+        std::vector<float> nt = c.C0, np = c.C0;
+        g(GemmForm::kNT, c.M, c.N, c.K, c.alpha, c.A.data(), c.lda, c.B.data(), c.ldb, nt.data(), c.ldc, band);
+        g(GemmForm::kNP, c.M, c.N, c.K, c.alpha, c.A.data(), c.lda, bt.data(), ldt, np.data(), c.ldc, band);
+        for (std::size_t t = 0; t < nt.size(); ++t) ASSERT_EQ(np[t], nt[t]) << t;
       }
     }
   });

@@ -18,18 +18,21 @@
 // while gates are dense (but then rows clamp within ~2·npos keys), rarely while they are sparse
 // (the case where rows stay unclamped).
 //
+// Every product (Q·Eᵀ, K·Qᵀ, P·V, the backward's five and C·E, Cᵀ·Q) is one tile_gemm() call
+// (tile_gemm.h: the Highway small GEMM for D ≤ kTileGemmMaxD, as nope's tiles, else cblas_sgemm).
+//
 // ---- forward, per task (b, h, query block of Bq rows), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ----------
-//   QE [Bq, ncol] = Q·Eᵀ (sgemm; causal blocks only the columns their counts can reach), once.
+//   QE [Bq, ncol] = Q·Eᵀ (causal blocks only the columns their counts can reach), once.
 //   Key blocks walked from the last visible one down to key 0 (the online softmax does not care
 //   about the order), carrying each row's count of the keys already passed (double):
-//     At = scale·K·Qᵀ (sgemm), causal mask;
+//     At = scale·K·Qᵀ (tile product), causal mask;
 //     if every row's carry is already ≥ top, the tile is wholly clamped: logits = a + QE[i, top]
 //       (no gates; as cheap as a bias), and so are all tiles left of it;
 //     else, for j from the tile's last key down: g = σ(a) (0 masked), S = carry + (the tile's
 //       suffix sum of g), p = min(S, top), logits = a + QE[i, ⌊p⌋] + w·(QE[i, ⌈p⌉] − QE[i, ⌊p⌋]);
 //       for the backward, the leftmost unclamped key is j*_i and U_i = S_{i, j*} (the walk's right
 //       end and 0 when a row has none);
-//     online softmax in the lanes, O = O·e^{m−m'} + P·V (sgemm reading the transposed tile).
+//     online softmax in the lanes, O = O·e^{m−m'} + P·V (reading the transposed tile).
 //   Memory per thread: O(Bq·Bk + (Bq + Bk)·D + Bq·ncol).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------
@@ -38,10 +41,10 @@
 //   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races — its query
 //     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose dQ, QE and
 //     C take at most 4 MiB: 5376 rows at G = 1, D = 64, ncol = 64), each chunk on its own:
-//     QE [G, Mc, ncol] of its rows (sgemm); the key blocks its rows see (causal: up to its last row)
+//     QE [G, Mc, ncol] of its rows (tile products); the key blocks its rows see (causal: up to its last row)
 //     walked forward (ascending j), for each query head and query block of the chunk not wholly
 //     masked:
-//       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ (sgemm);
+//       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ;
 //       a tile wholly left of every row's j* is clamped: logits = a + QE[i, top], P = exp(l − lse),
 //         dl = P ⊙ (dP − D), C[i, top] += Σ_j dl, da = dl;
 //       else per key j ascending: the count is rebuilt from j*'s, S_ij = U_i − Σ_{j* ≤ t < j} g_it
@@ -52,8 +55,8 @@
 //         dg_ij = Σ_{t ≤ j} dp_it — a prefix sum, which the ascending walk carries directly (no row
 //         total minus a suffix: no cancellation, and no extra sweep to find the total);
 //         da = dl + dg·g(1 − g);
-//       dV += P·dO, dK += scale·da·Q, dQ += scale·daᵀ·K (sgemm).
-//     At the end of the chunk: dQ += C·E and dE += Cᵀ·Q (sgemm), C [G, Mc, ncol] holding each
+//       dV += P·dO, dK += scale·da·Q, dQ += scale·daᵀ·K.
+//     At the end of the chunk: dQ += C·E and dE += Cᵀ·Q, C [G, Mc, ncol] holding each
 //     row's Σ_j ∂l_ij/∂(q_i·e_r), and its dQ rows stored. The per-row carries (count from j*, dp
 //     prefix) live in [G, Mc] arrays, since key blocks are the outer loop within the chunk. A key
 //     block's dK, dV get a part from each chunk that sees it: the first stores it, the others add
@@ -87,7 +90,7 @@
 //   the carry between tiles is double, so the error of p grows neither with the count nor with N;
 //   and clamping is an exact test. What remains is ~1e-6 from the gates themselves (float logits).
 //   The dp prefix carry is float (it runs only over unclamped keys). dK, dV: each chunk's part in
-//   float (sgemm over its tiles), the parts added in float. dE: each task's Cᵀ·Q in float,
+//   float (tile products), the parts added in float. dE: each task's Cᵀ·Q in float,
 //   summed over tasks in double (in the order threads finish them, so with several threads dtable
 //   can differ in its last double bits between runs; out, lse, dq, dk, dv do not depend on the
 //   thread count).
@@ -425,7 +428,6 @@ cope_fast::Kernels GetCopeKernels() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -435,6 +437,7 @@ HWY_AFTER_NAMESPACE();
 #include <utility>
 
 #include "attention/attention_fused.h"
+#include "attention/tile_gemm.h"
 #include "enc/contextual/cope/cope_math.h"
 
 namespace posenc {
@@ -533,7 +536,7 @@ class Cope {
   Cope(const Dims& d, const View& q, const View& k, const View& v, const View& table, bool causal,
        int threads)
       : d_(d), q_(q), k_(k), v_(v), causal_(causal), threads_(threads), simd_(simd()),
-        kern_(HWY_DYNAMIC_DISPATCH(GetCopeKernels)()) {
+        kern_(HWY_DYNAMIC_DISPATCH(GetCopeKernels)()), gemm_(attn_fast::tile_gemm_for(d.D)) {
     ncol_ = cope::rows_reached(d.npos, d.N);
     const std::vector<double> e = to_doubles(table);  // [npos, D]
     E_.assign(e.begin(), e.begin() + ncol_ * d.D);
@@ -677,9 +680,8 @@ class Cope {
             for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
               const I nq = std::min(kBq, c0 + mq - i0);
               load_rows(q_, D, b, i0, nq, kh * G + g, w.q.data());
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(cols(i0, nq)),
-                          int(D), 1.f, w.q.data(), int(D), E_.data(), int(D), 0.f,
-                          &qe[ix((g * mc + i0 - c0) * nc)], int(nc));
+              tile_gemm(gemm_, GemmForm::kNT, nq, cols(i0, nq), D, 1.f, w.q.data(), D, E_.data(), D,
+                        &qe[ix((g * mc + i0 - c0) * nc)], nc);
             }
           // the keys the chunk's rows see (causal: up to its last row)
           const I jhi = causal_ ? std::clamp<I>(d_.q_off + c0 + mq - d_.k_off, 0, N) : N;
@@ -697,11 +699,10 @@ class Cope {
                 const I gm = g * mc + i0 - c0;  // the row in the chunk's arrays
                 load_rows(q_, D, b, i0, nq, h, w.q.data());
                 load_rows(dout, D, b, i0, nq, h, w.dout.data());
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), sc,
-                            w.k.data(), int(D), w.q.data(), int(D), 0.f, w.at.data(), int(kBq));
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D), 1.f,
-                            w.v.data(), int(D), w.dout.data(), int(D), 0.f, w.dpt.data(),
-                            int(kBq));
+                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, sc, w.k.data(), D, w.q.data(), D,
+                          w.at.data(), kBq);
+                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, 1.f, w.v.data(), D, w.dout.data(), D,
+                          w.dpt.data(), kBq);
                 std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
                 for (I i = 0; i < kBq; ++i) {
                   const bool real = i < nq;
@@ -750,15 +751,12 @@ class Cope {
                     dct[ix(gm + i)] = w.dc[ix(i)];
                   }
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq),
-                            1.f, w.at.data(), int(kBq), w.dout.data(), int(D), 1.f, w.dv.data(),
-                            int(D));
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nk), int(D), int(nq),
-                            sc, w.dpt.data(), int(kBq), w.q.data(), int(D), 1.f, w.dk.data(),
-                            int(D));
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nq), int(D), int(nk), sc,
-                            w.dpt.data(), int(kBq), w.k.data(), int(D), 1.f, &dqt[ix(gm * D)],
-                            int(D));
+                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, 1.f, w.at.data(), kBq, w.dout.data(), D,
+                          w.dv.data(), D);
+                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, sc, w.dpt.data(), kBq, w.q.data(), D,
+                          w.dk.data(), D);
+                tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, sc, w.dpt.data(), kBq, w.k.data(), D,
+                          &dqt[ix(gm * D)], D);
               }
             }
             put(dk, dka, j0, nk, w.dk.data(), j0 >= done);
@@ -771,12 +769,12 @@ class Cope {
             for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
               const I nq = std::min(kBq, c0 + mq - i0), ncb = cols(i0, nq), gm = g * mc + i0 - c0;
               const float* Cb = &C[ix(gm * nc)];
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(D), int(ncb),
-                          1.f, Cb, int(nc), E_.data(), int(D), 1.f, &dqt[ix(gm * D)], int(D));
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, ncb, 1.f, Cb, nc, E_.data(), D,
+                        &dqt[ix(gm * D)], D);
               if (!dtable.present()) continue;
               load_rows(q_, D, b, i0, nq, h, w.q.data());
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(ncb), int(D), int(nq), 1.f,
-                          Cb, int(nc), w.q.data(), int(D), 1.f, &dEt[ix(g * nc * D)], int(D));
+              tile_gemm(gemm_, GemmForm::kTN, ncb, D, nq, 1.f, Cb, nc, w.q.data(), D,
+                        &dEt[ix(g * nc * D)], D);
             }
             if (dq.present()) store_rows(dq, D, b, c0, mq, h, &dqt[ix(g * mc * D)]);
           }
@@ -836,8 +834,8 @@ class Cope {
   void forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse) const {
     const I D = d_.D, kh = h / d_.G, nc = ncol_;
     load_rows(q_, D, b, q0, nq, h, w->q.data());
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(cols(q0, nq)), int(D), 1.f,
-                w->q.data(), int(D), E_.data(), int(D), 0.f, w->qe.data(), int(nc));
+    tile_gemm(gemm_, GemmForm::kNT, nq, cols(q0, nq), D, 1.f, w->q.data(), D, E_.data(), D,
+              w->qe.data(), nc);
     for (I i = 0; i < nq; ++i) w->qetop[ix(i)] = w->qe[ix(i * nc + nc - 1)];
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = causal_ ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
@@ -871,9 +869,8 @@ class Cope {
       const I nk = std::min(kBk, jhi - j0);
       load_rows(k_, D, b, j0, nk, kh, w->k.data());
       load_rows(v_, D, b, j0, nk, kh, w->v.data());
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nk), int(nq), int(D),
-                  static_cast<float>(d_.scale), w->k.data(), int(D), w->q.data(), int(D), 0.f,
-                  w->at.data(), int(kBq));
+      tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, static_cast<float>(d_.scale), w->k.data(), D,
+                w->q.data(), D, w->at.data(), kBq);
       bool sat = true;  // counts only grow leftwards: every key from here on is clamped
       for (I i = 0; i < nq && sat; ++i) sat = w->ck[ix(i)] >= top_;
       t.nk = nk;
@@ -890,8 +887,7 @@ class Cope {
         }
       for (I i = 0; i < nq; ++i)
         if (w->corr[ix(i)] != 1.f) simd_.scale(o + i * D, ix(D), w->corr[ix(i)]);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nq), int(D), int(nk), 1.f,
-                  w->at.data(), int(kBq), w->v.data(), int(D), 1.f, o, int(D));
+      tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, 1.f, w->at.data(), kBq, w->v.data(), D, o, D);
     }
     online_softmax_finish(simd_, nq, w->m.data(), w->l.data(), o, D, lse);
     // a row that sees no key: out 0, lse −inf, whatever its q (a NaN there reaches its masked lanes'
@@ -909,6 +905,7 @@ class Cope {
   int threads_ = 1;
   Simd simd_;
   cope_fast::Kernels kern_;
+  attn_fast::TileGemmFn gemm_;  // the tile products (tile_gemm.h)
   I ncol_ = 1;
   float top_ = 0;
   std::vector<float> E_;  // [ncol, D]

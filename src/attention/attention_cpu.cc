@@ -72,6 +72,8 @@
 //     heads and its query blocks not wholly masked:
 //       S = scale·Q·Kᵀ + bias, P = exp(S − lse);  dP = dO·Vᵀ;  dV += Pᵀ·dO;  dS = P ⊙ (dP − D);
 //       dK += scale·dSᵀ·Q;  dQ += scale·dS·K;
+//     S and dP are kNP products (tile_gemm.h) reading Kᵀ and Vᵀ of the key block, transposed once
+//     for all its query tiles (per query head for rope2d mixed's K), not packed again per product;
 //     dK, dV of the block stored once it is done (rotary: dK rotated back by the transpose
 //     a·ρ·R(−φ); mixed: per query head, then summed); dQ summed in float32 over the key blocks — in
 //     dq itself when dq is float32 with rows that never overlap (no buffer), else in a [G, M, D]
@@ -93,7 +95,8 @@
 //     gradients likewise (rope2d mixed's dQ̃ share of dfreqs per thread of a static schedule over
 //     the unit's rows, summed in thread order). So results depend on T (the order of dQ's sums), never on which thread
 //     ran what; dK and dV do not depend on T at all.
-//   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread, the dQ buffers above.
+//   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread plus Kᵀ and Vᵀ (2·D·Bk floats),
+//     the dQ buffers above.
 //
 // OpenBLAS (D > kTileGemmMaxD, sgemv) is called from inside the OpenMP threads with its own
 // threading set to 1 for the call (restored after). SIMD row helpers (max, exp, scale, add, the rotation, diagonal adds and sums)
@@ -584,6 +587,7 @@ struct Acc {
 // keeps ~(8·128·D + 2·128²) floats a thread (~200 KB at D = 16) after the last call.
 struct Scratch {
   std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dkg, row;
+  std::vector<float> kt, vt;  // backward: Kᵀ, Vᵀ of the key block [D, kBk] (the kNP products)
   std::vector<float> qs, ks, vs, dos;  // careful steps (non-finite inputs): sanitized copies
   void init(I D) {
     q.resize(ix(kBq * D));
@@ -602,6 +606,8 @@ struct Scratch {
     dv.resize(ix(kBk * D));
     dkg.resize(ix(kBk * D));
     row.resize(ix(D));
+    kt.resize(ix(D * kBk));
+    vt.resize(ix(D * kBk));
     qs.resize(ix(kBq * D));
     ks.resize(ix(kBk * D));
     dos.resize(ix(kBq * D));
@@ -997,14 +1003,19 @@ class Fused {
     }
   }
 
-  // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf.
-  void logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w) const {
+  // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf. Kt: K's rows transposed [D, kBk] (the
+  // tile GEMM's kNP form), or null.
+  void logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w,
+              const float* Kt = nullptr) const {
     float* S = w->s.data();
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(h, base);
     if (nq == 1)  // a decode step: no tile to reuse, so skip sgemm's packing
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(nk), int(d_.D), static_cast<float>(d_.scale),
                   K.p, int(K.ld), Q.p, 1, 0.f, S, 1);
+    else if (Kt)
+      tile_gemm(gemm_, GemmForm::kNP, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, Kt, kBk, S,
+                kBk, bd);
     else
       tile_gemm(gemm_, GemmForm::kNT, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, K.p,
                 K.ld, S, kBk, bd);
@@ -1090,6 +1101,12 @@ class Fused {
       Tile K{nullptr, D};
       if (!per_head_) K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, kh * G);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
+      // Kᵀ and Vᵀ once for the block's query tiles (kNP), not packed again by each kNT product
+      const bool packed = gemm_ != nullptr;
+      if (packed) {
+        if (!per_head_) transpose_rows(K, nk, D, w->kt.data());
+        transpose_rows(V, nk, D, w->vt.data());
+      }
       std::fill(w->dk.begin(), w->dk.begin() + nk * D, 0.f);
       std::fill(w->dv.begin(), w->dv.begin() + nk * D, 0.f);
       for (I g = 0; g < G; ++g) {
@@ -1100,6 +1117,7 @@ class Fused {
         float* dKt = w->dk.data();
         if (per_head_) {
           K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
+          if (packed) transpose_rows(K, nk, D, w->kt.data());
           dKt = w->dkg.data();
           std::fill(dKt, dKt + nk * D, 0.f);
         }
@@ -1107,13 +1125,16 @@ class Fused {
           const I nq = std::min(kBq, ihi - i0);
           const Tile Q = rows(q_, dir_q_, b, i0, nq, h, w->q.data(), tq_, h);
           const Tile dO = rows(bw.dout, bw.dir_dout, b, i0, nq, h, w->dout.data(), nullptr, 0);
-          logits(h, i0, nq, j0, nk, Q, K, w);
+          logits(h, i0, nq, j0, nk, Q, K, w, packed && nq > 1 ? w->kt.data() : nullptr);
           // banded (tile_gemm.h): P and dS are formed on each row's visible keys only, the masked
           // ones keeping logits' zeros; dP's masked entries may stay unset
           const I bd = band(h, kp0 - (d_.q_off + i0));
           xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
-          tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk, bd);
+          if (packed)
+            tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO.p, dO.ld, w->vt.data(), kBk, dP, kBk, bd);
+          else
+            tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk, bd);
           // careful (attention_tiles.h): the products read sanitized dO, Q, K; dO's non-finite
           // entries' terms added back into dV; dS 0 wherever P is
           const bool careful = bw.careful || careful_rows(&bw.lse[ix((b * Hq + h) * M + i0)], Di, nq);
@@ -1153,6 +1174,12 @@ class Fused {
       }
       if (bw.dv.present()) attn_fast::store_rows(bw.dv, D, b, j0, nk, kh, w->dv.data());
     }
+  }
+
+  // t [D, kBk] = the n rows of X transposed (t[e·kBk + j] = X[j, e]).
+  static void transpose_rows(const Tile& X, I n, I D, float* t) {
+    for (I j = 0; j < n; ++j)
+      for (I e = 0; e < D; ++e) t[e * kBk + j] = X.p[j * X.ld + e];
   }
 
   // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key

@@ -7,7 +7,8 @@
 //   kNN: a = A (sai = lda, sak = 1), b = B;
 //   kTN: a = Aᵀ (sai = 1, sak = lda: the R rows of a block are adjacent floats of A's row k), b = B;
 //   kNT: a = A, b = Bᵀ packed per chunk of ≤ kNc columns into an aligned stack buffer (zero-padded
-//        to whole vectors; 4 × 4 blocks transposed in 128-bit vectors).
+//        to whole vectors; 4 × 4 blocks transposed in 128-bit vectors);
+//   kNP: kNT's chunks with b = the caller's Bᵀ, read in place.
 // A block is R rows × W vectors of accumulators (R·W independent multiply-add chains over k):
 // R = 4 with AVX-512, 6 on the 16-register targets (kR); W = 2 across N, then W = 1 when one vector
 // or less is left (N = D = 16 on AVX-512); the last rows run blocks of 4, 2 and 1. A column tail shorter than a vector is loaded through a zeroed buffer
@@ -216,6 +217,14 @@ void TileGemm(GemmForm form, I M, I N, I K, float alpha, const float* A, I lda, 
   if (form == GemmForm::kTN) {
     Panel(M, N, A, 1, lda, B, ldb, false, K, alpha, true, C, ldc, banded ? Cut::kStart : Cut::kNone,
           band, false);
+    return;
+  }
+  if (form == GemmForm::kNP) {  // kNT's loop over chunks of columns, Bᵀ as given
+    for (I j0 = 0; j0 < N; j0 += kNc) {
+      if (banded && j0 > M - 1 + band) break;
+      Panel(M, std::min(kNc, N - j0), A, lda, 1, B + j0, ldb, false, K, alpha, false, C + j0, ldc,
+            Cut::kNone, band - j0, banded);
+    }
     return;
   }
   // kNT: Bᵀ of each chunk of columns packed [K, ncp], ncp = nc rounded up to whole vectors; a band

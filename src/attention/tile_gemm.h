@@ -11,6 +11,8 @@
 //   kNT: C [M, N]  = alpha·A·Bᵀ   A [M, K], B [N, K]; C is written, never read (BLAS's beta = 0)
 //   kNN: C [M, N] += alpha·A·B    A [M, K], B [K, N]                           (beta = 1)
 //   kTN: C [M, N] += alpha·Aᵀ·B   A [K, M], B [K, N]                           (beta = 1)
+//   kNP: C [M, N]  = alpha·A·B    A [M, K], B [K, N]: kNT's product with its Bᵀ given (packed once
+//        by a caller that reuses it), the same sums; C written, never read          (beta = 0)
 // Any M, N, K ≥ 0. Each C element is Σ_k a·b summed in the order k = 0, 1, … (multiply-adds, fused
 // where the target has FMA), then multiplied by alpha (and added to C): the same operations whatever
 // the element's place in the matrix, so a row's result does not depend on M, N, the block the row
@@ -18,11 +20,11 @@
 // it). Nothing outside the M × N elements of C is read or written.
 //
 // A band (causal tiles): band = c < kNoBand says that only the score-tile entries (query i, key j)
-// with j ≤ i + c matter; the others are masked. The score tile is C of kNT (i = row, j = column),
-// A of kNN (i = row, j = k) and A of kTN (j = C's row, i = k). kNT may leave C's masked entries
-// unwritten (the caller masks them); kNN and kTN skip the masked stretches of each block's sum, and
-// may still read a masked entry where a block of rows straddles the diagonal, so those must hold
-// zeros (P and dS of a masked score are 0). Skipping a product that is exactly ±0 leaves each sum
+// with j ≤ i + c matter; the others are masked. The score tile is C of kNT and kNP (i = row,
+// j = column), A of kNN (i = row, j = k) and A of kTN (j = C's row, i = k). kNT and kNP may leave
+// C's masked entries unwritten (the caller masks them); kNN and kTN skip the masked stretches of
+// each block's sum, and may still read a masked entry where a block of rows straddles the
+// diagonal, so those must hold zeros (P and dS of a masked score are 0). Skipping a product that is exactly ±0 leaves each sum
 // the same (up to the sign of a zero result), so a banded product equals the full one wherever it
 // is defined, on every target. On a causal diagonal tile this does about half the work.
 #pragma once
@@ -33,7 +35,7 @@
 
 namespace posenc::attn_fast {
 
-enum class GemmForm { kNT, kNN, kTN };
+enum class GemmForm { kNT, kNN, kTN, kNP };
 
 // No band: every entry of the tile matters.
 constexpr std::int64_t kNoBand = std::int64_t{1} << 60;
@@ -72,7 +74,7 @@ inline void tile_gemm(TileGemmFn small, GemmForm form, std::int64_t M, std::int6
   }
   const CBLAS_TRANSPOSE ta = form == GemmForm::kTN ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = form == GemmForm::kNT ? CblasTrans : CblasNoTrans;
-  const float beta = form == GemmForm::kNT ? 0.f : 1.f;
+  const float beta = form == GemmForm::kNT || form == GemmForm::kNP ? 0.f : 1.f;
   cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
               int(ldc));
 }
