@@ -10,7 +10,7 @@
 // encoding tensors (u, v, W: float64 or float32 views, alternating over the cases) are the same views.
 // Tolerances: |got − want| ≤ atol + rtol·|want|, atol scaled by the largest |want| of the tensor; they
 // are test_attention_fast.cc's (the kernel's arithmetic is the same float32 sgemm tiles; the
-// position term adds one more float32 product of the same size, and a float32 sinusoid table).
+// position term widens the score product's inner dimension by R, and float32 sin/cos tables).
 #include <hwy/targets.h>
 
 #include <cstdio>
@@ -277,7 +277,8 @@ long peak_kb() {
 }
 
 // L = 8192, one head, forward and backward: an L×L float buffer would be 256 MB; the kernel needs
-// the sinusoid table ((L + 254)·R floats, 2 MB), per thread dQ (L·D floats, 2 MB) and lse, D.
+// the angle tables (2·L·R floats, 4 MB), per thread [dQc | X̃] and Ỹ (L·(D + 2R) floats, 6 MB) and
+// lse, D.
 TEST(FastAttentionXL, LongSequenceNeedsNoLxLBuffer) {
   const I L = 8192, D = 64, R = 64;
   set_num_threads(2);
