@@ -13,10 +13,11 @@
 //   Ỹ_i is Y_i rotated by its query's angles, C_j = (cos β, sin β) per pair [R] depends on its key
 //   alone, and the logits are one tile product of inner dimension D + R,
 //     S = scale·[Qu | Ỹ]·[K | C]ᵀ,   Qu = Q + u_h,
-//   with no per-(i, j) sinusoid. The tables, shared by every head and batch: (sin α, cos α) per query
-//   [M, R] and C per key [N, R], from angles formed in double (as the reference's sinusoid) and
-//   rounded to float once; p0 = k_off, so β is ω times the key's index in the call and α ω times the
-//   query's distance from the first key.
+//   with no per-(i, j) sinusoid. p0 = k_off: β is ω times the key's index in the call, α ω times the
+//   query's distance from the first key. One table, shared by every head and batch, holds (sin, cos)
+//   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
+//   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
+//   rounded to float once.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
@@ -27,13 +28,13 @@
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
-//   pass 2, per (b, kv head): Ỹ of its G query heads' M rows first; then key blocks outer, the heads
-//   and their query blocks inner (one task owns its dK, dV and its heads' dQ, so nothing races): S and
-//   P recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
-//     dK += cᵀ·Qu;   [dQc | X̃] += c·[K | C]   (accumulated per row over the key blocks),
-//   every product banded on a causal diagonal tile. C is fixed, so dK has no position term. The
-//   position term's gradients are linear in X̃_i = Σ_j c_ij C_j, so they are formed once per row at
-//   the end of the task: X_i = Σ_j c_ij s(δ_ij) is X̃_i rotated back (the transposed rotation), and
+//   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
+//   task owns its dK, dV and its heads' dQ, so nothing races): [Qu | Ỹ], S and P recomputed;
+//   dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
+//     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
+//   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
+//   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
+//   in X̃_i = Σ_j c_ij C_j, so they are formed once per row at the end of the task: X_i = Σ_j c_ij s(δ_ij) is X̃_i rotated back (the transposed rotation), and
 //     dQ = dQc + X·W_hᵀ;   du_h = Σ_i dQc_i;   dv_h = W_h·Σ_i X_i;   dW_h = (Q + v_h)ᵀ·X
 //   (du_h = Σ c_ij k_j, dv_h = Σ c_ij W_h s(δ_ij), dW_h = Σ c_ij (q_i + v_h) s(δ_ij)ᵀ). The parameter
 //   gradients are summed per (b, h) in double from per-block float products, then over the batch.
@@ -44,16 +45,16 @@
 //   ±inf, so its row of c is NaN or 0 and X_i is NaN or 0 — replacing it changes no finite result.
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
-//   the tables: (M + N)·R floats — at L = M = N = 65536, R = 64: 33.5 MB;
-//   per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at D = R = 64);
-//   backward: lse and D, 2·B·Hq·M floats; per thread [dQc | X̃] and Ỹ of one task, G·M·(D + 2R)
-//   floats (50 MB at M = 65536, D = R = 64, G = 1); per (b, h) the gradients of u, v, W in double,
-//   B·Hq·(D + R + D·R).
+//   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
+//   L = 65536, R = 64: L·R, 16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
+//   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
+//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq; per
+//   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
 //   Products and accumulations in float32: the tile products by tile_gemm() as in attention_cpu.cc
-//   (tile_gemm.h: the Highway small GEMM while the inner dimension, D or D + R, is ≤ kTileGemmMaxD,
-//   else OpenBLAS), the once-per-row ones (Y, X·W_hᵀ, dW_h) by OpenBLAS's sgemm; sin and cos of
+//   (tile_gemm.h: the Highway small GEMM while the dimension, D, R or D + R, is ≤ kTileGemmMaxD,
+//   else OpenBLAS), Y and the once-per-row ones (X·W_hᵀ, dW_h) by OpenBLAS's sgemm; sin and cos of
 //   double angles rounded to float (error ≤ 6e-8 each, plus the angle's own, see README), the
 //   rotations in float; lse carried in float32 in the backward; dQc and X̃ summed over the key blocks
 //   in float32 (as dQ in attention_cpu.cc); the parameter gradients across blocks and the batch in
@@ -63,6 +64,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -113,13 +115,13 @@ class XlFused {
   XlFused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
           const EncodingTensors& t, int threads)
       : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()),
-        gemm_(tile_gemm_for(d.D)), gemm_c_(tile_gemm_for(d.D + d.R)) {
+        gemm_(tile_gemm_for(d.D)), gemm_r_(tile_gemm_for(d.R)), gemm_c_(tile_gemm_for(d.D + d.R)) {
     const std::vector<double> u = to_doubles(t.u), vb = to_doubles(t.v), w = to_doubles(t.rel_proj);
     u_.assign(u.begin(), u.end());
     vb_.assign(vb.begin(), vb.end());
     w_.assign(w.begin(), w.end());
     w64_ = w;
-    build_tables();
+    build_table();
     cf_ = careful_forward(simd_, d, k, threads);
   }
 
@@ -203,10 +205,11 @@ class XlFused {
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
+    const bool dq_dir = dq.present() && direct_out(dq);  // dQc summed in dq itself
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      std::vector<float> acc, yt;  // the task's [dQc | X̃] [G·M, Dc] and Ỹ [G·M, R]
+      std::vector<float> qacc, xacc;  // the task's dQc [G·M, D] (unless dq_dir) and X̃ [G·M, R]
       guard.run([&] {
         w.init(D, R);
         w.init_backward(D, R);
@@ -215,13 +218,20 @@ class XlFused {
       for (I task = 0; task < kvtasks; ++task) {
         const I b = task / d_.Hkv, kh = task % d_.Hkv;
         if (guard.failed() || !guard.run([&] {
-              acc.assign(ix(G * M * Dc), 0.f);
-              yt.resize(ix(G * M * R));
+              xacc.assign(ix(G * M * R), 0.f);
+              if (!dq_dir) qacc.assign(ix(G * M * D), 0.f);
             }))
           continue;
-        for (I gi = 0; gi < G; ++gi)
-          for (I i0 = 0; i0 < M; i0 += kBq)
-            rotated_y(b, kh * G + gi, i0, std::min(kBq, M - i0), &w, &yt[ix((gi * M + i0) * R)], R);
+        // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
+        float* qbase = qacc.data();
+        I qld = D, qhs = M * D;
+        if (dq_dir) {
+          qbase = static_cast<float*>(dq.data) + b * dq.strides[0] + kh * G * dq.strides[2];
+          qld = M == 1 ? D : dq.strides[1];
+          qhs = dq.strides[2];
+          for (I gi = 0; gi < G; ++gi)
+            for (I i = 0; i < M; ++i) std::fill(qbase + gi * qhs + i * qld, qbase + gi * qhs + i * qld + D, 0.f);
+        }
         for (I j0 = 0; j0 < N; j0 += kBk) {
           const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
           load_keys(b, kh, j0, nk, &w);
@@ -234,8 +244,7 @@ class XlFused {
             for (I i0 = ilo; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
               load_qu(b, h, i0, nq, &w);
-              for (I i = 0; i < nq; ++i)
-                copy_row(&w.qc[ix(i * Dc + D)], &yt[ix((gi * M + i0 + i) * R)], R);
+              rotated_y(b, h, i0, nq, &w, w.qc.data() + D, Dc);
               load_rows(dout, D, b, i0, nq, h, w.dout.data());
               float* S = w.s.data();
               float* dP = w.dp.data();
@@ -269,8 +278,10 @@ class XlFused {
               tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qc.data(),
                         bad_q ? D : Dc, w.dk.data(), D, bd);
               const bool bad_k = careful && sanitize_rows(w.kc.data(), Dc, nk, Dc, w.sk.data());
-              tile_gemm(gemm_c_, GemmForm::kNN, nq, Dc, nk, sc, S, kBk, bad_k ? w.sk.data() : w.kc.data(), Dc,
-                        &acc[ix((gi * M + i0) * Dc)], Dc, bd);
+              const float* kc = bad_k ? w.sk.data() : w.kc.data();
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, kc, Dc, qbase + gi * qhs + i0 * qld, qld, bd);
+              tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, kc + D, Dc, &xacc[ix((gi * M + i0) * R)], R,
+                        bd);
             }
           }
           if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
@@ -278,7 +289,8 @@ class XlFused {
         }
         for (I gi = 0; gi < G; ++gi) {
           const I h = kh * G + gi;
-          finish_rows(b, h, &acc[ix(gi * M * Dc)], &w, &gp[ix((b * Hq + h) * npar)], dq);
+          finish_rows(b, h, qbase + gi * qhs, qld, &xacc[ix(gi * M * R)], &w, &gp[ix((b * Hq + h) * npar)],
+                      dq_dir ? View{} : dq);
         }
       }
     }
@@ -287,28 +299,48 @@ class XlFused {
   }
 
  private:
-  // The tables: tq_ [M, R], (sin α, cos α) per pair of query row i, α = ω·(q_off + i − k_off);
-  // tk_ [N, R], C = (cos β, sin β) per pair of key j, β = ω·j.
-  void build_tables() {
-    const I M = d_.M, N = d_.N, R = d_.R;
-    tq_.assign(ix(M * R), 0.f);
-    tk_.assign(ix(N * R), 0.f);
+  // The angle table tab_ [rows, R]: per pair (sin ω·p, cos ω·p) for the positions p relative to
+  // k_off of the queries, q_off − k_off + i, and of the keys, j. One run of positions covers both
+  // where it is no longer than M + N rows (queries near their keys), else the queries' M rows come
+  // first and the keys' N rows after them.
+  void build_table() {
+    const I M = d_.M, N = d_.N, R = d_.R, dq = d_.q_off - d_.k_off;
+    const I lo = std::min<I>(0, dq), hi = std::max<I>(N, dq + M);
+    I start0 = dq, n0 = M, start1 = 0, n1 = N;  // rows [0, n0) from start0, then n1 from start1
+    if (hi - lo <= M + N) start0 = lo, n0 = hi - lo, n1 = 0;
+    qrow_ = dq - start0;
+    krow_ = n1 > 0 ? n0 : -start0;
+    tab_.assign(ix((n0 + n1) * R), 0.f);
     std::vector<double> inv(ix(R / 2));
     for (I c = 0; c < R / 2; ++c) inv[ix(c)] = sinusoid::inv_freq(c, R, xl::kBase);
-    const I rows = M + N;
+    const I rows = n0 + n1;
     const int threads = rows * R < fast::kParallelMin ? 1 : threads_;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (I r = 0; r < rows; ++r) {
-      const bool query = r < M;
-      const double pos = static_cast<double>(query ? d_.q_off + r - d_.k_off : r - M);
-      float* row = query ? &tq_[ix(r * R)] : &tk_[ix((r - M) * R)];
+      const double pos = static_cast<double>(r < n0 ? start0 + r : start1 + (r - n0));
+      float* row = &tab_[ix(r * R)];
       for (I c = 0; c < R / 2; ++c) {
         const double a = pos * inv[ix(c)];
-        const float sn = static_cast<float>(std::sin(a)), cs = static_cast<float>(std::cos(a));
-        row[2 * c] = query ? sn : cs;
-        row[2 * c + 1] = query ? cs : sn;
+        row[2 * c] = static_cast<float>(std::sin(a));
+        row[2 * c + 1] = static_cast<float>(std::cos(a));
       }
     }
+  }
+
+  // The table rows of query row i (sin α, cos α) and key j (sin β, cos β).
+  const float* tq(I i) const { return &tab_[ix((qrow_ + i) * d_.R)]; }
+  const float* tk(I j) const { return &tab_[ix((krow_ + j) * d_.R)]; }
+
+  // Whether dq [B, M, Hq, D] can take the tile products' sums in place (as attention_cpu.cc):
+  // float32, unit inner stride, row strides within int, its (b, row, head) rows disjoint.
+  bool direct_out(const View& x) const {
+    const I D = d_.D, H = d_.Hq;
+    if (x.dtype != DType::kF32 || x.strides[3] != 1) return false;
+    if (x.shape[1] > 1 && (x.strides[1] < D || x.strides[1] > INT_MAX)) return false;
+    if (H > 1 && x.strides[2] < D) return false;
+    const I row = (H - 1) * x.strides[2] + D;
+    if (x.shape[1] > 1 && x.strides[1] < row) return false;
+    return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
   }
 
   // Q rows [i0, i0 + nq) of head h: w->qc's first D columns = Q + u_h.
@@ -333,7 +365,7 @@ class XlFused {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(R), int(D), 1.f, qv, int(D),
                 &w_[ix(h * D * R)], int(R), 0.f, y, int(R));
     for (I i = 0; i < nq; ++i) {
-      const float* t = &tq_[ix((i0 + i) * R)];
+      const float* t = tq(i0 + i);
       const float* yi = y + i * R;
       float* o = dst + i * ld;
       for (I c = 0; c < R; c += 2) {
@@ -343,13 +375,15 @@ class XlFused {
     }
   }
 
-  // Keys [j0, j0 + nk) of kv head kh: w->kc [nk, D + R] = [K | C].
+  // Keys [j0, j0 + nk) of kv head kh: w->kc [nk, D + R] = [K | C], C = (cos β, sin β) per pair.
   void load_keys(I b, I kh, I j0, I nk, Scratch* w) const {
     const I D = d_.D, R = d_.R, Dc = D + R;
     float* kc = w->kc.data();
     for (I j = 0; j < nk; ++j) {
-      load_rows(k_, D, b, j0 + j, 1, kh, kc + j * Dc);
-      copy_row(kc + j * Dc + D, &tk_[ix((j0 + j) * R)], R);
+      float* row = kc + j * Dc;
+      load_rows(k_, D, b, j0 + j, 1, kh, row);
+      const float* t = tk(j0 + j);
+      for (I c = 0; c < R; c += 2) row[D + c] = t[c + 1], row[D + c + 1] = t[c];
     }
   }
 
@@ -408,11 +442,13 @@ class XlFused {
     if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
   }
 
-  // The end of pass 2 for head h: acc [M, D + R] holds [dQc | X̃] of its rows. X = X̃ rotated back
-  // (X₀ = X̃₀ sin α − X̃₁ cos α, X₁ = X̃₀ cos α + X̃₁ sin α); dq = dQc + X·W_hᵀ; into gph (du [D],
-  // Σ X [R], dW [D, R]) Σ_i dQc_i, Σ_i X_i and (Q + v_h)ᵀ·X, Q + v_h sanitized.
-  void finish_rows(I b, I h, float* acc, Scratch* w, double* gph, const View& dq) const {
-    const I D = d_.D, R = d_.R, Dc = D + R;
+  // The end of pass 2 for head h: qa (row stride ld) holds dQc of its M rows, xt [M, R] X̃. X = X̃
+  // rotated back (X₀ = X̃₀ sin α − X̃₁ cos α, X₁ = X̃₀ cos α + X̃₁ sin α); qa += X·W_hᵀ (dQ), stored
+  // into dq when given; into gph (du [D], Σ X [R], dW [D, R]) Σ_i dQc_i, Σ_i X_i and (Q + v_h)ᵀ·X,
+  // Q + v_h sanitized.
+  void finish_rows(I b, I h, float* qa, I ld, const float* xt_all, Scratch* w, double* gph,
+                   const View& dq) const {
+    const I D = d_.D, R = d_.R;
     const float* Wh = &w_[ix(h * D * R)];
     double* du = gph;
     double* xs = gph + D;
@@ -421,22 +457,22 @@ class XlFused {
     float* qv = w->qv.data();
     for (I i0 = 0; i0 < d_.M; i0 += kBq) {
       const I nq = std::min(kBq, d_.M - i0);
-      float* A = acc + i0 * Dc;
+      float* A = qa + i0 * ld;
       for (I i = 0; i < nq; ++i) {
-        const float* xt = A + i * Dc + D;
-        const float* t = &tq_[ix((i0 + i) * R)];
+        const float* xt = xt_all + (i0 + i) * R;
+        const float* t = tq(i0 + i);
         float* xi = X + i * R;
         for (I c = 0; c < R; c += 2) {
           xi[c] = xt[c] * t[c] - xt[c + 1] * t[c + 1];
           xi[c + 1] = xt[c] * t[c + 1] + xt[c + 1] * t[c];
         }
         for (I c = 0; c < R; ++c) xs[c] += xi[c];
-        for (I e = 0; e < D; ++e) du[e] += A[i * Dc + e];
+        for (I e = 0; e < D; ++e) du[e] += A[i * ld + e];
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R), Wh,
-                  int(R), 1.f, A, int(Dc));
+                  int(R), 1.f, A, int(ld));
       if (dq.present())
-        for (I i = 0; i < nq; ++i) store_row(dq, D, b, i0 + i, h, A + i * Dc);
+        for (I i = 0; i < nq; ++i) store_row(dq, D, b, i0 + i, h, A + i * ld);
       load_rows(q_, D, b, i0, nq, h, qv);
       for (I i = 0; i < nq; ++i) simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
       sanitize_rows(qv, D, nq, D, qv);
@@ -472,11 +508,13 @@ class XlFused {
   View q_, k_, v_;
   int threads_ = 1;
   Simd simd_;
-  TileGemmFn gemm_;    // the tile products' GEMM of inner or outer dimension D (tile_gemm.h)
-  TileGemmFn gemm_c_;  // those of dimension D + R: S and [dQc | X̃]
+  TileGemmFn gemm_;    // the tile products' GEMM of dimension D (tile_gemm.h)
+  TileGemmFn gemm_r_;  // of dimension R: X̃
+  TileGemmFn gemm_c_;  // of dimension D + R: S
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
-  std::vector<float> tq_, tk_;      // the angle tables [M, R] and [N, R] (build_tables)
+  std::vector<float> tab_;          // the angle table (build_table)
+  I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
 };
 
