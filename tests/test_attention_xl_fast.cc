@@ -1,16 +1,17 @@
 // The fused Transformer-XL attention, posenc::fused:: (src/attention/attention_xl_cpu.cc), against the
 // plain reference posenc::reference:: (src/attention/attention_ref.cc): forward (out, lse) and backward
 // (dq, dk, dv, du, dv_bias, drel_proj) × causal or not × M = N, decode (M = 1), M < N, M > N ×
-// grouped-query heads × global offsets × float32, bfloat16 and float16 × sizes off the tile
-// (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64, 130}, R ∈ {2, 8, 64}) × 1 and 2 threads; a large case (L = 989); every SIMD
-// target on a mid-size case; two threads bit for bit equal to one; a long case (L = 8192) whose peak
-// memory shows no L×L buffer; the dispatcher's choice.
+// grouped-query heads × global offsets (queries near their keys or far from them) × float32,
+// bfloat16 and float16 × sizes off the tile (L ∈ {1, 3, 19, 130}, D ∈ {2, 6, 64, 130},
+// R ∈ {2, 8, 64}) × 1 and 2 threads; a large case (L = 989); every SIMD target on a mid-size case;
+// two threads bit for bit equal to one; a long case (L = 8192) whose peak memory shows no L×L
+// buffer; the dispatcher's choice.
 //
 // The reference sees exactly what the kernel reads: q/k/v are rounded to the dtype first, and the
 // encoding tensors (u, v, W: float64 or float32 views, alternating over the cases) are the same views.
 // Tolerances: |got − want| ≤ atol + rtol·|want|, atol scaled by the largest |want| of the tensor; they
 // are test_attention_fast.cc's (the kernel's arithmetic is the same float32 sgemm tiles; the
-// position term adds one more float32 product of the same size, and a float32 sinusoid table).
+// position term widens the score product's inner dimension by R, and float32 sin/cos tables).
 #include <hwy/targets.h>
 
 #include <cstdio>
@@ -56,6 +57,7 @@ std::vector<Shape> shapes() {
       {"M_gt_N", 1, 130, 19, 2, 1, 6, 8},  // default q_off = N − M < 0: early causal rows see nothing
       {"offsets", 2, 19, 37, 2, 1, 6, 8, I{960}, I{955}},
       {"far", 1, 3, 130, 2, 2, 6, 64, I{1000003}, I{1000000}},
+      {"apart", 1, 19, 37, 2, 1, 6, 8, I{5000}, I{0}},  // queries far past the keys: two table ranges
   };
 }
 
@@ -234,7 +236,7 @@ long peak_kb() {
 }
 
 // L = 8192, one head, forward and backward: an L×L float buffer would be 256 MB; the kernel needs
-// the sinusoid table ((L + 254)·R floats, 2 MB), per thread dQ (L·D floats, 2 MB) and lse, D.
+// the angle table (L·R floats, 2 MB), per thread X̃ (L·R floats, 2 MB; dQ sums in dq) and lse, D.
 TEST(FastAttentionXL, LongSequenceNeedsNoLxLBuffer) {
   const I L = 8192, D = 64, R = 64;
   set_num_threads(2);

@@ -1,65 +1,70 @@
 // The fused (flash-style) Transformer-XL attention, forward and backward (attention_fused.h), on
 // float32, bfloat16 and float16 q/k/v (math in float32). The dispatcher of attention_cpu.cc routes
-// encoding xl here; the structure is that file's (tasks, tiles, online softmax, FA2 backward).
+// encoding xl here; the structure is that file's (tasks, tiles, bands, online softmax, FA2 backward).
 //
 //   l_ij = scale·((q_i + u_h)·k_j + (q_i + v_h)·W_h s(δ_ij)),   δ = qp − kp   (xl_math.h)
 //
-// The projection W_h [D, R] is folded into the query side, Y_i = scale·(q_i + v_h)·W_h [R], so the
-// position term is Y_i·s(δ_ij) and one sinusoid table serves every head and batch: no per-head
-// table r_h(δ) = W_h s(δ) is ever formed.
-//
-// ---- the sinusoid table ----------------------------------------------------------------------------
-//   S[e] = s(δ) in float for ρ = kp − qp = ρ_lo + e (δ = −ρ), angles formed in double as in the
-//   reference (sinusoid_math.h), rounded once. Rows run in increasing ρ, so the ρ values of a tile
-//   (query block × key block) are a contiguous slice, and query row i of the tile reads a contiguous,
-//   forward slice of it. It covers every ρ of the problem, [k_off − q_off − (M − 1), k_off + N − 1 −
-//   q_off], causal: only up to Bq + Bk − 2 (the overhang of a diagonal tile past ρ = 0).
+// ---- the position term as part of one dot product ----------------------------------------------------
+//   With W_h folded into the query side, Y_i = (q_i + v_h)·W_h [R], the position term is Y_i·s(δ). Each
+//   pair of s is (sin ωδ, cos ωδ); with α_i = ω·(qp_i − p0) and β_j = ω·(kp_j − p0), ωδ = α − β, and
+//   the angle-difference identities give, pair by pair,
+//     Y₀ sin(α − β) + Y₁ cos(α − β) = Ỹ₀ cos β + Ỹ₁ sin β,   Ỹ₀ = Y₀ sin α + Y₁ cos α,
+//                                                           Ỹ₁ = Y₁ sin α − Y₀ cos α:
+//   Ỹ_i is Y_i rotated by its query's angles, C_j = (cos β, sin β) per pair [R] depends on its key
+//   alone, and the logits are one tile product of inner dimension D + R,
+//     S = scale·[Qu | Ỹ]·[K | C]ᵀ,   Qu = Q + u_h,
+//   with no per-(i, j) sinusoid. p0 = k_off: β is ω times the key's index in the call, α ω times the
+//   query's distance from the first key. One table, shared by every head and batch, holds (sin, cos)
+//   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
+//   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
+//   rounded to float once.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
-//   Qu = Q + u_h, Y = scale·(Q + v_h)·W_h [Bq, R] (cblas_sgemm), once per task; per key block not
-//   wholly masked:
-//     S = scale·Qu·Kᵀ (tile_gemm), + position term: the tile's ρ slice has Bq + Bk − 1 rows but row
-//     i needs only Bk of them (a band), so the query rows go in sub-blocks of kSub: one tile_gemm
-//     T = Y_sub·S_sliceᵀ [kSub, kSub + Bk − 1] each, row i adding its contiguous slice of T into S
-//     (≈ 1.24 times the work of Q·Kᵀ at kSub = 32, instead of 2 for the whole slice);
-//     mask, online softmax, O += P·V as in attention_cpu.cc. A causal tile crossing the diagonal
-//     takes the band (tile_gemm.h) in Q·Kᵀ, the softmax and P·V, and forms T only up to the last
-//     column its visible keys read (about half the work of such a tile; measured with posenc bench
-//     at L = 4096, four alternating runs: forward 1.79–1.87× nope's time → 1.64–1.75×).
+//   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
+//   masked: [K | C] [Bk, D + R], S by tile_gemm; mask, online softmax, O += P·V as in
+//   attention_cpu.cc. A causal tile crossing the diagonal takes the band (tile_gemm.h) in S, the
+//   softmax and P·V.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
-//   task owns its dK, dV and its heads' dQ, so nothing races): S and P recomputed; dP = dO·Vᵀ;
-//   dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
-//     dK += cᵀ·Qu;   dQ += c·K + X·W_hᵀ,   X = c_skew·S_slice [Bq, R]  (X_i = Σ_j c_ij s(δ_ij), the
-//       skewed c placed in ρ coordinates, sub-blocks as in the forward);
-//     du_h += Σ_j (Σ_i c_ij) k_j;   dv_h = W_h·Σ_i X_i;   dW_h += (Q + v_h)ᵀ·X
-//   (since dv_h = Σ c_ij W_h s(δ_ij) and dW_h = Σ c_ij (q_i + v_h) s(δ_ij)ᵀ). The parameter gradients
-//   are summed per (b, h) in double from per-tile float products, then over the batch at the end.
+//   task owns its dK, dV and its heads' dQ, so nothing races): [Qu | Ỹ], S and P recomputed;
+//   dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
+//     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
+//   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
+//   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
+//   in X̃_i = Σ_j c_ij C_j, so they are formed once per row at the end of the task: X_i = Σ_j c_ij s(δ_ij) is X̃_i rotated back (the transposed rotation), and
+//     dQ = dQc + X·W_hᵀ;   du_h = Σ_i dQc_i;   dv_h = W_h·Σ_i X_i;   dW_h = (Q + v_h)ᵀ·X
+//   (du_h = Σ c_ij k_j, dv_h = Σ c_ij W_h s(δ_ij), dW_h = Σ c_ij (q_i + v_h) s(δ_ij)ᵀ). The parameter
+//   gradients are summed per (b, h) in double from per-block float products, then over the batch.
 //
 // ---- non-finite inputs -------------------------------------------------------------------------------
-//   The careful steps of attention_tiles.h, decided as there (Qu, Qv and K sanitized for dK, dW and
-//   dQ in the backward).
+//   The careful steps of attention_tiles.h, decided as there (Qu and [K | C] sanitized for dK and dQ
+//   in a careful tile). Q + v_h is sanitized for dW always: a non-finite q_i makes its logits NaN or
+//   ±inf, so its row of c is NaN or 0 and X_i is NaN or 0 — replacing it changes no finite result.
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
-//   the table: (number of ρ)·R floats — at L = M = N = 65536, R = 64: 33.5 MB, causal 16.8 MB;
-//   per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at D = R = 64);
-//   backward: lse and D, 2·B·Hq·M floats; per thread dQ of one task, G·M·D floats (16.8 MB at
-//   M = 65536, D = 64, G = 1; as attention_cpu.cc); per (b, h) the gradients of u, v, W in double,
-//   B·Hq·(D + R + D·R).
+//   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
+//   L = 65536, R = 64: L·R, 16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
+//   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
+//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq; per
+//   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
-//   Products and accumulations in float32: the tile products (S, T, P·V; dP, dV, dK, dQ's c·K) by
-//   tile_gemm() as in attention_cpu.cc (tile_gemm.h: the Highway small GEMM while D and R are
-//   ≤ kTileGemmMaxD, else OpenBLAS), the once-per-task ones (Y, X, X·W_hᵀ, dW_h) by OpenBLAS's
-//   sgemm; the sinusoid from double angles rounded
-//   to float (error ≤ 6e-8 + the angle's own, see README), lse carried in float32 in the backward;
-//   the parameter gradients accumulate per tile in float32, across tiles and the batch in double.
+//   Products and accumulations in float32: the tile products by tile_gemm() as in attention_cpu.cc
+//   (tile_gemm.h: the Highway small GEMM while the dimension, D, R or D + R, is ≤ kTileGemmMaxD,
+//   else OpenBLAS), Y and the once-per-row ones (X·W_hᵀ, dW_h) by OpenBLAS's sgemm; sin and cos of
+//   double angles rounded to float (error ≤ 6e-8 each, plus the angle's own, see README), the
+//   rotations in float; lse carried in float32 in the backward; dQc and X̃ summed over the key blocks
+//   in float32 (as dQ in attention_cpu.cc); the parameter gradients across blocks and the batch in
+//   double. The reference rounds the angle ωδ once; this kernel rounds α and β: where a query lies
+//   far from the first key (|qp − k_off| ≫ 2^20), the two roundings differ by about ulp(ω·|qp − k_off|),
+//   the size of the reference's own angle error at such a distance.
 #include <cblas.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -76,25 +81,20 @@ namespace {
 using attn::Dims;
 using namespace attn_fast;  // NOLINT: the shared tile machinery
 
-// Query rows per sgemm of the skewed (position) products: smaller wastes less of the band's
-// triangle corners, larger runs the sgemm closer to peak; 32 measured best at D = R = 64.
-constexpr I kSub = 32;
-
-// Per-thread scratch.
+// Per-thread scratch (Dc = D + R).
 struct Scratch {
-  std::vector<float> qu, qv, y, k, v, s, o, ml, t;  // forward
-  std::vector<float> dp, dout, dk, dv, x, dw;      // backward
-  std::vector<float> sq, sk, sv, sd;               // careful steps: sanitized Qu or Qv, K, V, dO
+  std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
+  std::vector<float> dp, dout, dk, dv, x, dw;     // backward
+  std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
   void init(I D, I R) {
-    qu.resize(ix(kBq * D));
+    qc.resize(ix(kBq * (D + R)));
     qv.resize(ix(kBq * D));
     y.resize(ix(kBq * R));
-    k.resize(ix(kBk * D));
+    kc.resize(ix(kBk * (D + R)));
     v.resize(ix(kBk * D));
     s.resize(ix(kBq * kBk));
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
-    t.resize(ix(kSub * (kSub + kBk - 1)));
     sv.resize(ix(kBk * D));
   }
   void init_backward(I D, I R) {
@@ -105,7 +105,7 @@ struct Scratch {
     x.resize(ix(kBq * R));
     dw.resize(ix(D * R));
     sq.resize(ix(kBq * D));
-    sk.resize(ix(kBk * D));
+    sk.resize(ix(kBk * (D + R)));
     sd.resize(ix(kBq * D));
   }
 };
@@ -115,7 +115,7 @@ class XlFused {
   XlFused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
           const EncodingTensors& t, int threads)
       : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()),
-        gemm_(tile_gemm_for(std::max(d.D, d.R))) {
+        gemm_(tile_gemm_for(d.D)), gemm_r_(tile_gemm_for(d.R)), gemm_c_(tile_gemm_for(d.D + d.R)) {
     const std::vector<double> u = to_doubles(t.u), vb = to_doubles(t.v), w = to_doubles(t.rel_proj);
     u_.assign(u.begin(), u.end());
     vb_.assign(vb.begin(), vb.end());
@@ -201,75 +201,97 @@ class XlFused {
     }
     guard.rethrow();
     // pass 2: per (b, kv head). Parameter gradients per (b, h): du [D], Σ X [R], dW [D, R].
-    const I npar = D + R + D * R;
+    const I npar = D + R + D * R, Dc = D + R;
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
+    const bool dq_dir = dq.present() && direct_out(dq);  // dQc summed in dq itself
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      std::vector<float> dq_acc, csum;
+      std::vector<float> qacc, xacc;  // the task's dQc [G·M, D] (unless dq_dir) and X̃ [G·M, R]
       guard.run([&] {
         w.init(D, R);
         w.init_backward(D, R);
-        csum.resize(ix(kBk));
       });
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
         const I b = task / d_.Hkv, kh = task % d_.Hkv;
-        if (guard.failed() || !guard.run([&] { dq_acc.assign(ix(G * M * D), 0.f); })) continue;
+        if (guard.failed() || !guard.run([&] {
+              xacc.assign(ix(G * M * R), 0.f);
+              if (!dq_dir) qacc.assign(ix(G * M * D), 0.f);
+            }))
+          continue;
+        // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
+        float* qbase = qacc.data();
+        I qld = D, qhs = M * D;
+        if (dq_dir) {
+          qbase = static_cast<float*>(dq.data) + b * dq.strides[0] + kh * G * dq.strides[2];
+          qld = M == 1 ? D : dq.strides[1];
+          qhs = dq.strides[2];
+          for (I gi = 0; gi < G; ++gi)
+            for (I i = 0; i < M; ++i) std::fill(qbase + gi * qhs + i * qld, qbase + gi * qhs + i * qld + D, 0.f);
+        }
         for (I j0 = 0; j0 < N; j0 += kBk) {
           const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
-          load_rows(k_, D, b, j0, nk, kh, w.k.data());
+          load_keys(b, kh, j0, nk, &w);
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
           for (I gi = 0; gi < G; ++gi) {
             const I h = kh * G + gi;
             const I ilo = p_.causal ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
-            double* gph = &gp[ix((b * Hq + h) * npar)];
             for (I i0 = ilo; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
-              load_query(b, h, i0, nq, &w);
+              load_qu(b, h, i0, nq, &w);
+              rotated_y(b, h, i0, nq, &w, w.qc.data() + D, Dc);
               load_rows(dout, D, b, i0, nq, h, w.dout.data());
               float* S = w.s.data();
               float* dP = w.dp.data();
-              logits(i0, nq, j0, nk, &w);
+              // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
+              // masked ones keeping logits' zeros; dP's masked entries may stay unset
+              const I bd = logits(i0, nq, j0, nk, &w);
               const float* L = &lse[ix((b * Hq + h) * M + i0)];
               const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
               for (I i = 0; i < nq; ++i) {
                 float* Si = S + i * kBk;
-                if (L[i] == kNegInfF) std::fill(Si, Si + nk, 0.f);
-                else if (std::isnan(L[i])) nan_row(Si, nk);  // a NaN row (attention_tiles.h)
-                else simd_.exp_sub_sum(Si, ix(nk), L[i]);
+                const I n = band_reach(i, bd, nk);
+                if (L[i] == kNegInfF) std::fill(Si, Si + n, 0.f);
+                else if (std::isnan(L[i])) nan_row(Si, n);  // a NaN row (attention_tiles.h)
+                else simd_.exp_sub_sum(Si, ix(n), L[i]);
               }
-              tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk);
-              // careful (attention_tiles.h): the products read sanitized dO, Qu, K (and Qv in
-              // position_grads); dO's non-finite entries' terms added back into dV; dS 0 where P is
+              tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk, bd);
+              // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
+              // entries' terms added back into dV; dS 0 where P is
               const bool careful = careful_all || careful_rows(L, Di, nq);
               const bool bad_do = careful && sanitize_rows(w.dout.data(), D, nq, D, w.sd.data());
               tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, bad_do ? w.sd.data() : w.dout.data(), D,
-                        w.dv.data(), D);
+                        w.dv.data(), D, bd);
               if (bad_do) add_back_ptdo(S, nq, nk, w.dout.data(), D, D, w.dv.data());
               for (I i = 0; i < nq; ++i) {
-                if (careful) careful_ds(S + i * kBk, dP + i * kBk, nk, Di[i]);
-                else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(nk), Di[i]);
+                const I n = std::clamp<I>(i + bd + 1, 0, nk);
+                if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
+                else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
               }
               // S now holds dS; c = scale·dS.
-              const bool bad_q = careful && sanitize_rows(w.qu.data(), D, nq, D, w.sq.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qu.data(), D,
-                        w.dk.data(), D);
-              float* dqt = &dq_acc[ix((gi * M + i0) * D)];
-              const bool bad_k = careful && sanitize_rows(w.k.data(), D, nk, D, w.sk.data());
-              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, bad_k ? w.sk.data() : w.k.data(), D, dqt, D);
-              position_grads(h, i0, nq, j0, nk, &w, dqt, gph, csum.data(), careful);
+              const bool bad_q = careful && sanitize_rows(w.qc.data(), Dc, nq, D, w.sq.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qc.data(),
+                        bad_q ? D : Dc, w.dk.data(), D, bd);
+              const bool bad_k = careful && sanitize_rows(w.kc.data(), Dc, nk, Dc, w.sk.data());
+              const float* kc = bad_k ? w.sk.data() : w.kc.data();
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, kc, Dc, qbase + gi * qhs + i0 * qld, qld, bd);
+              tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, kc + D, Dc, &xacc[ix((gi * M + i0) * R)], R,
+                        bd);
             }
           }
           if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
           if (dv.present()) store_rows(dv, D, b, j0, nk, kh, w.dv.data());
         }
-        if (dq.present())
-          for (I gi = 0; gi < G; ++gi) store_rows(dq, D, b, 0, M, kh * G + gi, &dq_acc[ix(gi * M * D)]);
+        for (I gi = 0; gi < G; ++gi) {
+          const I h = kh * G + gi;
+          finish_rows(b, h, qbase + gi * qhs, qld, &xacc[ix(gi * M * R)], &w, &gp[ix((b * Hq + h) * npar)],
+                      dq_dir ? View{} : dq);
+        }
       }
     }
     guard.rethrow();
@@ -277,81 +299,114 @@ class XlFused {
   }
 
  private:
-  // The table S [nrho, R]: row e = s(δ) for ρ = kp − qp = rho_lo_ + e, δ = −ρ.
+  // The angle table tab_ [rows, R]: per pair (sin ω·p, cos ω·p) for the positions p relative to
+  // k_off of the queries, q_off − k_off + i, and of the keys, j. One run of positions covers both
+  // where it is no longer than M + N rows (queries near their keys), else the queries' M rows come
+  // first and the keys' N rows after them.
   void build_table() {
-    const I R = d_.R;
-    rho_lo_ = d_.k_off - (d_.q_off + d_.M - 1);
-    I rho_hi = d_.k_off + d_.N - 1 - d_.q_off;
-    if (p_.causal) rho_hi = std::min(rho_hi, kBq + kBk - 2);
-    nrho_ = d_.M > 0 && d_.N > 0 ? std::max<I>(rho_hi - rho_lo_ + 1, 0) : 0;
-    tab_.assign(ix(nrho_ * R), 0.f);
+    const I M = d_.M, N = d_.N, R = d_.R, dq = d_.q_off - d_.k_off;
+    const I lo = std::min<I>(0, dq), hi = std::max<I>(N, dq + M);
+    I start0 = dq, n0 = M, start1 = 0, n1 = N;  // rows [0, n0) from start0, then n1 from start1
+    if (hi - lo <= M + N) start0 = lo, n0 = hi - lo, n1 = 0;
+    qrow_ = dq - start0;
+    krow_ = n1 > 0 ? n0 : -start0;
+    tab_.assign(ix((n0 + n1) * R), 0.f);
     std::vector<double> inv(ix(R / 2));
     for (I c = 0; c < R / 2; ++c) inv[ix(c)] = sinusoid::inv_freq(c, R, xl::kBase);
-    const int threads = nrho_ * R < fast::kParallelMin ? 1 : threads_;
+    const I rows = n0 + n1;
+    const int threads = rows * R < fast::kParallelMin ? 1 : threads_;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (I e = 0; e < nrho_; ++e) {
-      const double delta = -static_cast<double>(rho_lo_ + e);
-      float* row = &tab_[ix(e * R)];
+    for (I r = 0; r < rows; ++r) {
+      const double pos = static_cast<double>(r < n0 ? start0 + r : start1 + (r - n0));
+      float* row = &tab_[ix(r * R)];
       for (I c = 0; c < R / 2; ++c) {
-        const double a = delta * inv[ix(c)];
+        const double a = pos * inv[ix(c)];
         row[2 * c] = static_cast<float>(std::sin(a));
         row[2 * c + 1] = static_cast<float>(std::cos(a));
       }
     }
   }
 
-  // Table rows from ρ (which must lie in the table).
-  const float* table_at(I rho) const { return &tab_[ix((rho - rho_lo_) * d_.R)]; }
+  // The table rows of query row i (sin α, cos α) and key j (sin β, cos β).
+  const float* tq(I i) const { return &tab_[ix((qrow_ + i) * d_.R)]; }
+  const float* tk(I j) const { return &tab_[ix((krow_ + j) * d_.R)]; }
 
-  // Q rows [i0, i0 + nq) of head h: w->qu = Q + u_h, w->qv = Q + v_h, w->y = scale·(Q + v_h)·W_h.
-  void load_query(I b, I h, I i0, I nq, Scratch* w) const {
-    const I D = d_.D, R = d_.R;
-    float* qu = w->qu.data();
-    float* qv = w->qv.data();
-    load_rows(q_, D, b, i0, nq, h, qv);
-    std::memcpy(qu, qv, ix(nq * D) * sizeof(float));
+  // Whether dq [B, M, Hq, D] can take the tile products' sums in place (as attention_cpu.cc):
+  // float32, unit inner stride, row strides within int, its (b, row, head) rows disjoint.
+  bool direct_out(const View& x) const {
+    const I D = d_.D, H = d_.Hq;
+    if (x.dtype != DType::kF32 || x.strides[3] != 1) return false;
+    if (x.shape[1] > 1 && (x.strides[1] < D || x.strides[1] > INT_MAX)) return false;
+    if (H > 1 && x.strides[2] < D) return false;
+    const I row = (H - 1) * x.strides[2] + D;
+    if (x.shape[1] > 1 && x.strides[1] < row) return false;
+    return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
+  }
+
+  // Q rows [i0, i0 + nq) of head h: w->qc's first D columns = Q + u_h.
+  void load_qu(I b, I h, I i0, I nq, Scratch* w) const {
+    const I D = d_.D, Dc = D + d_.R;
+    float* qc = w->qc.data();
     for (I i = 0; i < nq; ++i) {
-      simd_.add_to(qu + i * D, &u_[ix(h * D)], ix(D));
-      simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
+      load_rows(q_, D, b, i0 + i, 1, h, qc + i * Dc);
+      simd_.add_to(qc + i * Dc, &u_[ix(h * D)], ix(D));
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(R), int(D),
-                static_cast<float>(d_.scale), qv, int(D), &w_[ix(h * D * R)], int(R), 0.f,
-                w->y.data(), int(R));
+  }
+
+  // Ỹ of Q rows [i0, i0 + nq) of head h into dst (row stride ld): Y = (Q + v_h)·W_h, each pair
+  // rotated by its row's angle (Ỹ₀ = Y₀ sin α + Y₁ cos α, Ỹ₁ = Y₁ sin α − Y₀ cos α). Q + v_h is
+  // left in w->qv.
+  void rotated_y(I b, I h, I i0, I nq, Scratch* w, float* dst, I ld) const {
+    const I D = d_.D, R = d_.R;
+    float* qv = w->qv.data();
+    float* y = w->y.data();
+    load_rows(q_, D, b, i0, nq, h, qv);
+    for (I i = 0; i < nq; ++i) simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(R), int(D), 1.f, qv, int(D),
+                &w_[ix(h * D * R)], int(R), 0.f, y, int(R));
+    for (I i = 0; i < nq; ++i) {
+      const float* t = tq(i0 + i);
+      const float* yi = y + i * R;
+      float* o = dst + i * ld;
+      for (I c = 0; c < R; c += 2) {
+        o[c] = yi[c] * t[c] + yi[c + 1] * t[c + 1];
+        o[c + 1] = yi[c + 1] * t[c] - yi[c] * t[c + 1];
+      }
+    }
+  }
+
+  // Keys [j0, j0 + nk) of kv head kh: w->kc [nk, D + R] = [K | C], C = (cos β, sin β) per pair.
+  void load_keys(I b, I kh, I j0, I nk, Scratch* w) const {
+    const I D = d_.D, R = d_.R, Dc = D + R;
+    float* kc = w->kc.data();
+    for (I j = 0; j < nk; ++j) {
+      float* row = kc + j * Dc;
+      load_rows(k_, D, b, j0 + j, 1, kh, row);
+      const float* t = tk(j0 + j);
+      for (I c = 0; c < R; c += 2) row[D + c] = t[c + 1], row[D + c + 1] = t[c];
+    }
   }
 
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
   // crossing the diagonal.
   I band(I base, I nk) const { return p_.causal && base + nk - 1 > 0 ? -base : kNoBand; }
 
-  // w->s [nq, Bk] = scale·Qu·Kᵀ + Y·s(δ), masked entries −inf (Qu, Y from load_query, K in w->k).
-  // A causal tile crossing the diagonal computes only what it keeps: Q·Kᵀ banded, and T only up to
-  // the last column a visible key reads (the same values as the full products, tile_gemm.h).
-  // Returns the tile's band.
+  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ (w->qc, w->kc). A banded tile (returned) holds −inf past
+  // each row's last visible key up to the softmax's reach (band_reach, attention_tiles.h) and zeros
+  // beyond it, which the products read as P and dS.
   I logits(I q0, I nq, I j0, I nk, Scratch* w) const {
-    const I D = d_.D, R = d_.R;
+    const I Dc = d_.D + d_.R;
     float* S = w->s.data();
-    const I base = (d_.k_off + j0) - (d_.q_off + q0);  // ρ of (row 0, col 0); ρ(i, j) = base + j − i
+    const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(base, nk);
-    tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, static_cast<float>(d_.scale), w->qu.data(), D,
-              w->k.data(), D, S, kBk, bd);
-    // causal: kp ≤ qp, i.e. row i sees keys j < jh(i) = i − base + 1
-    auto jh = [&](I i) { return bd < kNoBand ? std::clamp<I>(i - base + 1, 0, nk) : nk; };
-    float* T = w->t.data();
-    for (I a = 0; a < nq; a += kSub) {
-      const I nb = std::min(kSub, nq - a), wd = nb + nk - 1;
-      // rows [a, a + nb) see ρ ∈ [base − a − nb + 1, base − a + nk − 1]: T [nb, wd], row r's
-      // keys at columns nb − 1 − r + j, so a band needs only the first a + nb − base of them
-      const I used = bd < kNoBand ? std::clamp<I>(a + nb - base, 0, wd) : wd;
-      if (used > 0)
-        tile_gemm(gemm_, GemmForm::kNT, nb, used, R, 1.f, &w->y[ix(a * R)], R, table_at(base - a - nb + 1), R,
-                  T, wd);
-      for (I r = 0; r < nb; ++r)
-        simd_.add_to(S + (a + r) * kBk, T + r * wd + (nb - 1 - r), ix(jh(a + r)));
-    }
+    tile_gemm(gemm_c_, GemmForm::kNT, nq, nk, Dc, static_cast<float>(d_.scale), w->qc.data(), Dc,
+              w->kc.data(), Dc, S, kBk, bd);
     if (bd >= kNoBand) return bd;
-    for (I i = 0; i < nq; ++i) {
+    for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
-      std::fill(Si + jh(i), Si + nk, kNegInfF);
+      const I jh = std::clamp<I>(i - base + 1, 0, nk), reach = std::max(jh, band_reach(i, bd, nk));
+      std::fill(Si + jh, Si + reach, kNegInfF);
+      std::fill(Si + reach, Si + nk, 0.f);
     }
     return bd;
   }
@@ -361,7 +416,8 @@ class XlFused {
   // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
   void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
-    load_query(b, h, q0, nq, w);
+    load_qu(b, h, q0, nq, w);
+    rotated_y(b, h, q0, nq, w, w->qc.data() + D, D + d_.R);
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = p_.causal ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
     float* m = w->ml.data();
@@ -373,14 +429,9 @@ class XlFused {
     float* S = w->s.data();
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      load_rows(k_, D, b, j0, nk, kh, w->k.data());
+      load_keys(b, kh, j0, nk, w);
       load_rows(v_, D, b, j0, nk, kh, w->v.data());
-      // banded: the softmax reads each row's band_reach (−inf past its keys), and P·V reads zeros
-      // beyond it (attention_tiles.h, tile_gemm.h)
       const I bd = logits(q0, nq, j0, nk, w);
-      if (bd < kNoBand)
-        for (I i = 0; i < nq; ++i)
-          std::fill(S + i * kBk + band_reach(i, bd, nk), S + i * kBk + nk, 0.f);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
       const bool bad_v = careful_v && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
@@ -391,49 +442,44 @@ class XlFused {
     if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
   }
 
-  // The position term's gradients of one tile from dS [nq, Bk] (in w->s; c = scale·dS):
-  // dQ += X·W_hᵀ, and into gph (du [D], Σ X [R], dW [D, R]) Σ_j (Σ_i c_ij) k_j, Σ_i X_i, Qvᵀ·X.
-  void position_grads(I h, I i0, I nq, I j0, I nk, Scratch* w, float* dqt, double* gph,
-                      float* csum, bool careful) const {
+  // The end of pass 2 for head h: qa (row stride ld) holds dQc of its M rows, xt [M, R] X̃. X = X̃
+  // rotated back (X₀ = X̃₀ sin α − X̃₁ cos α, X₁ = X̃₀ cos α + X̃₁ sin α); qa += X·W_hᵀ (dQ), stored
+  // into dq when given; into gph (du [D], Σ X [R], dW [D, R]) Σ_i dQc_i, Σ_i X_i and (Q + v_h)ᵀ·X,
+  // Q + v_h sanitized.
+  void finish_rows(I b, I h, float* qa, I ld, const float* xt_all, Scratch* w, double* gph,
+                   const View& dq) const {
     const I D = d_.D, R = d_.R;
-    const float sc = static_cast<float>(d_.scale);
-    const float* dS = w->s.data();
-    const I base = (d_.k_off + j0) - (d_.q_off + i0);
-    float* Cs = w->t.data();
-    float* X = w->x.data();
-    for (I a = 0; a < nq; a += kSub) {
-      const I nb = std::min(kSub, nq - a), wd = nb + nk - 1;
-      // c_skew [nb, wd]: row r holds dS row a + r at column nb − 1 − r, zeros around it
-      for (I r = 0; r < nb; ++r) {
-        float* cr = Cs + r * wd;
-        const I off = nb - 1 - r;
-        std::fill(cr, cr + off, 0.f);
-        std::memcpy(cr + off, dS + (a + r) * kBk, ix(nk) * sizeof(float));
-        std::fill(cr + off + nk, cr + wd, 0.f);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nb), int(R), int(wd), sc, Cs,
-                  int(wd), table_at(base - a - nb + 1), int(R), 0.f, X + a * R, int(R));
-    }
     const float* Wh = &w_[ix(h * D * R)];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R),
-                Wh, int(R), 1.f, dqt, int(D));
-    const bool bad_qv = careful && sanitize_rows(w->qv.data(), D, nq, D, w->sq.data());
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(D), int(R), int(nq), 1.f,
-                bad_qv ? w->sq.data() : w->qv.data(), int(D), X, int(R), 0.f, w->dw.data(), int(R));
     double* du = gph;
     double* xs = gph + D;
     double* dW = gph + D + R;
-    for (I e = 0; e < D * R; ++e) dW[e] += w->dw[ix(e)];
-    std::memcpy(csum, dS, ix(nk) * sizeof(float));  // Σ_i dS_ij, then du += scale·csum·K
-    for (I i = 1; i < nq; ++i) simd_.add_to(csum, dS + i * kBk, ix(nk));
-    for (I j = 0; j < nk; ++j) {
-      const double cj = static_cast<double>(csum[j]) * sc;
-      if (cj == 0) continue;
-      const float* kj = &w->k[ix(j * D)];
-      for (I e = 0; e < D; ++e) du[e] += cj * kj[e];
+    float* X = w->x.data();
+    float* qv = w->qv.data();
+    for (I i0 = 0; i0 < d_.M; i0 += kBq) {
+      const I nq = std::min(kBq, d_.M - i0);
+      float* A = qa + i0 * ld;
+      for (I i = 0; i < nq; ++i) {
+        const float* xt = xt_all + (i0 + i) * R;
+        const float* t = tq(i0 + i);
+        float* xi = X + i * R;
+        for (I c = 0; c < R; c += 2) {
+          xi[c] = xt[c] * t[c] - xt[c + 1] * t[c + 1];
+          xi[c + 1] = xt[c] * t[c + 1] + xt[c + 1] * t[c];
+        }
+        for (I c = 0; c < R; ++c) xs[c] += xi[c];
+        for (I e = 0; e < D; ++e) du[e] += A[i * ld + e];
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R), Wh,
+                  int(R), 1.f, A, int(ld));
+      if (dq.present())
+        for (I i = 0; i < nq; ++i) store_row(dq, D, b, i0 + i, h, A + i * ld);
+      load_rows(q_, D, b, i0, nq, h, qv);
+      for (I i = 0; i < nq; ++i) simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
+      sanitize_rows(qv, D, nq, D, qv);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(D), int(R), int(nq), 1.f, qv, int(D), X,
+                  int(R), 0.f, w->dw.data(), int(R));
+      for (I e = 0; e < D * R; ++e) dW[e] += w->dw[ix(e)];
     }
-    for (I i = 1; i < nq; ++i) simd_.add_to(X, X + i * R, ix(R));  // X row 0 becomes Σ_i X_i
-    for (I c = 0; c < R; ++c) xs[c] += X[c];
   }
 
   // g.u = Σ_b du, g.v = W_h·Σ_b Σ X, g.rel_proj = Σ_b dW, from gp [B, Hq, D + R + D·R].
@@ -462,11 +508,13 @@ class XlFused {
   View q_, k_, v_;
   int threads_ = 1;
   Simd simd_;
-  TileGemmFn gemm_;  // the tile products' GEMM (tile_gemm.h): K is D or R
+  TileGemmFn gemm_;    // the tile products' GEMM of dimension D (tile_gemm.h)
+  TileGemmFn gemm_r_;  // of dimension R: X̃
+  TileGemmFn gemm_c_;  // of dimension D + R: S
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
-  std::vector<float> tab_;          // the sinusoid table [nrho_, R]
-  I rho_lo_ = 0, nrho_ = 0;
+  std::vector<float> tab_;          // the angle table (build_table)
+  I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
 };
 
