@@ -2,6 +2,9 @@
 // examples checked against the task's rule, recomputed here from the example itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -130,6 +133,94 @@ INSTANTIATE_TEST_SUITE_P(Study, Tasks,
                              if (c == '-') c = '_';
                            return n;
                          });
+
+// Passkey at a depth: the needle "K=<key> " starts after round(depth · F) filler bytes, F = the bytes
+// that are neither the needle (8) nor the question (7); the filler around it is the same text, and
+// the key asked for is the key given.
+TEST(Tasks, PasskeyPutsTheKeyAtTheRequestedDepth) {
+  const std::string grass = "The grass is green. The sky is blue. ";
+  for (I len : {16, 64, 255, 1024})
+    for (double d : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
+      std::mt19937_64 rng(11);
+      std::vector<std::int32_t> tok(static_cast<std::size_t>(len)), tgt(static_cast<std::size_t>(len));
+      ASSERT_TRUE(make_example(Task::kPasskey, len, rng, tok.data(), tgt.data(), d).ok());
+      const std::string s = full(tok, tgt, tgt.back());
+      const std::size_t F = std::size_t(len + 1 - 15), at = s.find("K=");
+      EXPECT_EQ(double(at), std::floor(d * double(F) + 0.5)) << "len " << len << " depth " << d << ": " << s;
+      std::string filler = s.substr(0, at) + s.substr(at + 8, s.size() - 7 - at - 8);
+      ASSERT_EQ(filler.size(), F);
+      for (std::size_t i = 0; i < F; ++i) EXPECT_EQ(filler[i], grass[i % grass.size()]) << i;
+      EXPECT_EQ(s.substr(s.size() - 7, 2), "K?");
+      EXPECT_EQ(s.substr(at + 2, 5), s.substr(s.size() - 5));
+      EXPECT_EQ(s[at + 7], ' ');
+    }
+  // the same rng state gives the same key at every depth
+  std::mt19937_64 a(5), b(5);
+  std::vector<std::int32_t> ta(64), ga(64), tb(64), gb(64);
+  ASSERT_TRUE(make_example(Task::kPasskey, 64, a, ta.data(), ga.data(), 0.0).ok());
+  ASSERT_TRUE(make_example(Task::kPasskey, 64, b, tb.data(), gb.data(), 1.0).ok());
+  EXPECT_EQ(std::vector<std::int32_t>(ta.end() - 5, ta.end()), std::vector<std::int32_t>(tb.end() - 5, tb.end()));
+  EXPECT_NE(ta, tb);
+  std::vector<std::int32_t> tok(64), tgt(64);
+  EXPECT_EQ(make_example(Task::kCopy, 64, a, tok.data(), tgt.data(), 0.5).arg(), "depth");
+  EXPECT_EQ(make_example(Task::kPasskey, 64, a, tok.data(), tgt.data(), 1.5).arg(), "depth");
+  EXPECT_EQ(make_example(Task::kPasskey, 64, a, tok.data(), tgt.data(), -0.1).arg(), "depth");
+}
+
+// Passkey's evaluation by depth on a tiny model: after the random placement, one point per depth,
+// each the accuracy recomputed here one example at a time from the examples of seed·φ + 4.
+TEST(Tasks, PasskeyEvaluatesEveryDepth) {
+  StudyConfig cfg;
+  cfg.task = Task::kPasskey;
+  cfg.train_len = 32;
+  cfg.eval_examples = 6;
+  cfg.model.d_model = 32;
+  cfg.model.n_layers = 1;
+  cfg.model.n_heads = 2;
+  cfg.model.d_ff = 64;
+  ModelConfig mc = cfg.model;
+  mc.encoding = Encoding::kAlibi;
+  mc.max_len = 64;
+  Model<float> model(mc, 3);
+  const Corpus none;
+  std::mt19937_64 rng(9);
+  const std::uint64_t seed = 7;
+  const Expected<std::vector<EvalPoint>> pts = evaluate_at(cfg, none, model, 64, seed, rng);
+  ASSERT_TRUE(pts.ok()) << pts.status().message();
+  ASSERT_EQ(pts->size(), 1 + passkey_depths().size());
+  EXPECT_FALSE((*pts)[0].depth.has_value());
+  const std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+  ASSERT_EQ(passkey_depths(), depths);
+  for (std::size_t k = 0; k < depths.size(); ++k) {
+    const EvalPoint& p = (*pts)[k + 1];
+    EXPECT_EQ(p.len, 64);
+    ASSERT_TRUE(p.depth.has_value());
+    EXPECT_EQ(*p.depth, depths[k]);
+    std::mt19937_64 er(seed * 0x9E3779B97F4A7C15ull + 4);
+    I right = 0, total = 0;
+    for (I b = 0; b < cfg.eval_examples; ++b) {
+      std::vector<std::int32_t> tok(64), tgt(64);
+      ASSERT_TRUE(make_example(Task::kPasskey, 64, er, tok.data(), tgt.data(), depths[k]).ok());
+      ASSERT_TRUE(model.forward(tok.data(), tgt.data(), 1, 64).ok());
+      for (I i = 0; i < 64; ++i) {
+        if (tgt[std::size_t(i)] < 0) continue;
+        const float* row = &model.probs()[std::size_t(i * mc.vocab)];
+        right += std::max_element(row, row + mc.vocab) - row == tgt[std::size_t(i)];
+        ++total;
+      }
+    }
+    EXPECT_EQ(total, 5 * cfg.eval_examples);
+    ASSERT_TRUE(p.acc.has_value());
+    EXPECT_DOUBLE_EQ(*p.acc, double(right) / double(total)) << "depth " << depths[k];
+  }
+  // another task has one point per length, as has passkey where the model cannot run
+  cfg.task = Task::kCopy;
+  EXPECT_EQ(evaluate_at(cfg, none, model, 64, seed, rng)->size(), 1u);
+  cfg.task = Task::kPasskey;
+  const Expected<std::vector<EvalPoint>> off = evaluate_at(cfg, none, model, 64, seed, rng, false);
+  ASSERT_EQ(off->size(), 6u);
+  for (const EvalPoint& p : *off) EXPECT_FALSE(p.acc || p.ppl);
+}
 
 TEST(Tasks, Names) {
   for (const char* n : {"copy", "flipflop", "counting", "selective-copy", "passkey"})

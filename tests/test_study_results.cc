@@ -162,6 +162,76 @@ TEST(StudyResults, TableShowsMissingValuesAsADash) {
   EXPECT_EQ(words(task[2])[2], "0.500");
 }
 
+// A passkey run: two seeds, a row at random places and one per depth at each length.
+StudyRun passkey_run() {
+  StudyRun run = sample_run(true);
+  run.cfg.task = Task::kPasskey;
+  run.cfg.seeds = 2;
+  run.corpus = "task passkey";
+  for (StudyResult& r : run.results) {
+    std::vector<EvalPoint> eval;
+    for (const EvalPoint& p : r.eval) {
+      eval.push_back(p);
+      if (p.acc) eval.back().acc_sd = eval.back().ppl_sd = 0.125;
+      for (double d : passkey_depths()) {
+        EvalPoint q = eval.back();
+        q.depth = d;
+        if (q.acc) q.acc = d / double(q.len);
+        eval.push_back(q);
+      }
+    }
+    r.eval = eval;
+    r.per_seed = {eval, eval};
+  }
+  return run;
+}
+
+TEST(StudyResults, PasskeyHasARowPerLengthAndDepth) {
+  const StudyRun run = passkey_run();
+  const std::vector<std::string> csv = lines(results_csv(run));
+  ASSERT_EQ(csv.size(), 1u + 2 * 5 * 6);
+  EXPECT_EQ(csv[0], "encoding,len,depth,ppl,ppl_sd,acc,acc_sd");
+  EXPECT_EQ(csv[1], "alibi,16,,3.100,0.125,1.000,0.125");  // the random placement: no depth
+  EXPECT_EQ(csv[2], "alibi,16,0,3.100,0.125,0.000,0.125");
+  EXPECT_EQ(csv[11], "alibi,32,0.75,3.200,0.125,0.023,0.125");  // 0.75 / 32
+  EXPECT_EQ(csv[60], "learned,256,1,,,,");
+  // the table: lengths of the random placement, then one row per encoding and depth
+  const std::vector<std::string> t = lines(results_table(run));
+  ASSERT_EQ(t.size(), 4u + 3 + 2 * 5);
+  EXPECT_EQ(words(t[2])[0], "alibi");
+  EXPECT_EQ(words(t[2]).size(), 1u + 5 + 2);  // five lengths, last/1x, tok/s
+  EXPECT_EQ(words(t[2])[2], "0.500±0.125");
+  EXPECT_NE(t[5].find("passkey accuracy by depth"), std::string::npos) << t[5];
+  EXPECT_EQ(words(t[6]), (std::vector<std::string>{"encoding", "depth", "16", "32", "64", "128", "256", "last/1x"}));
+  EXPECT_EQ(words(t[9]), (std::vector<std::string>{"alibi", "0.50", "0.031±0.125", "0.016±0.125", "0.008±0.125",
+                                                   "0.004±0.125", "0.002±0.125", "0.062"}));
+  EXPECT_EQ(words(t[16]), (std::vector<std::string>{"learned", "1.00", "0.062±0.125", "-", "-", "-", "-", "-"}));
+  const auto chars = [](const std::string& x) {  // "±" is two bytes
+    return std::count_if(x.begin(), x.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+  };
+  EXPECT_EQ(chars(t[6]), chars(t[9]));  // aligned columns
+  // results.json: "depth" on the rows at a depth; read back, the rows at random places
+  const std::string text = results_json(run);
+  EXPECT_NE(text.find("\"depth\": 0.25"), std::string::npos);
+  const fs::path dir = fs::temp_directory_path() / ("posenc-study-passkey-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  ASSERT_TRUE(write_file((dir / "results.json").string(), text));
+  const Expected<std::vector<StudyEntry>> back = read_results_json((dir / "results.json").string());
+  fs::remove_all(dir);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_EQ((*back)[0].eval.size(), 5u);
+  EXPECT_EQ((*back)[0].eval[1].len, 32);
+  // a job's line keeps the depth
+  const Expected<StudyResult> r = result_from_json(result_to_json(run.results[0]));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->eval.size(), run.results[0].eval.size());
+  for (std::size_t i = 0; i < r->eval.size(); ++i) EXPECT_EQ(r->eval[i].depth, run.results[0].eval[i].depth) << i;
+  // the plot draws the random placement alone: five points per curve
+  const std::string gp = study_plot_script(run, "x.png");
+  const std::size_t d0 = gp.find("$d0 << EOD\n"), end = gp.find("EOD\n", d0 + 11);
+  EXPECT_EQ(std::count(gp.begin() + std::ptrdiff_t(d0), gp.begin() + std::ptrdiff_t(end), '\n'), 1 + 5);
+}
+
 TEST(StudyResults, ResultsJsonReadsBack) {
   const fs::path dir = fs::temp_directory_path() / ("posenc-study-results-" + std::to_string(getpid()));
   fs::create_directories(dir);

@@ -34,7 +34,7 @@ namespace {
 
 struct StudyState {
   std::string preset = "quick", encodings, train_len, steps, threads, seed, out = "study-out", corpus;
-  std::string batch, eval_tokens, task, seeds, plan, job, merge;
+  std::string batch, eval_tokens, eval_examples, task, seeds, plan, job, merge;
   bool extend = false;
   CLI::Option *encodings_opt = nullptr, *task_opt = nullptr, *corpus_opt = nullptr, *out_opt = nullptr;
   CLI::Option *plan_opt = nullptr, *job_opt = nullptr, *merge_opt = nullptr, *preset_opt = nullptr;
@@ -67,7 +67,6 @@ StudyConfig parse_config(const StudyState& st) {
   if (st.extend) {  // RoPE with its scaling schemes (study/extend.h)
     if (st.encodings_opt->count() > 0 && cfg.encodings != std::vector<Encoding>{Encoding::kRope})
       fail(Status::Invalid("--encodings", "--extend studies rope alone"));
-    if (st.task_opt->count() > 0) fail(Status::Invalid("--task", "cannot be combined with --extend"));
     cfg.encodings = {Encoding::kRope};
     cfg.extend = true;
   }
@@ -113,6 +112,13 @@ void apply_task(const StudyState& st, StudyConfig& cfg) {
     if (!st.corpus.empty()) fail(Status::Invalid("--corpus", "cannot be combined with --task"));
     if (!st.eval_tokens.empty())  // tasks score fresh examples, not held-out bytes
       fail(Status::Invalid("--eval-tokens", "not read with --task (accuracy is over fresh examples)"));
+    if (!st.eval_examples.empty()) {
+      cfg.eval_examples = parse_int("--eval-examples", st.eval_examples);
+      if (cfg.eval_examples < 1 || cfg.eval_examples > 4096)
+        fail(Status::Invalid("--eval-examples", "expected 1 .. 4096, got " + st.eval_examples));
+    }
+  } else if (!st.eval_examples.empty()) {
+    fail(Status::Invalid("--eval-examples", "read only with --task (the corpus is scored by --eval-tokens)"));
   }
   const std::int64_t longest = cfg.eval_multiples.back() * cfg.train_len;
   if (cfg.eval_tokens < longest && !st.eval_tokens.empty() && !cfg.task)  // one window of the longest length
@@ -207,7 +213,7 @@ std::string job_command(const StudyState& st, const StudyConfig& cfg, const Stud
                                 "--batch", std::to_string(cfg.batch), "--seed", std::to_string(cfg.seed),
                                 "--seeds", std::to_string(cfg.seeds)};
   if (cfg.task) {
-    w.insert(w.end(), {"--task", task_name(*cfg.task)});
+    w.insert(w.end(), {"--task", task_name(*cfg.task), "--eval-examples", std::to_string(cfg.eval_examples)});
   } else {
     if (!st.corpus.empty()) w.insert(w.end(), {"--corpus", st.corpus});
     w.insert(w.end(), {"--eval-tokens", std::to_string(cfg.eval_tokens)});
@@ -223,7 +229,7 @@ std::string job_command(const StudyState& st, const StudyConfig& cfg, const Stud
 void merge_command(const StudyState& st) {
   for (const auto& [flag, value] : std::vector<std::pair<const char*, const std::string*>>{
            {"--encodings", &st.encodings}, {"--train-len", &st.train_len}, {"--steps", &st.steps},
-           {"--batch", &st.batch}, {"--eval-tokens", &st.eval_tokens}, {"--seed", &st.seed},
+           {"--batch", &st.batch}, {"--eval-tokens", &st.eval_tokens}, {"--eval-examples", &st.eval_examples}, {"--seed", &st.seed},
            {"--seeds", &st.seeds}, {"--task", &st.task}, {"--corpus", &st.corpus}, {"--job", &st.job},
            {"--threads", &st.threads}})
     if (!value->empty()) fail(Status::Invalid(flag, "cannot be combined with --merge (the plan fixes the study)"));
@@ -322,6 +328,8 @@ Command add_study_command(CLI::App& root) {
   add_text(app, "--steps", &st->steps, "training steps per encoding (default: the preset's)", "INT");
   add_text(app, "--batch", &st->batch, "sequences per step (default: the preset's)", "INT");
   add_text(app, "--eval-tokens", &st->eval_tokens, "held-out bytes scored at every length", "INT");
+  add_text(app, "--eval-examples", &st->eval_examples,
+           "with --task: fresh examples scored at every length (and passkey depth; default 64)", "INT");
   add_text(app, "--threads", &st->threads, "threads (default: all cores)", "INT");
   add_text(app, "--seed", &st->seed, "first seed of the parameters and the training windows (default 1)", "INT");
   add_text(app, "--seeds", &st->seeds,
@@ -336,7 +344,8 @@ Command add_study_command(CLI::App& root) {
                          "ID");
   app->add_flag("--extend", st->extend,
                 "RoPE's context extension: rope trained at L, evaluated at 1-16 L with each scaling scheme "
-                "(linear, ntk, dynamic, yarn, llama3) zero-shot and after a fine-tune at 4 L");
+                "(linear, ntk, dynamic, yarn, llama3) zero-shot and after a fine-tune at 4 L; with --task, "
+                "its accuracy");
   st->merge_opt = add_text(app, "--merge", &st->merge,
                            "merge a plan's finished jobs into --out (as a local run writes them)", "DIR");
   st->task_opt = add_text(app, "--task", &st->task,

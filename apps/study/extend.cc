@@ -16,40 +16,42 @@ Model<float> with_params(const ModelConfig& mc, std::uint64_t seed, const std::v
   return m;
 }
 
-// Perplexity at every evaluation length of `params` under RoPE `rope_at(len)`.
+// The evaluation (study.h, evaluate_at) at every length of `params` under RoPE `rope_at(len)`; a
+// task's examples are the same for every row (those of run_one).
 template <class RopeAt>
 Expected<std::vector<EvalPoint>> evaluate(const StudyConfig& cfg, const Corpus& corpus, ModelConfig mc,
                                           std::uint64_t seed, const std::vector<float>& params, RopeAt rope_at) {
-  const I E = std::min<I>(cfg.eval_tokens, I(corpus.held.size()) - 1);
+  std::mt19937_64 task_rng(seed * 0x9E3779B97F4A7C15ull + 3);
   std::vector<EvalPoint> out;
   for (I mult : cfg.eval_multiples) {
     const I len = mult * cfg.train_len;
-    if (len > E) return Status::Invalid("eval-tokens", "fewer held-out bytes than the longest evaluation length");
     mc.rope = rope_at(len);
     POSENC_RETURN_IF_ERROR(validate_config(mc));
     Model<float> m = with_params(mc, seed, params);
-    Expected<double> ppl = held_out_ppl(m, corpus, E, len);
-    if (!ppl.ok()) return ppl.status();
-    EvalPoint pt;
-    pt.len = len;
-    pt.ppl = ppl.value();
-    out.push_back(pt);
+    Expected<std::vector<EvalPoint>> pts = evaluate_at(cfg, corpus, m, len, seed, task_rng);
+    if (!pts.ok()) return pts.status();
+    for (const EvalPoint& p : pts.value()) out.push_back(p);
   }
   return out;
 }
 
-// Trains `params` (config mc) for `steps` steps of `batch` windows of `len`; the mean loss of the last
-// 20 steps. Progress: `step0` + the step.
-Expected<double> train(const ModelConfig& mc, const AdamWConfig& oc, const Corpus& corpus, I len, I batch, I steps,
-                       std::uint64_t seed, std::uint64_t window_seed, std::vector<float>& params,
-                       std::size_t index, const StudyProgress& progress, I step0) {
+// Trains `params` (config mc) for `steps` steps of `batch` windows of `len`: the corpus's windows of
+// Batcher(window_seed), or a task's examples from std::mt19937_64(window_seed·φ + 2) (run_one's for
+// window_seed = seed). The mean loss of the last 20 steps. Progress: `step0` + the step.
+Expected<double> train(const ModelConfig& mc, const AdamWConfig& oc, const StudyConfig& cfg, const Corpus& corpus,
+                       I len, I batch, I steps, std::uint64_t seed, std::uint64_t window_seed,
+                       std::vector<float>& params, std::size_t index, const StudyProgress& progress, I step0) {
   Model<float> model = with_params(mc, seed, params);
   AdamW opt(oc, model.layout(), model.params().size());
   Batcher batches(corpus, len, batch, window_seed);
+  std::mt19937_64 task_rng(window_seed * 0x9E3779B97F4A7C15ull + 2);
   std::vector<std::int32_t> tok(std::size_t(batch * len)), tgt(tok.size());
   std::vector<double> recent;
   for (I step = 0; step < steps; ++step) {
-    batches.next(tok.data(), tgt.data());
+    if (cfg.task)
+      POSENC_RETURN_IF_ERROR(task_batch(*cfg.task, len, batch, task_rng, tok.data(), tgt.data()));
+    else
+      batches.next(tok.data(), tgt.data());
     Expected<double> r = train_step(model, opt, tok.data(), tgt.data(), batch, len);
     if (!r.ok()) return r.status();
     recent.push_back(r.value());
@@ -89,7 +91,6 @@ RopeParams extend_rope(RopeType scheme, double s, I L) {
 
 Expected<std::vector<StudyResult>> run_extend(const StudyConfig& cfg, const Corpus& corpus, std::uint64_t seed,
                                               std::size_t index, const StudyProgress& progress) {
-  if (cfg.task) return Status::Invalid("extend", "measures perplexity on the corpus: cannot be combined with a task");
   const I L = cfg.train_len;
   ModelConfig mc = cfg.model;
   mc.encoding = Encoding::kRope;
@@ -99,7 +100,7 @@ Expected<std::vector<StudyResult>> run_extend(const StudyConfig& cfg, const Corp
   AdamWConfig oc = cfg.opt;
   oc.total = cfg.steps;
   const auto t0 = std::chrono::steady_clock::now();
-  Expected<double> loss = train(mc, oc, corpus, L, cfg.batch, cfg.steps, seed, seed, base, index, progress, 0);
+  Expected<double> loss = train(mc, oc, cfg, corpus, L, cfg.batch, cfg.steps, seed, seed, base, index, progress, 0);
   if (!loss.ok()) return loss.status();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<StudyResult> rows;
@@ -128,7 +129,7 @@ Expected<std::vector<StudyResult>> run_extend(const StudyConfig& cfg, const Corp
     fmc.rope = rp;
     POSENC_RETURN_IF_ERROR(validate_config(fmc));
     std::vector<float> params = base;
-    Expected<double> fl = train(fmc, ft, corpus, 4 * L, fb, ft.total, seed, seed + 4096, params, index,
+    Expected<double> fl = train(fmc, ft, cfg, corpus, 4 * L, fb, ft.total, seed, seed + 4096, params, index,
                                 StudyProgress{}, 0);
     if (!fl.ok()) return fl.status();
     const std::string name = std::string(t == RopeType::kDefault ? "rope" : rope_type_name(t)) + "+ft";

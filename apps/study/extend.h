@@ -13,6 +13,10 @@
 // fine-tune runs the same steps on the same windows: steps / 10 steps (at least one) of
 // max(1, batch / 4) windows of 4 L bytes (the tokens of a training step), AdamW as in training with
 // peak lr / 3 and warm-up of a tenth of the steps, windows drawn from Batcher(seed + 4096).
+//
+// With a task (cfg.task) the same rows measure the task's accuracy (study.h, evaluate_at: passkey by
+// length and depth): RoPE trained on the task's examples as run_one trains it (so the `rope` row is
+// run_one's), and every fine-tune on examples of 4 L from std::mt19937_64((seed + 4096)·φ + 2).
 #pragma once
 
 #include <vector>
@@ -28,7 +32,7 @@ std::vector<RopeType> extend_schemes();
 // RoPE's parameters for `scheme` at factor s, trained at length L.
 RopeParams extend_rope(RopeType scheme, double s, std::int64_t L);
 
-// One seed's rows (above). cfg.encodings is ignored (RoPE); a task is an error naming "extend".
+// One seed's rows (above). cfg.encodings is ignored (RoPE).
 Expected<std::vector<StudyResult>> run_extend(const StudyConfig& cfg, const Corpus& corpus, std::uint64_t seed,
                                               std::size_t index, const StudyProgress& progress);
 

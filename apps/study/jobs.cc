@@ -64,6 +64,7 @@ StudyResult merge_row(const std::vector<const StudyResult*>& seeds) {
   for (std::size_t i = 0; i < seeds.front()->eval.size(); ++i) {
     EvalPoint pt;
     pt.len = seeds.front()->eval[i].len;
+    pt.depth = seeds.front()->eval[i].depth;
     std::vector<double> ppl, acc;
     for (const StudyResult* r : seeds) {
       if (i >= r->eval.size()) continue;

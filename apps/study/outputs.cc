@@ -79,6 +79,7 @@ std::string study_plot_script(const StudyRun& run, const std::string& png) {
   for (std::size_t i = 0; i < rs.size(); ++i) {
     s << "$d" << i << " << EOD\n";
     for (const EvalPoint& p : rs[i].eval) {
+      if (p.depth) continue;  // passkey's rows by depth are in the table and the files
       const std::optional<double>& v = acc ? p.acc : p.ppl;
       const std::optional<double>& sd = acc ? p.acc_sd : p.ppl_sd;
       if (v) s << p.len << " " << *v << (spread ? " " + std::to_string(sd.value_or(0.0)) : std::string()) << "\n";

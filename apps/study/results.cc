@@ -56,8 +56,11 @@ std::string result_to_json(const StudyResult& r) {
             {"train_seconds", r.train_seconds},
             {"tokens_per_second", r.tokens_per_second}};
   j["eval"] = json::array();
-  for (const EvalPoint& p : r.eval)
-    j["eval"].push_back({{"len", p.len}, {"ppl", optional_json(p.ppl)}, {"acc", optional_json(p.acc)}});
+  for (const EvalPoint& p : r.eval) {
+    json pt = {{"len", p.len}, {"ppl", optional_json(p.ppl)}, {"acc", optional_json(p.acc)}};
+    if (p.depth) pt["depth"] = *p.depth;
+    j["eval"].push_back(pt);
+  }
   return j.dump();
 }
 
@@ -77,6 +80,7 @@ Expected<StudyResult> result_from_json(const std::string& line) {
       pt.len = p.at("len").get<std::int64_t>();
       if (!p.at("ppl").is_null()) pt.ppl = p.at("ppl").get<double>();
       if (!p.at("acc").is_null()) pt.acc = p.at("acc").get<double>();
+      if (p.contains("depth")) pt.depth = p.at("depth").get<double>();
       r.eval.push_back(pt);
     }
     return r;
@@ -108,7 +112,9 @@ std::string results_json(const StudyRun& run) {
     const bool spread = r.per_seed.size() > 1;
     for (std::size_t i = 0; i < r.eval.size(); ++i) {
       const EvalPoint& p = r.eval[i];
-      json pt = {{"len", p.len}, {"ppl", optional_json(p.ppl)}};
+      json pt = {{"len", p.len}};
+      if (p.depth) pt["depth"] = *p.depth;
+      pt["ppl"] = optional_json(p.ppl);
       if (spread) pt["ppl_sd"] = optional_json(p.ppl_sd);
       if (acc) pt["acc"] = optional_json(p.acc);
       if (acc && spread) pt["acc_sd"] = optional_json(p.acc_sd);
@@ -129,15 +135,47 @@ std::string results_json(const StudyRun& run) {
 
 std::string results_csv(const StudyRun& run) {
   const bool acc = run.cfg.task.has_value(), sd = run.cfg.seeds > 1;
-  std::string csv = std::string("encoding,len,ppl") + (sd ? ",ppl_sd" : "") + (acc ? ",acc" : "") +
-                    (acc && sd ? ",acc_sd" : "") + "\n";
+  const bool depth = acc && *run.cfg.task == Task::kPasskey;
+  std::string csv = std::string("encoding,len") + (depth ? ",depth" : "") + ",ppl" + (sd ? ",ppl_sd" : "") +
+                    (acc ? ",acc" : "") + (acc && sd ? ",acc_sd" : "") + "\n";
   const auto field = [](const std::optional<double>& v) { return v ? three(v) : std::string(); };
   for (const StudyResult& r : run.results)
     for (const EvalPoint& p : r.eval)
-      csv += r.name + "," + std::to_string(p.len) + "," + field(p.ppl) + (sd ? "," + field(p.ppl_sd) : "") +
-             (acc ? "," + field(p.acc) : "") + (acc && sd ? "," + field(p.acc_sd) : "") + "\n";
+      csv += r.name + "," + std::to_string(p.len) + (depth ? "," + (p.depth ? format("%g", *p.depth) : "") : "") +
+             "," + field(p.ppl) + (sd ? "," + field(p.ppl_sd) : "") + (acc ? "," + field(p.acc) : "") +
+             (acc && sd ? "," + field(p.acc_sd) : "") + "\n";
   return csv;
 }
+
+namespace {
+
+// One table row: the name, then per point its accuracy (perplexity without a task), mean ± sd with
+// two seeds or more, the last over the first and `extra` (tokens per second, or nothing).
+std::string table_row(const StudyRun& run, const std::string& name, std::size_t name_w,
+                      const std::vector<const EvalPoint*>& pts, const std::string& extra) {
+  const bool acc = run.cfg.task.has_value(), sd = run.cfg.seeds > 1;
+  const std::size_t w = sd ? 13 : 9;  // "12.345±0.678"
+  std::string t = format("%-*s", int(name_w), name.c_str());
+  for (const EvalPoint* p : pts) {
+    const auto& v = acc ? p->acc : p->ppl;
+    const auto& s = acc ? p->acc_sd : p->ppl_sd;
+    t += " " + right(v && s ? three(v) + "±" + three(s) : three(v), w);
+  }
+  if (pts.empty()) return t + format(" %9s", "-") + extra + "\n";
+  const auto& a = acc ? pts.front()->acc : pts.front()->ppl;
+  const auto& b = acc ? pts.back()->acc : pts.back()->ppl;
+  return t + format(" %9s", a && b ? three(*b / *a).c_str() : "-") + extra + "\n";
+}
+
+// The points of r at `depth` (absent: the random placement, or the corpus), in length order.
+std::vector<const EvalPoint*> points_at(const StudyResult& r, std::optional<double> depth) {
+  std::vector<const EvalPoint*> out;
+  for (const EvalPoint& p : r.eval)
+    if (p.depth == depth) out.push_back(&p);
+  return out;
+}
+
+}  // namespace
 
 std::string results_table(const StudyRun& run) {
   const StudyConfig& cfg = run.cfg;
@@ -151,24 +189,19 @@ std::string results_table(const StudyRun& run) {
                    (long long)cfg.eval_tokens, run.corpus.c_str(), (long long)cfg.train_len, seeds.c_str());
   std::size_t name_w = 11;
   for (const StudyResult& r : run.results) name_w = std::max(name_w, r.name.size() + 1);
-  t += format("%-*s", int(name_w), "encoding");
-  for (std::int64_t m : cfg.eval_multiples) t += format(" %*lld", w, (long long)(m * cfg.train_len));
-  t += format(" %9s %9s\n", "last/1x", "tok/s");
-  for (const StudyResult& r : run.results) {
-    t += format("%-*s", int(name_w), r.name.c_str());
-    for (const EvalPoint& p : r.eval) {
-      const auto& v = acc ? p.acc : p.ppl;
-      const auto& s = acc ? p.acc_sd : p.ppl_sd;
-      t += " " + right(v && s ? three(v) + "±" + three(s) : three(v), std::size_t(w));
-    }
-    if (r.eval.empty()) {
-      t += format(" %9s %9.0f\n", "-", r.tokens_per_second);
-      continue;
-    }
-    const auto& a = acc ? r.eval.front().acc : r.eval.front().ppl;
-    const auto& b = acc ? r.eval.back().acc : r.eval.back().ppl;
-    t += format(" %9s %9.0f\n", a && b ? three(*b / *a).c_str() : "-", r.tokens_per_second);
-  }
+  std::string lengths;
+  for (std::int64_t m : cfg.eval_multiples) lengths += format(" %*lld", w, (long long)(m * cfg.train_len));
+  t += format("%-*s", int(name_w), "encoding") + lengths + format(" %9s %9s\n", "last/1x", "tok/s");
+  for (const StudyResult& r : run.results)
+    t += table_row(run, r.name, name_w, points_at(r, std::nullopt), format(" %9.0f", r.tokens_per_second));
+  if (!acc || *cfg.task != Task::kPasskey) return t;
+  // passkey: the same examples' keys placed at each depth
+  t += format("\npasskey accuracy by depth (the key's start at that fraction of the filler), %lld examples "
+              "per length and depth%s\n", (long long)cfg.eval_examples, seeds.c_str());
+  t += format("%-*s %5s", int(name_w), "encoding", "depth") + lengths + format(" %9s\n", "last/1x");
+  for (const StudyResult& r : run.results)
+    for (double d : passkey_depths())
+      t += table_row(run, format("%-*s %5.2f", int(name_w), r.name.c_str(), d), name_w + 6, points_at(r, d), "");
   return t;
 }
 
@@ -194,6 +227,7 @@ Expected<std::vector<StudyEntry>> read_results_json(const std::string& path) {
     if (!r.contains("eval") || !r["eval"].is_array() || r["eval"].empty())
       return bad("\"" + name + "\" has no \"eval\" rows");
     for (const json& e : r["eval"]) {
+      if (e.is_object() && e.contains("depth")) continue;  // passkey by depth: the random rows are the curve
       if (!e.is_object() || !e.contains("len") || !e["len"].is_number_integer() || e["len"].get<std::int64_t>() < 1)
         return bad("\"" + name + "\": an \"eval\" row without a positive integer \"len\"");
       const bool has = e.contains("ppl");

@@ -148,6 +148,68 @@ Expected<double> held_out_ppl(Model<float>& model, const Corpus& corpus, I E, I 
   return std::exp(r.value().nll / double(r.value().count));
 }
 
+Status task_batch(Task task, I len, I batch, std::mt19937_64& rng, std::int32_t* tok, std::int32_t* tgt) {
+  for (I b = 0; b < batch; ++b) POSENC_RETURN_IF_ERROR(make_example(task, len, rng, &tok[ix(b * len)], &tgt[ix(b * len)]));
+  return Status::Ok();
+}
+
+namespace {
+
+// Accuracy (argmax) and perplexity of `model` on n task examples of len bytes from rng.
+Expected<EvalPoint> task_point(Model<float>& model, Task task, I len, I n, std::mt19937_64& rng,
+                               std::optional<double> depth) {
+  EvalPoint pt;
+  pt.len = len;
+  pt.depth = depth;
+  std::vector<std::int32_t> et(ix(n * len)), eg(ix(n * len));
+  for (I b = 0; b < n; ++b)
+    POSENC_RETURN_IF_ERROR(make_example(task, len, rng, &et[ix(b * len)], &eg[ix(b * len)], depth));
+  Expected<LossSum> r = model.forward(et.data(), eg.data(), n, len);
+  if (!r.ok()) return r.status();
+  const std::vector<float>& p = model.probs();
+  const I V = model.config().vocab;
+  I right = 0, total = 0;
+  for (I i = 0; i < n * len; ++i) {
+    if (eg[ix(i)] < 0) continue;
+    const float* row = &p[ix(i * V)];
+    right += std::max_element(row, row + V) - row == eg[ix(i)];
+    ++total;
+  }
+  pt.acc = double(right) / double(std::max<I>(total, 1));
+  pt.ppl = std::exp(r.value().nll / double(std::max<I>(r.value().count, 1)));
+  return pt;
+}
+
+}  // namespace
+
+Expected<std::vector<EvalPoint>> evaluate_at(const StudyConfig& cfg, const Corpus& corpus, Model<float>& model, I len,
+                                             std::uint64_t seed, std::mt19937_64& task_rng, bool runs) {
+  std::vector<EvalPoint> out(1);
+  out[0].len = len;
+  if (cfg.task && *cfg.task == Task::kPasskey)
+    for (double d : passkey_depths()) {
+      out.emplace_back();
+      out.back().len = len;
+      out.back().depth = d;
+    }
+  if (!runs) return out;
+  if (!cfg.task) {
+    const I E = std::min<I>(cfg.eval_tokens, I(corpus.held.size()) - 1);
+    if (len > E) return Status::Invalid("eval-tokens", "fewer held-out bytes than the longest evaluation length");
+    Expected<double> ppl = held_out_ppl(model, corpus, E, len);
+    if (!ppl.ok()) return ppl.status();
+    out[0].ppl = ppl.value();
+    return out;
+  }
+  for (EvalPoint& pt : out) {
+    std::mt19937_64 depth_rng(seed * 0x9E3779B97F4A7C15ull + 4);
+    Expected<EvalPoint> r = task_point(model, *cfg.task, len, cfg.eval_examples, pt.depth ? depth_rng : task_rng, pt.depth);
+    if (!r.ok()) return r.status();
+    pt = r.value();
+  }
+  return out;
+}
+
 Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Encoding e, std::uint64_t seed,
                               std::size_t index, const StudyProgress& progress) {
   ModelConfig mc = cfg.model;
@@ -167,8 +229,7 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
   const auto t0 = std::chrono::steady_clock::now();
   for (I step = 0; step < cfg.steps; ++step) {
     if (cfg.task) {
-      for (I b = 0; b < B; ++b)
-        POSENC_RETURN_IF_ERROR(make_example(*cfg.task, L, task_rng, &tok[ix(b * L)], &tgt[ix(b * L)]));
+      POSENC_RETURN_IF_ERROR(task_batch(*cfg.task, L, B, task_rng, tok.data(), tgt.data()));
     } else {
       batches.next(tok.data(), tgt.data());
     }
@@ -187,52 +248,16 @@ Expected<StudyResult> run_one(const StudyConfig& cfg, const Corpus& corpus, Enco
   res.tokens_per_second = double(cfg.steps * B * L) / res.train_seconds;
   for (double x : recent) res.final_train_loss += x / double(recent.size());
 
-  if (cfg.task) {  // accuracy by length on fresh examples (the same ones for every encoding)
-    std::mt19937_64 eval_rng(seed * 0x9E3779B97F4A7C15ull + 3);
-    for (I mult : cfg.eval_multiples) {
-      const I len = mult * L, n = cfg.eval_examples;
-      EvalPoint pt;
-      pt.len = len;
-      if (e == Encoding::kLearned && len > mc.max_len) {
-        res.eval.push_back(pt);
-        continue;
-      }
-      std::vector<std::int32_t> et(ix(n * len)), eg(ix(n * len));
-      for (I b = 0; b < n; ++b)
-        POSENC_RETURN_IF_ERROR(make_example(*cfg.task, len, eval_rng, &et[ix(b * len)], &eg[ix(b * len)]));
-      Expected<LossSum> r = model.forward(et.data(), eg.data(), n, len);
-      if (!r.ok()) return r.status();
-      const std::vector<float>& p = model.probs();
-      const I V = mc.vocab;
-      I right = 0, total = 0;
-      for (I i = 0; i < n * len; ++i) {
-        if (eg[ix(i)] < 0) continue;
-        const float* row = &p[ix(i * V)];
-        right += std::max_element(row, row + V) - row == eg[ix(i)];
-        ++total;
-      }
-      pt.acc = double(right) / double(std::max<I>(total, 1));
-      pt.ppl = std::exp(r.value().nll / double(std::max<I>(r.value().count, 1)));
-      res.eval.push_back(pt);
-      if (progress) progress(index, cfg.steps + 1, res.final_train_loss);
-    }
-    return res;
-  }
-  const I E = std::min<I>(cfg.eval_tokens, I(corpus.held.size()) - 1);
+  std::mt19937_64 eval_rng(seed * 0x9E3779B97F4A7C15ull + 3);  // a task's examples, the same for every encoding
+  if (!cfg.task && cfg.eval_multiples.back() * L > std::min<I>(cfg.eval_tokens, I(corpus.held.size()) - 1))
+    return Status::Invalid("eval-tokens", "fewer held-out bytes than the longest evaluation length");
   for (I mult : cfg.eval_multiples) {
     const I len = mult * L;
-    EvalPoint pt;
-    pt.len = len;
-    if (len > E) return Status::Invalid("eval-tokens", "fewer held-out bytes than the longest evaluation length");
-    if (e == Encoding::kLearned && len > mc.max_len) {
-      res.eval.push_back(pt);
-      continue;
-    }
-    Expected<double> ppl = held_out_ppl(model, corpus, E, len);
-    if (!ppl.ok()) return ppl.status();
-    pt.ppl = ppl.value();
-    res.eval.push_back(pt);
-    if (progress) progress(index, cfg.steps + 1, res.final_train_loss);
+    const bool runs = !(e == Encoding::kLearned && len > mc.max_len);
+    Expected<std::vector<EvalPoint>> pts = evaluate_at(cfg, corpus, model, len, seed, eval_rng, runs);
+    if (!pts.ok()) return pts.status();
+    for (EvalPoint& p : pts.value()) res.eval.push_back(p);
+    if (progress && runs) progress(index, cfg.steps + 1, res.final_train_loss);
   }
   return res;
 }

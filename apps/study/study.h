@@ -35,9 +35,14 @@ Corpus corpus_from_text(std::string name, const std::string& text);
 enum class Task { kCopy, kFlipFlop, kCounting, kSelectiveCopy, kPasskey };
 const char* task_name(Task t);
 Expected<Task> parse_task(const std::string& s);
-// One example of `len` bytes: tokens [len], targets [len] (−1 where not scored).
+// One example of `len` bytes: tokens [len], targets [len] (−1 where not scored). `depth` (passkey
+// only, a fraction in [0, 1]) puts the key's start before filler byte round(depth · filler bytes)
+// instead of at a random place; the key's digits are drawn from rng as without it.
 Status make_example(Task task, std::int64_t len, std::mt19937_64& rng, std::int32_t* tokens,
-                    std::int32_t* targets);
+                    std::int32_t* targets, std::optional<double> depth = std::nullopt);
+// The depths at which passkey is evaluated: 0, 0.25, 0.5, 0.75, 1 (0: the key first; 1: just before
+// the question).
+const std::vector<double>& passkey_depths();
 
 struct StudyConfig {
   std::vector<Encoding> encodings;           // in this order
@@ -62,6 +67,7 @@ struct EvalPoint {
   // Over seeds (a merged result of two or more trainings): the sample standard deviations (n − 1)
   // of ppl and acc, which then hold the means.
   std::optional<double> ppl_sd, acc_sd;
+  std::optional<double> depth;  // passkey: the key placed at this depth (absent: at a random place)
 };
 
 // One training's evaluation (a row of the study), or the mean over its seeds once merged.
@@ -99,6 +105,19 @@ using StudyProgress = std::function<void(std::size_t enc, std::int64_t step, dou
 
 // Perplexity per byte of `model` on the first E held-out bytes, cut into E / len windows of len bytes.
 Expected<double> held_out_ppl(Model<float>& model, const Corpus& corpus, std::int64_t E, std::int64_t len);
+
+// The evaluation of `model` at length len: for the corpus, one point of perplexity on the first
+// cfg.eval_tokens held-out bytes (held_out_ppl); for a task, one point of accuracy and perplexity on
+// cfg.eval_examples examples from `task_rng`, then for passkey one point per depth of
+// passkey_depths(), each on cfg.eval_examples examples from std::mt19937_64(seed·φ + 4) (the same
+// keys at every depth). `runs`: false gives the points with no values (learned past its table).
+Expected<std::vector<EvalPoint>> evaluate_at(const StudyConfig& cfg, const Corpus& corpus, Model<float>& model,
+                                             std::int64_t len, std::uint64_t seed, std::mt19937_64& task_rng,
+                                             bool runs = true);
+
+// The training examples of a task: `batch` examples of `len` bytes from rng.
+Status task_batch(Task task, std::int64_t len, std::int64_t batch, std::mt19937_64& rng, std::int32_t* tokens,
+                  std::int32_t* targets);
 
 // Trains one model at cfg.train_len with `seed` (its parameters, training windows and, for a task,
 // its examples; model config: cfg.model with the encoding set; learned's table is train_len rows)

@@ -11,7 +11,9 @@
 //   selective-copy  Gu & Dao 2023 / the CoPE paper: data letters A–H scattered among dots, then "|" and
 //                   the letters in order; the letters after the bar are scored.
 //   passkey         Mohtashami & Jaggi 2023: filler sentences with "K=NNNNN " hidden at a random
-//                   place, ending with "K?NNNNN"; the five digits at the end are scored.
+//                   place (or, given a depth d, before filler byte round(d · filler)), ending with
+//                   "K?NNNNN"; the five digits at the end are scored.
+#include <cmath>
 #include <string>
 
 #include "study/study.h"
@@ -38,8 +40,16 @@ Expected<Task> parse_task(const std::string& s) {
   return Status::Invalid("task", "expected copy, flipflop, counting, selective-copy or passkey; got '" + s + "'");
 }
 
-Status make_example(Task task, I len, std::mt19937_64& rng, std::int32_t* tokens, std::int32_t* targets) {
+const std::vector<double>& passkey_depths() {
+  static const std::vector<double> d = {0.0, 0.25, 0.5, 0.75, 1.0};
+  return d;
+}
+
+Status make_example(Task task, I len, std::mt19937_64& rng, std::int32_t* tokens, std::int32_t* targets,
+                    std::optional<double> depth) {
   if (len < 16) return Status::Invalid("train-len", "tasks need sequences of at least 16 bytes");
+  if (depth && task != Task::kPasskey) return Status::Invalid("depth", "only passkey places its key at a depth");
+  if (depth && !(*depth >= 0 && *depth <= 1)) return Status::Invalid("depth", "expected a fraction in [0, 1]");
   Gen g{rng};
   std::string s;
   std::vector<bool> scored;  // scored[i]: s[i] is predicted and counted
@@ -120,7 +130,7 @@ Status make_example(Task task, I len, std::mt19937_64& rng, std::int32_t* tokens
       const I filler = n - I(tail.size()) - I(needle.size());
       if (filler < 0) return Status::Invalid("train-len", "passkey needs sequences of at least 15 bytes");
       const std::string grass = "The grass is green. The sky is blue. ";
-      const I at = g.below(filler + 1);
+      const I at = depth ? I(std::llround(*depth * double(filler))) : g.below(filler + 1);
       for (I i = 0; i < filler; ++i) {
         if (i == at)
           for (char c : needle) put(c, false);

@@ -235,7 +235,31 @@ def study_extend_compares_rope_schemes(d):
     assert "yarn+ft" in r.stdout
     expect_error(["study", "--corpus", corpus(d), *SMALL, "--extend", "--encodings", "alibi", "--out", out],
                  "--encodings")
-    expect_error(["study", "--extend", "--task", "copy", "--train-len", 16, "--out", out], "--task")
+
+
+
+@case
+def study_extend_scores_passkey_by_depth(d):
+    out = os.path.join(d, "out")
+    run("study", "--extend", "--task", "passkey", "--train-len", 16, "--steps", 10, "--batch", 4, "--threads", "2",
+        "--eval-examples", 4, "--out", out)
+    j = json.load(open(os.path.join(out, "results.json")))
+    assert j["task"] == "passkey", j
+    names = [e["encoding"] for e in j["encodings"]]
+    assert names[:2] == ["rope", "linear"] and names[-1] == "llama3+ft" and len(names) == 12, names
+    for e in j["encodings"]:  # per length: the random placement, then depths 0 .. 1
+        assert [(p["len"], p.get("depth")) for p in e["eval"]] == \
+            [(16 * m, dd) for m in (1, 2, 4, 8, 16) for dd in (None, 0, 0.25, 0.5, 0.75, 1)], e["eval"]
+        assert all(0 <= p["acc"] <= 1 for p in e["eval"]), e
+    # the trained RoPE, evaluated as it is, is the study's rope on the task (the same training)
+    plain = os.path.join(d, "plain")
+    run("study", "--task", "passkey", "--encodings", "rope", "--train-len", 16, "--steps", 10, "--batch", 4,
+        "--eval-examples", 4, "--threads", "2", "--out", plain)
+    jp = json.load(open(os.path.join(plain, "results.json")))
+    assert jp["encodings"][0]["eval"] == j["encodings"][0]["eval"], (jp["encodings"][0]["eval"], j["encodings"][0])
+    rows = list(csv.DictReader(open(os.path.join(plain, "results.csv"))))
+    assert list(rows[0].keys()) == ["encoding", "len", "depth", "ppl", "acc"], rows[0]
+    assert [r_["depth"] for r_ in rows[:6]] == ["", "0", "0.25", "0.5", "0.75", "1"], rows[:6]
 
 
 @case
@@ -267,6 +291,7 @@ def study_refuses_bad_input(d):
     expect_error(base + ["--train-len", 1], "--train-len", [out])
     expect_error(base + ["--preset", "huge"], "--preset", [out])
     expect_error(base + ["--task", "juggling"], "--task", [out])
+    expect_error(base + ["--eval-examples", 8], "--eval-examples", [out])  # the corpus has --eval-tokens
     line = expect_error(["study", "--corpus", c, "--train-len", 16, "--steps", 12, "--batch", 4, "--eval-tokens", 200,
                          "--out", out], "--eval-tokens", [out])  # below 16 × 16: was raised silently
     assert "longest evaluation length 256" in line, line
