@@ -291,7 +291,7 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
-    std::vector<float> scratch(ix(nb * (R + 2 * Hkv * D) + R)), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
+    std::vector<float> scratch(ix(nb * R + R)), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {
       if (bad.load(std::memory_order_relaxed)) continue;
