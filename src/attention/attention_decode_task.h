@@ -10,9 +10,9 @@
 #define POSENC_ATTENTION_DECODE_TYPES
 namespace posenc::decode_impl {
 using I = std::int64_t;
-// Keys per block: 16384 K values of every kv head (64 KiB as float); the next block's K and V rows
-// are prefetched while a block is worked on.
-inline I block_keys(I Hkv, I D) { return std::clamp<I>(16384 / std::max<I>(Hkv * D, 1), 8, 128); }
+// Keys per block: 32768 K values over every kv head (64 KiB of 16-bit K, as much V); the next
+// block's K and V rows are prefetched while a block is worked on.
+inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
 
