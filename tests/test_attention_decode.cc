@@ -3,8 +3,9 @@
 // layouts, partial, xpos and mrope with keys_rotated; alibi symmetric, with slopes, nonsymmetric,
 // learned; t5 bi- and unidirectional; kerple log and power; sandwich; fire) × float32, bfloat16,
 // float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
-// (not a multiple of the kernel's 128-key blocks; two key parts at two threads when Hkv = 1) × 1 and
-// 2 threads; every SIMD target on one case per encoding and dtype; keys_rotated against rotating the
+// (not a multiple of the kernel's key blocks; two key parts at two threads when Hkv = 1) × 1 and
+// 2 threads; head groups G = 1, 3, 6 and D = 150 on nope and nonsymmetric ALiBi; every SIMD target on
+// one case per encoding and dtype; keys_rotated against rotating the
 // cache with rope_forward, its refusals and its text key; the dispatcher's routing; non-finite inputs left to the tile kernel.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
@@ -166,16 +167,28 @@ TEST_P(Decode, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Decode, Decode, ::testing::ValuesIn(variants()),
                          [](const ::testing::TestParamInfo<Variant>& i) { return i.param.name; });
 
-// Every SIMD target compiled and supported here, one case per encoding and dtype (D = 70: vector
-// tails in every row loop).
+// Every SIMD target compiled and supported here, one case per encoding and dtype (D = 94: on every
+// target the kernel's widest register blocks over D, a single vector and a tail).
 TEST(DecodeTargets, EveryTargetMatchesReference) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     for (const Variant& var : variants())
-      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) check(var, dt, 2, 4, 2, true, 301, 2, 7, 70);
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) check(var, dt, 2, 4, 2, true, 301, 2, 7, 94);
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// Query-head groups that the kernel's row blocks do not divide (G = 1, 3, 6; nonsymmetric ALiBi's
+// halves also split a group) and wide heads (D = 150: two 64-wide blocks, a vector and a tail on
+// AVX-512), every dtype, M = 1 and 5, causal or not.
+TEST(DecodeShapes, HeadGroupsAndWideHeads) {
+  std::uint64_t seed = 900;
+  for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"alibi_nonsymmetric", Encoding::kAlibi}})
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (auto [Hq, Hkv] : {std::pair<I, I>{2, 2}, {6, 2}, {6, 1}})
+        for (I M : {1, 5})
+          for (bool causal : {false, true}) check(var, dt, M, Hq, Hkv, causal, 601, 1, seed += 20, 150);
 }
 
 // keys_rotated: a cache rotated by rope_forward at the keys' positions, with q rotated by the call,

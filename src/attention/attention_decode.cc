@@ -5,17 +5,21 @@
 //
 // Per task (batch row b, key part [j0, j1)): the R query rows of every kv head, scaled and rotated
 // (rotary encodings: q only, the keys carry their rotation: keys_rotated) in double and rounded once
-// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: ~64 KiB of float K rows):
-//   the K and V rows of every kv head converted to float in memory order, one sequential stream
-//   (F16C / AVX-512 conversions on float16, a shift on bfloat16, a copy on float32); then per kv
-//   head S [R, nb] = Q·Kᵀ on each row's visible keys;
+// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: 64 KiB of 16-bit K rows), while
+// the next block's K and V rows are prefetched in memory order (the hardware prefetchers follow one
+// sequential stream; the loads of the cache overlap the arithmetic), per kv head:
+//   S [R, nb] = Q·Kᵀ on each row's visible keys, the K rows read from the cache and converted in
+//   registers (F16C / AVX-512 conversions on float16, a shift on bfloat16), four keys × the rows
+//   that share their keys (four on AVX-512) at a time, one reduction for the four keys of a row
+//   (attention_decode_kernels-inl.h);
 //   + the bias of the row's head at kp − qp (ALiBi, T5, KERPLE, Sandwich, FIRE), computed here per
 //     key: −m·|Δ|; T5's weights tabulated over Δ ∈ [−(max_distance + 1), max_distance + 1] (the
 //     bucket is constant beyond); KERPLE and Sandwich from per-distance tables in double kept across
 //     calls (kerple_table, sandwich_table: a decode step meets the last step's distances and one
 //     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
-//   online softmax per row (running max m, sum l, o rescaled), o += P·V.
-// Every K and V row is read and converted once per call, whatever G and M.
+//   online softmax per row (running max m, sum l, o rescaled), o += P·V (V converted in registers,
+//   shared by the rows that share their keys).
+// Every K and V row is read from memory once per call, whatever G and M.
 //
 // Threads (flash-decoding): with B ≥ T threads each batch row is one task; else each row's keys are
 // cut into P = ⌈T/B⌉ parts (at least kMinPart keys each), whose (m, l, o) are merged exactly:
@@ -25,7 +29,7 @@
 // Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
 // output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
 // steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
-// Memory: per thread O(nb·(R + Hkv·D)) floats; the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
+// Memory: per thread O(nb·R + Hkv·R·D) floats; the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
 // the kept tables Hq·(largest distance) floats (KERPLE) and one float per distance (Sandwich).
 #include <algorithm>
 #include <cmath>
@@ -291,7 +295,7 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
-    std::vector<float> scratch(ix(nb * (R + 2 * Hkv * D) + R)), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
+    std::vector<float> scratch(ix(nb * R + R)), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {
       if (bad.load(std::memory_order_relaxed)) continue;

@@ -16,6 +16,7 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "attention/attention_decode_kernels-inl.h"
 #include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -24,86 +25,6 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using decode_impl::BiasKind;
 using decode_impl::I;
-
-// n rows of D values of T (row stride ld) into dst [n, D] as float.
-template <class T>
-HWY_INLINE void ConvertRows(const T* HWY_RESTRICT src, I ld, I n, I D, float* HWY_RESTRICT dst) {
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));
-  for (I r = 0; r < n; ++r) {
-    const T* s = src + r * ld;
-    float* y = dst + r * D;
-    I e = 0;
-    for (; e + L <= D; e += L) hn::StoreU(LoadF(d, s + e), d, y + e);
-    for (; e < D; ++e) y[e] = ToF(s[e]);
-  }
-}
-
-HWY_INLINE float DotRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, I D) {
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));
-  auto s0 = hn::Zero(d), s1 = hn::Zero(d);
-  I e = 0;
-  for (; e + 2 * L <= D; e += 2 * L) {
-    s0 = hn::MulAdd(hn::LoadU(d, a + e), hn::LoadU(d, b + e), s0);
-    s1 = hn::MulAdd(hn::LoadU(d, a + e + L), hn::LoadU(d, b + e + L), s1);
-  }
-  for (; e + L <= D; e += L) s0 = hn::MulAdd(hn::LoadU(d, a + e), hn::LoadU(d, b + e), s0);
-  float r = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
-  for (; e < D; ++e) r += a[e] * b[e];
-  return r;
-}
-
-// s[g·lds] = a_g·b for four rows a_g = a + g·lda (one load of b for the four).
-HWY_INLINE void Dot4(const float* HWY_RESTRICT a, I lda, const float* HWY_RESTRICT b, I D, float* HWY_RESTRICT s,
-                     I lds) {
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));
-  auto c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
-  I e = 0;
-  for (; e + L <= D; e += L) {
-    const auto bv = hn::LoadU(d, b + e);
-    c0 = hn::MulAdd(hn::LoadU(d, a + e), bv, c0);
-    c1 = hn::MulAdd(hn::LoadU(d, a + lda + e), bv, c1);
-    c2 = hn::MulAdd(hn::LoadU(d, a + 2 * lda + e), bv, c2);
-    c3 = hn::MulAdd(hn::LoadU(d, a + 3 * lda + e), bv, c3);
-  }
-  float r[4] = {hn::GetLane(hn::SumOfLanes(d, c0)), hn::GetLane(hn::SumOfLanes(d, c1)),
-                hn::GetLane(hn::SumOfLanes(d, c2)), hn::GetLane(hn::SumOfLanes(d, c3))};
-  for (; e < D; ++e)
-    for (int g = 0; g < 4; ++g) r[g] += a[g * lda + e] * b[e];
-  for (int g = 0; g < 4; ++g) s[g * lds] = r[g];
-}
-
-// o_g [D] += Σ_j p_g[j]·V[j] for four rows (p_g = p + g·ldp, o_g = o + g·ldo; V row stride D), one
-// load of V for the four.
-HWY_INLINE void AddPV4(const float* HWY_RESTRICT p, I ldp, const float* HWY_RESTRICT V, I n, I D,
-                       float* HWY_RESTRICT o, I ldo) {
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));
-  I e = 0;
-  for (; e + L <= D; e += L) {
-    auto a0 = hn::LoadU(d, o + e), a1 = hn::LoadU(d, o + ldo + e), a2 = hn::LoadU(d, o + 2 * ldo + e),
-         a3 = hn::LoadU(d, o + 3 * ldo + e);
-    for (I j = 0; j < n; ++j) {
-      const auto v = hn::LoadU(d, V + j * D + e);
-      a0 = hn::MulAdd(hn::Set(d, p[j]), v, a0);
-      a1 = hn::MulAdd(hn::Set(d, p[ldp + j]), v, a1);
-      a2 = hn::MulAdd(hn::Set(d, p[2 * ldp + j]), v, a2);
-      a3 = hn::MulAdd(hn::Set(d, p[3 * ldp + j]), v, a3);
-    }
-    hn::StoreU(a0, d, o + e);
-    hn::StoreU(a1, d, o + ldo + e);
-    hn::StoreU(a2, d, o + 2 * ldo + e);
-    hn::StoreU(a3, d, o + 3 * ldo + e);
-  }
-  for (; e < D; ++e)
-    for (int g = 0; g < 4; ++g) {
-      float acc = o[g * ldo + e];
-      for (I j = 0; j < n; ++j) acc += p[g * ldp + j] * V[j * D + e];
-      o[g * ldo + e] = acc;
-    }
-}
 
 // S[j] += c·tab[|d0 + j|] for j < n: loads when the run keeps one sign (reversed before the query).
 HWY_INLINE void AddTableRun(const float* HWY_RESTRICT tab, I d0, float c, float* HWY_RESTRICT S, I n) {
@@ -258,34 +179,6 @@ HWY_INLINE float ExpSubSum(float* HWY_RESTRICT x, I n, float mx) {
   return r;
 }
 
-// o [D] += Σ_j p[j]·V[j] over n rows of V (row stride ld).
-HWY_INLINE void AddPV(const float* HWY_RESTRICT p, const float* HWY_RESTRICT V, I ld, I n, I D,
-                      float* HWY_RESTRICT o) {
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));
-  I e = 0;
-  for (; e + 2 * L <= D; e += 2 * L) {
-    auto a0 = hn::LoadU(d, o + e), a1 = hn::LoadU(d, o + e + L);
-    for (I j = 0; j < n; ++j) {
-      const auto pj = hn::Set(d, p[j]);
-      a0 = hn::MulAdd(pj, hn::LoadU(d, V + j * ld + e), a0);
-      a1 = hn::MulAdd(pj, hn::LoadU(d, V + j * ld + e + L), a1);
-    }
-    hn::StoreU(a0, d, o + e);
-    hn::StoreU(a1, d, o + e + L);
-  }
-  for (; e + L <= D; e += L) {
-    auto a0 = hn::LoadU(d, o + e);
-    for (I j = 0; j < n; ++j) a0 = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, V + j * ld + e), a0);
-    hn::StoreU(a0, d, o + e);
-  }
-  for (; e < D; ++e) {
-    float a = o[e];
-    for (I j = 0; j < n; ++j) a += p[j] * V[j * ld + e];
-    o[e] = a;
-  }
-}
-
 HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
@@ -294,45 +187,67 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
   for (; j < n; ++j) x[j] *= c;
 }
 
-// One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
-// (unnormalised). scratch: block_keys(Hkv, D)·(R + 2·Hkv·D) + R floats. Returns false at a NaN or +inf
-// logit. Per block of keys, the K and V rows of every kv head are converted in memory order (one
-// sequential stream, as the hardware prefetchers like it), then each kv head's R rows use them.
-constexpr I kPrefetch = 8;  // keys ahead of the conversion that the K and V rows are prefetched
+// The next block's K and V rows, every kv head, prefetched in memory order (the order the hardware
+// prefetchers follow), a few cache lines per call, so that the loads of the cache overlap the work
+// on the current block.
+class Ahead {
+ public:
+  Ahead(const decode_impl::Task& t, I elem)
+      : k_(static_cast<const char*>(t.k)), v_(static_cast<const char*>(t.v)), kld_(t.kld * elem),
+        khs_(t.khs * elem), vld_(t.vld * elem), vhs_(t.vhs * elem), row_(t.D * elem), H_(t.Hkv) {}
+  // Keys [j, j1), over about `calls` calls of Next().
+  void Start(I j, I j1, I calls) {
+    j_ = j, j1_ = j1, kh_ = 0, off_ = 0;
+    const I lines = std::max<I>(j1 - j, 0) * H_ * ((row_ + 63) / 64);
+    per_ = (lines + calls - 1) / std::max<I>(calls, 1);
+  }
+  void Next() { Lines(per_); }
+  void Rest() { Lines(I{1} << 62); }
 
-// The K and V rows of keys [a, e), every kv head, into Kf, Vf [Hkv, nb, D] as float, in memory
-// order (one sequential stream, as the hardware prefetchers like it), prefetching kPrefetch keys ahead.
-template <class T>
-HWY_INLINE void ConvertBlock(const decode_impl::Task& t, const T* K, const T* V, I a, I e, I nb, float* Kf,
-                             float* Vf) {
-  const I D = t.D;
-  for (I j = a; j < e; ++j)
-    for (I kh = 0; kh < t.Hkv; ++kh) {
-      if (j + kPrefetch < t.j1) {  // a cache line at a time
-        const char* pk = reinterpret_cast<const char*>(K + (j + kPrefetch) * t.kld + kh * t.khs);
-        const char* pv = reinterpret_cast<const char*>(V + (j + kPrefetch) * t.vld + kh * t.vhs);
-        for (I by = 0; by < D * I{sizeof(T)}; by += 64) {
-          hwy::Prefetch(pk + by);
-          hwy::Prefetch(pv + by);
-        }
-      }
-      ConvertRows(K + j * t.kld + kh * t.khs, 0, 1, D, Kf + (kh * nb + j - a) * D);
-      ConvertRows(V + j * t.vld + kh * t.vhs, 0, 1, D, Vf + (kh * nb + j - a) * D);
+ private:
+  void Lines(I n) {
+    for (; n > 0 && j_ < j1_; --n) {
+      hwy::Prefetch(k_ + j_ * kld_ + kh_ * khs_ + off_);
+      hwy::Prefetch(v_ + j_ * vld_ + kh_ * vhs_ + off_);
+      if ((off_ += 64) < row_) continue;
+      off_ = 0;
+      if (++kh_ == H_) kh_ = 0, ++j_;
     }
+  }
+  const char* k_;
+  const char* v_;
+  I kld_, khs_, vld_, vhs_, row_, H_;
+  I j_ = 0, j1_ = 0, kh_ = 0, off_ = 0, per_ = 0;
+};
+
+// S[r·lds + j] = Q_r·K_j (Q_r = Q + r·ldq, K_j = K + j·kld) for NR rows and j < n, four keys at a
+// time, each four one step of the prefetch.
+template <int NR, class T>
+HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTRICT K, I kld, I n, I D,
+                          float* HWY_RESTRICT S, I lds, Ahead& ahead) {
+  for (I j = 0; j < n; j += 4) {
+    decode_kernels::Logits4<NR>(Q, ldq, K + j * kld, kld, std::min<I>(4, n - j), D, S + j, lds);
+    ahead.Next();
+  }
 }
 
+// One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
+// (unnormalised). scratch: block_keys(Hkv, D)·R + R floats. Returns false at a NaN or +inf logit.
+// Per block of keys and per kv head: the logits of its R rows, straight from the K rows; bias and
+// online softmax per row; o += P·V straight from the V rows. The rows (g, i), (g + 1, i), … of one
+// query i share their keys (but nonsymmetric ALiBi's halves): kRows at a time share each K and V load.
 template <class T>
 bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0) {
+  using decode_kernels::kRows;
   const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
-  float* S = scratch;           // [R, nb]
-  float* Kf = S + R * nb;       // [H, nb, D]
-  float* Vf = Kf + H * nb * D;  // [H, nb, D]
-  float* act = Vf + H * nb * D;  // [R]: 1 for a row with weight in the block
+  float* S = scratch;        // [R, nb]
+  float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
   const T* K = static_cast<const T*>(t.k);
   const T* V = static_cast<const T*>(t.v);
   std::fill(m0, m0 + H * R, -HUGE_VALF);
   std::fill(l0, l0 + H * R, 0.f);
   std::fill(o0, o0 + H * R * D, 0.f);
+  Ahead ahead(t, sizeof(T));
   for (I c0 = t.j0; c0 < t.j1; c0 += nb) {
     const I c1 = std::min(t.j1, c0 + nb);
     I a = c1, e = c0;  // the keys some row of some head sees
@@ -340,7 +255,7 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r])
         a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
     if (a >= e) continue;
-    ConvertBlock(t, K, V, a, e, nb, Kf, Vf);
+    ahead.Start(c1, std::min(t.j1, c1 + nb), H * ((e - a + 3) / 4));
     for (I kh = 0; kh < H; ++kh) {
       const I* lo = t.lo + kh * R;
       const I* hi = t.hi + kh * R;
@@ -348,27 +263,23 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       float* m = m0 + kh * R;
       float* l = l0 + kh * R;
       float* o = o0 + kh * R * D;
-      const float* Kb = Kf + kh * nb * D;
-      const float* Vb = Vf + kh * nb * D;
-      // logits: rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
-      // ALiBi's halves): four at a time share each K load
-      const auto same4 = [&](I r) {
-        for (I x = 1; x < 4; ++x)
+      const T* Kh = K + kh * t.khs;
+      const T* Vh = V + kh * t.vhs;
+      const auto group = [&](I r) {  // rows r, r + M, … r + (kRows − 1)·M share their keys
+        for (I x = 1; x < kRows; ++x)
           if (lo[r + x * t.M] != lo[r] || hi[r + x * t.M] != hi[r]) return false;
         return true;
       };
       for (I i = 0; i < t.M; ++i)
-        for (I g0 = 0; g0 < t.G; g0 += 4) {
+        for (I g0 = 0; g0 < t.G; g0 += kRows) {
           const I r0 = g0 * t.M + i;
-          if (g0 + 4 <= t.G && same4(r0)) {
-            for (I j = std::max(a, lo[r0]); j < std::min(e, hi[r0]); ++j)
-              Dot4(Q + r0 * D, t.M * D, Kb + (j - a) * D, D, S + r0 * nb + (j - a), t.M * nb);
-            continue;
-          }
-          for (I g = g0; g < std::min(t.G, g0 + 4); ++g) {
-            const I r = g * t.M + i;
-            for (I j = std::max(a, lo[r]); j < std::min(e, hi[r]); ++j)
-              S[r * nb + (j - a)] = DotRow(Q + r * D, Kb + (j - a) * D, D);
+          const bool whole = g0 + kRows <= t.G && group(r0);
+          for (I g = g0; g < std::min(t.G, g0 + kRows); g += whole ? kRows : 1) {
+            const I r = g * t.M + i, ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
+            if (ra >= re) continue;
+            float* Sr = S + r * nb + (ra - a);
+            if (whole) LogitRows<kRows>(Q + r * D, t.M * D, Kh + ra * t.kld, t.kld, re - ra, D, Sr, t.M * nb, ahead);
+            else LogitRows<1>(Q + r * D, D, Kh + ra * t.kld, t.kld, re - ra, D, Sr, nb, ahead);
           }
         }
       std::fill(act, act + R, 0.f);
@@ -401,23 +312,22 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
         m[r] = mn;
         act[r] = 1.f;
       }
-      // o += P·V, four rows of one query at a time where they share their keys
       for (I i = 0; i < t.M; ++i)
-        for (I g0 = 0; g0 < t.G; g0 += 4) {
+        for (I g0 = 0; g0 < t.G; g0 += kRows) {
           const I r0 = g0 * t.M + i;
-          if (g0 + 4 <= t.G && same4(r0) && act[r0] != 0 && act[r0 + t.M] != 0 && act[r0 + 2 * t.M] != 0 && act[r0 + 3 * t.M] != 0) {
-            const I ra = std::max(a, lo[r0]), re = std::min(e, hi[r0]);
-            AddPV4(S + r0 * nb + (ra - a), t.M * nb, Vb + (ra - a) * D, re - ra, D, o + r0 * D, t.M * D);
-            continue;
-          }
-          for (I g = g0; g < std::min(t.G, g0 + 4); ++g) {
+          bool whole = g0 + kRows <= t.G && group(r0);
+          for (I x = 0; whole && x < kRows; ++x) whole = act[r0 + x * t.M] != 0;
+          for (I g = g0; g < std::min(t.G, g0 + kRows); g += whole ? kRows : 1) {
             const I r = g * t.M + i;
             if (act[r] == 0) continue;
             const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
-            AddPV(S + r * nb + (ra - a), Vb + (ra - a) * D, D, re - ra, D, o + r * D);
+            const float* P = S + r * nb + (ra - a);
+            if (whole) decode_kernels::AddPV<kRows>(P, t.M * nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, t.M * D);
+            else decode_kernels::AddPV<1>(P, nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, D);
           }
         }
     }
+    ahead.Rest();
   }
   return true;
 }

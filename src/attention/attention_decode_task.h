@@ -10,8 +10,9 @@
 #define POSENC_ATTENTION_DECODE_TYPES
 namespace posenc::decode_impl {
 using I = std::int64_t;
-// Keys per block: the block's K rows of every kv head, as float, fill ~64 KiB (V's as many).
-inline I block_keys(I Hkv, I D) { return std::clamp<I>(16384 / std::max<I>(Hkv * D, 1), 8, 128); }
+// Keys per block: 32768 K values over every kv head (64 KiB of 16-bit K, as much V); the next
+// block's K and V rows are prefetched while a block is worked on.
+inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
 
@@ -54,7 +55,7 @@ struct Task {
 
 namespace posenc::decode_impl {
 // Runs task t (the best target of this CPU, chosen per call): m, l [Hkv, R] and o [Hkv, R, D] of its
-// keys (o unnormalised), scratch of block_keys(Hkv, D)·(R + 2·Hkv·D) + R floats, R = G·M. Returns
+// keys (o unnormalised), scratch of block_keys(Hkv, D)·R + R floats, R = G·M. Returns
 // false at a NaN or +inf logit.
 bool run_task(const Task& t, float* scratch, float* m, float* l, float* o);
 }  // namespace posenc::decode_impl
