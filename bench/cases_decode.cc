@@ -97,7 +97,7 @@ Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
 
 std::vector<Case> decode_cases() {
   std::vector<Case> cs;
-  // (Hq = 32, Hkv = 8, D = 128: Llama 3 8B's attention; and Hq = 8, Hkv = 2, D = 64).
+  // Hq = 32, Hkv = 8, D = 128 (Llama 3 8B's attention), and Hq = 8, Hkv = 2, D = 64
   for (I N : {I{32768}, I{131072}})
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
       for (Encoding e : decode_encodings()) cs.push_back(decode_case(e, N, 32, 8, 128, dt));
