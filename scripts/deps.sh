@@ -3,7 +3,8 @@
 #   scripts/deps.sh            build + run dependencies
 #   scripts/deps.sh --tests    plus what the tests use (GoogleTest; numpy and torch as test oracles),
 #                              the PyTorch package's build (libtorch-dev, pybind11-dev, python3-dev)
-#                              and the sanitizer suite's (clang, libclang-rt-14-dev, libomp-14-dev)
+#                              and the sanitizer suite's (clang, libclang-rt-14-dev, libomp-14-dev);
+#                              ccache, which scripts/test.sh uses for the packaging tests' rebuilds
 set -euo pipefail
 
 # bible-kjv: the study's built-in corpus; gnuplot-nox: its plots and `posenc plot`.
@@ -12,7 +13,7 @@ pkgs=(g++ cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libhwy-de
 if [[ "${1:-}" == "--tests" ]]; then
   pkgs+=(libgtest-dev python3 python3-numpy python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest)
   # the sanitizer suite and the fuzz targets (scripts/sanitize.sh): clang, libFuzzer, ASan, UBSan, libomp
-  pkgs+=(clang libclang-rt-14-dev libomp-14-dev)
+  pkgs+=(clang libclang-rt-14-dev libomp-14-dev ccache)
 fi
 
 missing=()

@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --tests
+# ccache: the packaging tests build the library again (as a shared library, as a subproject); with
+# it they reuse the main build's objects. CMake reads these when it configures a new build folder.
+export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
 scripts/build.sh -DPOSENC_BUILD_TESTS=ON -DPOSENC_BUILD_PYTHON=ON
 scripts/python.sh
 ctest --test-dir build --output-on-failure -j2

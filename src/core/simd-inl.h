@@ -73,9 +73,18 @@ HWY_INLINE hn::Vec<D> LoadF(D d, const hwy::bfloat16_t* HWY_RESTRICT p) {
 #else
 #define POSENC_F16_EMULATED 0
 #endif
+// On Highway's emulated target (EMU128: a loop over the lanes for every operation) the float16
+// conversions stay out of line: inlined into the unrolled kernels, their loops cost clang's optimizer
+// minutes per file in the sanitizer build, the one build that compiles EMU128 on this CPU.
+#undef POSENC_F16_INLINE
+#if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
+#define POSENC_F16_INLINE HWY_NOINLINE
+#else
+#define POSENC_F16_INLINE HWY_INLINE
+#endif
 
 template <class D>
-HWY_INLINE hn::Vec<D> LoadF(D d, const hwy::float16_t* HWY_RESTRICT p) {
+POSENC_F16_INLINE hn::Vec<D> LoadF(D d, const hwy::float16_t* HWY_RESTRICT p) {
 #if POSENC_F16_EMULATED
   const hn::RebindToUnsigned<D> du;
   const hn::Rebind<std::uint16_t, D> du16;
@@ -99,7 +108,7 @@ HWY_INLINE hn::Vec<D> LoadF(D d, const hwy::float16_t* HWY_RESTRICT p) {
 // add at bit 13 (the carry reaches inf on overflow), subnormals by the float add of 0.5 (whose ulp
 // is float16's smallest subnormal); NaN quiet.
 template <class D>
-HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> F16Rounded(D d, hn::Vec<D> v) {
+POSENC_F16_INLINE hn::Vec<hn::RebindToUnsigned<D>> F16Rounded(D d, hn::Vec<D> v) {
   const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;  // a < 2³¹: signed compares are unsigned ones
   const auto u = hn::BitCast(du, v);
@@ -140,7 +149,7 @@ HWY_INLINE void StoreF(D d, hn::Vec<D> v, hwy::bfloat16_t* HWY_RESTRICT p) {
   hn::StoreU(hn::DemoteTo(d16, hi), d16, reinterpret_cast<std::uint16_t*>(p));
 }
 template <class D>
-HWY_INLINE void StoreF(D d, hn::Vec<D> v, hwy::float16_t* HWY_RESTRICT p) {
+POSENC_F16_INLINE void StoreF(D d, hn::Vec<D> v, hwy::float16_t* HWY_RESTRICT p) {
 #if POSENC_F16_EMULATED
   const hn::Rebind<std::uint16_t, D> du16;
   hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<D>(), F16Rounded(d, v))), du16,
