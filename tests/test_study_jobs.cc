@@ -43,8 +43,9 @@ StudyResult row(Encoding e, std::uint64_t seed, double at16, double at32) {
   r.seeds = {seed};
   r.final_train_loss = at16 / 2;
   r.tokens_per_second = 100.0 * double(seed);
-  EvalPoint a{16, at16, std::nullopt, std::nullopt, std::nullopt}, b{32, std::nullopt, std::nullopt,
-                                                                     std::nullopt, std::nullopt};
+  EvalPoint a, b;
+  a.len = 16, a.ppl = at16;
+  b.len = 32;
   if (e != Encoding::kLearned) b.ppl = at32;
   r.eval = {a, b};
   return r;

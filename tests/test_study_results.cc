@@ -102,7 +102,8 @@ TEST(StudyResults, JsonRoundTripIsExact) {
     if (v < 1) p.acc = 1 - v;
     r.eval.push_back(p);
   }
-  r.eval.push_back({len, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+  r.eval.push_back(EvalPoint{});
+  r.eval.back().len = len;
   const std::string line = result_to_json(r);
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   const Expected<StudyResult> back = result_from_json(line);

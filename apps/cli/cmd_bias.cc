@@ -32,6 +32,7 @@ void run_bias(BiasState& st) {
   g.k_len = parse_int("--k-len", st.k_len);
   if (st.q_offset_opt->count() > 0) g.q_offset = parse_int("--q-offset", st.q_offset);  // else k_offset + N − M
   g.k_offset = parse_int("--k-offset", st.k_offset);
+  g.causal = st.causal;  // the library masks B and takes no gradient from the masked entries of dB
   if (g.heads < 1)
     fail(Status::Invalid("--heads", "expected a positive integer, got " + std::to_string(g.heads)));
   if (g.q_len < 1)
@@ -126,18 +127,6 @@ void run_bias(BiasState& st) {
                                              "), got " + dtype_name(dbias.dtype())));
   }
 
-  // --causal: the mask of posenc attention --causal (key position > query position), applied to B;
-  // the masked entries of dB are not seen by any parameter.
-  const std::int64_t q0 = g.query_offset();
-  const auto masked = [&](std::int64_t i, std::int64_t j) { return st.causal && g.k_offset + j > q0 + i; };
-  if (st.causal && want_grads && dbias.shape() == std::vector<std::int64_t>{g.heads, g.q_len, g.k_len}) {
-    const View d = dbias.view();
-    for (std::int64_t h = 0; h < g.heads; ++h)
-      for (std::int64_t i = 0; i < g.q_len; ++i)
-        for (std::int64_t j = 0; j < g.k_len; ++j)
-          if (masked(i, j)) d.set((h * g.q_len + i) * g.k_len + j, 0.0);
-  }
-
   // ---- compute, then write
   const FlagMap names = {{"heads", "--heads"}, {"q_len", "--q-len"}, {"k_len", "--k-len"}};
   Tensor out;
@@ -173,13 +162,6 @@ void run_bias(BiasState& st) {
       break;
     default:
       fail(Status::Internal("posenc bias has no glue for " + e.name));
-  }
-  if (st.causal) {
-    const View v = out.view();
-    for (std::int64_t h = 0; h < g.heads; ++h)
-      for (std::int64_t i = 0; i < g.q_len; ++i)
-        for (std::int64_t j = 0; j < g.k_len; ++j)
-          if (masked(i, j)) v.set((h * g.q_len + i) * g.k_len + j, -HUGE_VAL);
   }
   // Finite parameters can still overflow (FIRE's MLP with weights near the largest double): a bias of
   // +inf or NaN (only masked entries are -inf) is refused, naming the parameters.

@@ -17,6 +17,9 @@ struct BiasGeometry {
   std::int64_t k_len = 1;    // N
   std::optional<std::int64_t> q_offset;  // default k_offset + N − M, as attention.h's
   std::int64_t k_offset = 0;
+  // −inf where the key's position exceeds the query's (attention's causal mask); the backward then
+  // takes no gradient from those entries of dbias.
+  bool causal = false;
 
   // The position of query 0: q_offset, else k_offset + k_len − q_len.
   std::int64_t query_offset() const { return q_offset.value_or(k_offset + k_len - q_len); }

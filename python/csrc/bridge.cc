@@ -84,6 +84,7 @@ Status bind(const BiasCall& c, posenc::AttentionParams* p, posenc::EncodingTenso
   g->k_len = c.k_len;
   g->q_offset = c.q_offset;
   g->k_offset = c.k_offset;
+  g->causal = c.causal;
   return Status::Ok();
 }
 

@@ -49,6 +49,7 @@ struct BiasCall {
   std::map<std::string, std::string> params;
   TensorMap tensors;
   std::int64_t heads = 1, q_len = 1, k_len = 1, q_offset = 0, k_offset = 0;
+  bool causal = false;  // BiasGeometry::causal
 };
 
 // The dtype the bias takes (that of weights, slopes, r1 or mlp_w2; float64 otherwise), or an error

@@ -273,7 +273,7 @@ at::Tensor sinusoidal(const at::Tensor& x, const std::optional<at::Tensor>& posi
 }
 
 posenc_py::BiasCall bias_call(const std::string& encoding, std::int64_t heads, std::int64_t q_len,
-                              std::int64_t k_len, std::int64_t q_offset, std::int64_t k_offset,
+                              std::int64_t k_len, std::int64_t q_offset, std::int64_t k_offset, bool causal,
                               const TextDict& params, const TensorDict& tensors) {
   posenc_py::BiasCall c;
   c.encoding = encoding;
@@ -289,12 +289,14 @@ posenc_py::BiasCall bias_call(const std::string& encoding, std::int64_t heads, s
   c.k_len = k_len;
   c.q_offset = q_offset;
   c.k_offset = k_offset;
+  c.causal = causal;
   return c;
 }
 
 at::Tensor bias(const std::string& encoding, std::int64_t heads, std::int64_t q_len, std::int64_t k_len,
-                std::int64_t q_offset, std::int64_t k_offset, const TextDict& params, const TensorDict& tensors) {
-  const posenc_py::BiasCall c = bias_call(encoding, heads, q_len, k_len, q_offset, k_offset, params, tensors);
+                std::int64_t q_offset, std::int64_t k_offset, bool causal, const TextDict& params,
+                const TensorDict& tensors) {
+  const posenc_py::BiasCall c = bias_call(encoding, heads, q_len, k_len, q_offset, k_offset, causal, params, tensors);
   int dtype = POSENC_F64;
   check(posenc_py::bias_dtype(c, &dtype));
   at::Tensor out = allocated([&] { return at::empty({heads, q_len, k_len}, at::TensorOptions().dtype(scalar_type(dtype))); });
@@ -309,9 +311,9 @@ at::Tensor bias(const std::string& encoding, std::int64_t heads, std::int64_t q_
 }
 
 TensorDict bias_backward(const std::string& encoding, std::int64_t heads, std::int64_t q_len, std::int64_t k_len,
-                         std::int64_t q_offset, std::int64_t k_offset, const TextDict& params,
+                         std::int64_t q_offset, std::int64_t k_offset, bool causal, const TextDict& params,
                          const TensorDict& tensors, const at::Tensor& dbias, const std::vector<std::string>& grad_names) {
-  const posenc_py::BiasCall c = bias_call(encoding, heads, q_len, k_len, q_offset, k_offset, params, tensors);
+  const posenc_py::BiasCall c = bias_call(encoding, heads, q_len, k_len, q_offset, k_offset, causal, params, tensors);
   const posenc_tensor vd = view_of("dbias", dbias);
   TensorDict grads;
   posenc_py::TensorMap views;
@@ -378,10 +380,10 @@ No autograd here: the package's functions wrap these in torch.autograd.Function.
   m.def("sinusoidal", &sinusoidal, py::arg("x"), py::arg("positions"), py::arg("offset"), py::arg("base"),
         py::arg("backward"));
   m.def("bias", &bias, py::arg("encoding"), py::arg("heads"), py::arg("q_len"), py::arg("k_len"), py::arg("q_offset"),
-        py::arg("k_offset"), py::arg("params"), py::arg("tensors"));
+        py::arg("k_offset"), py::arg("causal"), py::arg("params"), py::arg("tensors"));
   m.def("bias_backward", &bias_backward, py::arg("encoding"), py::arg("heads"), py::arg("q_len"), py::arg("k_len"),
-        py::arg("q_offset"), py::arg("k_offset"), py::arg("params"), py::arg("tensors"), py::arg("dbias"),
-        py::arg("grad_names"));
+        py::arg("q_offset"), py::arg("k_offset"), py::arg("causal"), py::arg("params"), py::arg("tensors"),
+        py::arg("dbias"), py::arg("grad_names"));
   m.def("attention_backward_from_stats", &attention_backward_from_stats, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("dout"), py::arg("encoding"), py::arg("params"),
         py::arg("tensors"), py::arg("grad_names"),

@@ -138,10 +138,5 @@ def bias(encoding, heads, q_len, k_len, *, causal=False, q_offset=None, k_offset
     q_off = k_offset + k_len - q_len if q_offset is None else q_offset
     texts, tensors = split_params(encoding, params)
     names = list(tensors)
-    call = (encoding, heads, q_len, k_len, q_off, k_offset, texts)
-    out = _BiasFn.apply(call, names, *[tensors[n] for n in names])
-    if causal:
-        qp = torch.arange(q_len, dtype=torch.int64) + q_off
-        kp = torch.arange(k_len, dtype=torch.int64) + k_offset
-        out = out.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
-    return out
+    call = (encoding, heads, q_len, k_len, q_off, k_offset, causal, texts)
+    return _BiasFn.apply(call, names, *[tensors[n] for n in names])

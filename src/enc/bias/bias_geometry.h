@@ -1,10 +1,12 @@
-// Private helpers shared by the logit-bias references (alibi_ref.cc, t5_ref.cc): validation of a
-// BiasGeometry and of a bias view [H, M, N] against it, and the relative distance key − query.
+// Private helpers shared by the logit biases (references and fast paths): validation of a
+// BiasGeometry and of a bias view [H, M, N] against it, the relative distance key − query, and the
+// causal mask (bias_causal.cc) around each public function.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "posenc/bias.h"
 
@@ -48,6 +50,44 @@ inline Status check_bias_view(const char* arg, const View& v, const BiasGeometry
 // Relative distance of query i and key j: key position − query position.
 inline std::int64_t distance(const BiasGeometry& g, std::int64_t i, std::int64_t j) {
   return (g.k_offset + j) - (g.query_offset() + i);
+}
+
+// Whether (query i, key j) is masked: g.causal and the key's position exceeds the query's.
+inline bool masked(const BiasGeometry& g, std::int64_t i, std::int64_t j) {
+  return g.causal && distance(g, i, j) > 0;
+}
+
+// Sets out [H, M, N] (checked against g) to −inf at the masked entries; nothing when !g.causal.
+void mask_causal(const BiasGeometry& g, const View& out);
+
+// A public bias function's forward: fill(g) with the mask off, then mask_causal when it succeeded.
+template <class Fill>
+Status causal_forward(const BiasGeometry& g, const View& out, const Fill& fill) {
+  BiasGeometry open = g;
+  open.causal = false;
+  POSENC_RETURN_IF_ERROR(fill(open));
+  mask_causal(g, out);
+  return Status::Ok();
+}
+
+// A public bias function's backward: run(g, dbias) with the mask off, on a copy of dbias whose
+// masked entries are 0 when g.causal and dbias is a valid [H, M, N] view (otherwise on dbias
+// itself, so that the errors are the function's own).
+template <class Run>
+Status causal_backward(const BiasGeometry& g, const View& dbias, const Run& run) {
+  BiasGeometry open = g;
+  open.causal = false;
+  if (!g.causal || !check_geometry(g).ok() || !check_bias_view("dbias", dbias, g).ok())
+    return run(open, dbias);
+  std::vector<double> d = to_doubles(dbias);  // exact for every float dtype
+  for (std::int64_t h = 0; h < g.heads; ++h)
+    for (std::int64_t i = 0; i < g.q_len; ++i)
+      for (std::int64_t j = 0; j < g.k_len; ++j)
+        if (masked(g, i, j)) d[static_cast<std::size_t>((h * g.q_len + i) * g.k_len + j)] = 0.0;
+  std::vector<unsigned char> bytes(d.size() * dtype_size(dbias.dtype));
+  const View copy = View::contiguous(bytes.data(), dbias.dtype, {g.heads, g.q_len, g.k_len});
+  from_doubles(d, copy);
+  return run(open, copy);
 }
 
 }  // namespace posenc::bias

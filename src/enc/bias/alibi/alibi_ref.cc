@@ -83,8 +83,8 @@ std::vector<double> alibi_slopes(std::int64_t heads) { return alibi::slopes(head
 
 namespace reference {
 
-Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slopes, const View& weights,
-                  const View& out) {
+static Status alibi_bias_unmasked(const AlibiParams& p, const BiasGeometry& g, const View& slopes,
+                                  const View& weights, const View& out) {
   POSENC_RETURN_IF_ERROR(check_variant(p.variant));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
@@ -136,8 +136,14 @@ Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slope
   return Status::Ok();
 }
 
-Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const View& weights,
-                           const View& dbias, const View& dweights) {
+Status alibi_bias(const AlibiParams& p, const BiasGeometry& g, const View& slopes, const View& weights,
+                  const View& out) {
+  return bias::causal_forward(
+      g, out, [&](const BiasGeometry& open) { return alibi_bias_unmasked(p, open, slopes, weights, out); });
+}
+
+static Status alibi_bias_backward_unmasked(const AlibiParams& p, const BiasGeometry& g, const View& weights,
+                                           const View& dbias, const View& dweights) {
   POSENC_RETURN_IF_ERROR(check_variant(p.variant));
   if (p.variant != AlibiVariant::kLearned)
     return Status::Invalid("variant", std::string("expected learned (the only variant with parameters), "
@@ -170,6 +176,13 @@ Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const Vi
   }
   from_doubles(dw, dweights);
   return Status::Ok();
+}
+
+Status alibi_bias_backward(const AlibiParams& p, const BiasGeometry& g, const View& weights,
+                           const View& dbias, const View& dweights) {
+  return bias::causal_backward(g, dbias, [&](const BiasGeometry& open, const View& d) {
+    return alibi_bias_backward_unmasked(p, open, weights, d, dweights);
+  });
 }
 
 }  // namespace reference

@@ -68,7 +68,8 @@ std::vector<double> psi_table(double c, I r_min, I W, bool derivative) {
 
 }  // namespace
 
-Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& out) {
+static Status fire_bias_unmasked(const FireParams& p, const BiasGeometry& g, const FireTensors& t,
+                                 const View& out) {
   I W = 0;
   POSENC_RETURN_IF_ERROR(fire::check_forward(g, t, out, &W));
   for (const View* in : {&t.w1, &t.b1, &t.w2, &t.b2, &t.c, &t.threshold})
@@ -99,8 +100,13 @@ Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& 
   return Status::Ok();
 }
 
-Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& dbias,
-                          const FireTensors& grads) {
+Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& out) {
+  return bias::causal_forward(g, out,
+                              [&](const BiasGeometry& open) { return fire_bias_unmasked(p, open, t, out); });
+}
+
+static Status fire_bias_backward_unmasked(const FireParams& p, const BiasGeometry& g, const FireTensors& t,
+                                          const View& dbias, const FireTensors& grads) {
   I W = 0;
   POSENC_RETURN_IF_ERROR(fire::check_backward(g, t, dbias, grads, &W));
   const I H = g.heads, M = g.q_len, N = g.k_len;
@@ -147,6 +153,13 @@ Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const Fire
   for (I h = 0; h < H; ++h) dc += dch[static_cast<std::size_t>(h)], dL += dLh[static_cast<std::size_t>(h)];
   fire::write_grads(grads, dw1, db1, dw2, db2, dc, dL);
   return Status::Ok();
+}
+
+Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& dbias,
+                          const FireTensors& grads) {
+  return bias::causal_backward(g, dbias, [&](const BiasGeometry& open, const View& d) {
+    return fire_bias_backward_unmasked(p, open, t, d, grads);
+  });
 }
 
 }  // namespace posenc

@@ -43,7 +43,8 @@ Status check_backward(const BiasGeometry& g, const FireTensors& t, const View& d
 
 namespace reference {
 
-Status fire_bias(const FireParams&, const BiasGeometry& g, const FireTensors& t, const View& out) {
+static Status fire_bias_unmasked(const FireParams& p, const BiasGeometry& g, const FireTensors& t,
+                                 const View& out) {
   std::int64_t W = 0;
   POSENC_RETURN_IF_ERROR(fire::check_forward(g, t, out, &W));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
@@ -62,8 +63,13 @@ Status fire_bias(const FireParams&, const BiasGeometry& g, const FireTensors& t,
   return Status::Ok();
 }
 
-Status fire_bias_backward(const FireParams&, const BiasGeometry& g, const FireTensors& t, const View& dbias,
-                          const FireTensors& grads) {
+Status fire_bias(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& out) {
+  return bias::causal_forward(g, out,
+                              [&](const BiasGeometry& open) { return fire_bias_unmasked(p, open, t, out); });
+}
+
+static Status fire_bias_backward_unmasked(const FireParams& p, const BiasGeometry& g, const FireTensors& t,
+                                          const View& dbias, const FireTensors& grads) {
   std::int64_t W = 0;
   POSENC_RETURN_IF_ERROR(fire::check_backward(g, t, dbias, grads, &W));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
@@ -97,6 +103,13 @@ Status fire_bias_backward(const FireParams&, const BiasGeometry& g, const FireTe
     }
   fire::write_grads(grads, dw1, db1, dw2, db2, dc, dL);
   return Status::Ok();
+}
+
+Status fire_bias_backward(const FireParams& p, const BiasGeometry& g, const FireTensors& t, const View& dbias,
+                          const FireTensors& grads) {
+  return bias::causal_backward(g, dbias, [&](const BiasGeometry& open, const View& d) {
+    return fire_bias_backward_unmasked(p, open, t, d, grads);
+  });
 }
 
 }  // namespace reference

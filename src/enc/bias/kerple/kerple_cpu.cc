@@ -16,8 +16,8 @@
 
 namespace posenc {
 
-Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
-                   const View& out) {
+static Status kerple_bias_unmasked(const KerpleParams& p, const BiasGeometry& g, const View& r1,
+                                   const View& r2, const View& out) {
   POSENC_RETURN_IF_ERROR(kerple::check_forward(p, g, r1, r2, out));
   if (!bias::fill_ok(out) || fast::partial_alias(r1, out) || fast::partial_alias(r2, out) ||
       r1.data == out.data || r2.data == out.data)
@@ -38,8 +38,15 @@ Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1,
   return Status::Ok();
 }
 
-Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
-                            const View& dbias, const View& dr1, const View& dr2) {
+Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
+                   const View& out) {
+  return bias::causal_forward(
+      g, out, [&](const BiasGeometry& open) { return kerple_bias_unmasked(p, open, r1, r2, out); });
+}
+
+static Status kerple_bias_backward_unmasked(const KerpleParams& p, const BiasGeometry& g, const View& r1,
+                                            const View& r2, const View& dbias, const View& dr1,
+                                            const View& dr2) {
   POSENC_RETURN_IF_ERROR(kerple::check_backward(p, g, r1, r2, dbias, dr1, dr2));
   if (!bias::sums_ok(dbias) || fast::partial_alias(dbias, dr1) || fast::partial_alias(dbias, dr2))
     return reference::kerple_bias_backward(p, g, r1, r2, dbias, dr1, dr2);
@@ -61,6 +68,13 @@ Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const 
   if (dr1.present()) from_doubles(g1, dr1);
   if (dr2.present()) from_doubles(g2, dr2);
   return Status::Ok();
+}
+
+Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
+                            const View& dbias, const View& dr1, const View& dr2) {
+  return bias::causal_backward(g, dbias, [&](const BiasGeometry& open, const View& d) {
+    return kerple_bias_backward_unmasked(p, open, r1, r2, d, dr1, dr2);
+  });
 }
 
 }  // namespace posenc

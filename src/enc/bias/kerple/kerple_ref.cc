@@ -71,8 +71,8 @@ Status check_backward(const KerpleParams& p, const BiasGeometry& g, const View& 
 
 namespace reference {
 
-Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
-                   const View& out) {
+static Status kerple_bias_unmasked(const KerpleParams& p, const BiasGeometry& g, const View& r1,
+                                   const View& r2, const View& out) {
   POSENC_RETURN_IF_ERROR(kerple::check_forward(p, g, r1, r2, out));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   const bool power = p.kernel == KerpleKernel::kPower;
@@ -90,8 +90,15 @@ Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1,
   return Status::Ok();
 }
 
-Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
-                            const View& dbias, const View& dr1, const View& dr2) {
+Status kerple_bias(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
+                   const View& out) {
+  return bias::causal_forward(
+      g, out, [&](const BiasGeometry& open) { return kerple_bias_unmasked(p, open, r1, r2, out); });
+}
+
+static Status kerple_bias_backward_unmasked(const KerpleParams& p, const BiasGeometry& g, const View& r1,
+                                            const View& r2, const View& dbias, const View& dr1,
+                                            const View& dr2) {
   POSENC_RETURN_IF_ERROR(kerple::check_backward(p, g, r1, r2, dbias, dr1, dr2));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   const bool power = p.kernel == KerpleKernel::kPower;
@@ -111,6 +118,13 @@ Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const 
   if (dr1.present()) from_doubles(g1, dr1);
   if (dr2.present()) from_doubles(g2, dr2);
   return Status::Ok();
+}
+
+Status kerple_bias_backward(const KerpleParams& p, const BiasGeometry& g, const View& r1, const View& r2,
+                            const View& dbias, const View& dr1, const View& dr2) {
+  return bias::causal_backward(g, dbias, [&](const BiasGeometry& open, const View& d) {
+    return kerple_bias_backward_unmasked(p, open, r1, r2, d, dr1, dr2);
+  });
 }
 
 }  // namespace reference

@@ -12,7 +12,7 @@
 
 namespace posenc {
 
-Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View& out) {
+static Status sandwich_bias_unmasked(const SandwichParams& p, const BiasGeometry& g, const View& out) {
   POSENC_RETURN_IF_ERROR(sandwich_validate(p));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
@@ -29,6 +29,11 @@ Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View&
       lut[static_cast<std::size_t>(h * W + x)] = base[static_cast<std::size_t>(x)] * sandwich::head_scale(h, H);
   bias::fill_from_lut(g, lut, out);
   return Status::Ok();
+}
+
+Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View& out) {
+  return bias::causal_forward(g, out,
+                              [&](const BiasGeometry& open) { return sandwich_bias_unmasked(p, open, out); });
 }
 
 }  // namespace posenc

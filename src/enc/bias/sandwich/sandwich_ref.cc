@@ -35,7 +35,7 @@ Status sandwich_validate(const SandwichParams& p) {
 
 namespace reference {
 
-Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View& out) {
+static Status sandwich_bias_unmasked(const SandwichParams& p, const BiasGeometry& g, const View& out) {
   POSENC_RETURN_IF_ERROR(sandwich_validate(p));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
@@ -50,6 +50,11 @@ Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View&
             sandwich::head_scale(h, H);
   from_doubles(o, out);
   return Status::Ok();
+}
+
+Status sandwich_bias(const SandwichParams& p, const BiasGeometry& g, const View& out) {
+  return bias::causal_forward(g, out,
+                              [&](const BiasGeometry& open) { return sandwich_bias_unmasked(p, open, out); });
 }
 
 }  // namespace reference

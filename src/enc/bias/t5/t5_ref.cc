@@ -60,7 +60,8 @@ std::int64_t t5_bucket(std::int64_t r, const T5Params& p) {
 
 namespace reference {
 
-Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out) {
+static Status t5_bias_unmasked(const T5Params& p, const BiasGeometry& g, const View& weights,
+                               const View& out) {
   POSENC_RETURN_IF_ERROR(t5_validate(p));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
@@ -81,7 +82,13 @@ Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, co
   return Status::Ok();
 }
 
-Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& dbias, const View& dweights) {
+Status t5_bias(const T5Params& p, const BiasGeometry& g, const View& weights, const View& out) {
+  return bias::causal_forward(
+      g, out, [&](const BiasGeometry& open) { return t5_bias_unmasked(p, open, weights, out); });
+}
+
+static Status t5_bias_backward_unmasked(const T5Params& p, const BiasGeometry& g, const View& dbias,
+                                        const View& dweights) {
   POSENC_RETURN_IF_ERROR(t5_validate(p));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
@@ -99,6 +106,12 @@ Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& db
     }
   from_doubles(dw, dweights);
   return Status::Ok();
+}
+
+Status t5_bias_backward(const T5Params& p, const BiasGeometry& g, const View& dbias, const View& dweights) {
+  return bias::causal_backward(g, dbias, [&](const BiasGeometry& open, const View& d) {
+    return t5_bias_backward_unmasked(p, open, d, dweights);
+  });
 }
 
 }  // namespace reference
