@@ -57,8 +57,9 @@ constexpr int kR = HWY_MAX_BYTES >= 64 ? 4 : 6;
 constexpr I kWideM = 128;
 // Wide blocks (TileBlocks::kWide): 6 rows × 4 vectors where 4 vectors of N remain, on targets with
 // 32 vector registers (24 accumulators, 4 of B and a broadcast). Measured (one thread, Intel Xeon
-// Cascade Lake guest, attention nope L = 2048 and 4096, H = 8, D = 64, causal, thread CPU time over
-// 5–11 interleaved rounds): forward 10–15% and backward 15–20% faster than the narrow blocks.
+// Cascade Lake guest, attention nope L = 2048 and 4096, H = 8, D = 64, causal, medians of the thread
+// CPU time over 7–11 rounds alternating with the narrow blocks): forward 9–15% and backward 13–17%
+// less time than the narrow blocks.
 constexpr bool kHasWide = HWY_MAX_BYTES >= 64;
 
 // Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.
