@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention/tile_gemm.h"
@@ -106,11 +107,14 @@ struct Case {
   }
 };
 
+// Every target, each with both register blockings (tile_gemm.h's TileBlocks).
 template <class F>
 void ForEachTarget(F&& body) {
   for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(t);
-    body(attn_fast::tile_gemm_fn(), std::string(hwy::TargetName(t)));
+    for (attn_fast::TileBlocks bl : {attn_fast::TileBlocks::kNarrow, attn_fast::TileBlocks::kWide})
+      body(attn_fast::tile_gemm_fn(bl),
+           std::string(hwy::TargetName(t)) + (bl == attn_fast::TileBlocks::kWide ? " wide" : " narrow"));
   }
   hwy::SetSupportedTargetsForTest(0);
 }
@@ -185,8 +189,9 @@ TEST(TileGemm, RowsAndColumnsDoNotDependOnTheirBlockOnEveryTarget) {
   ForEachTarget([&](attn_fast::TileGemmFn g, const std::string& target) {
     for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP}) {
       SCOPED_TRACE(target + " " + name(f));
-      for (const I m : {I{37}, I{203}}) {  // 203: past kWideM, blocks of 8 rows on AVX-512
-        const Case c(f, m, 45, 19, 3, 0.75f, 901);
+      // 203: past kWideM, blocks of 8 rows on AVX-512; N = 70: a block of 4 vectors (wide) and a tail
+      for (const auto& [m, n] : {std::pair<I, I>{37, 45}, {203, 45}, {37, 70}}) {
+        const Case c(f, m, n, 19, 3, 0.75f, 901);
         const std::vector<float> full = c.run(g);
         for (I i = 0; i < c.M; ++i) {
           std::vector<float> C = c.C0;
@@ -270,6 +275,42 @@ TEST(TileGemm, PackedFormEqualsNTBitForBitOnEveryTarget) {
       }
     }
   });
+}
+
+// The wide blocks give the narrow blocks' results bit for bit (the same sum for every element), on
+// the attention's tile shapes and on shapes with tails, with and without a band (kNN's and kTN's
+// masked A entries zero, as the band requires; kNT's and kNP's masked C entries not compared).
+TEST(TileGemm, WideBlocksEqualNarrowBitForBitOnEveryTarget) {
+  std::vector<std::tuple<Case, I>> cases;
+  std::uint64_t seed = 9500;
+  for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP})
+    for (auto [m, n, k] : {std::tuple<I, I, I>{128, 64, 128}, {128, 128, 64}, {131, 70, 33}, {7, 200, 5}})
+      for (I band : {attn_fast::kNoBand, I{-3}, I{0}}) {
+        Case cs(f, m, n, k, 2, 0.625f, seed += 3);
+        const I rows = f == GemmForm::kTN ? k : m, cols = f == GemmForm::kTN ? m : k;
+        if (!writes(f) && band != attn_fast::kNoBand)
+          for (I i = 0; i < rows; ++i)
+            for (I j = 0; j < cols; ++j)
+              if (j > i + band) cs.A[sz(i * cs.lda + j)] = 0.f;
+        cases.emplace_back(std::move(cs), band);
+      }
+  for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(t);
+    const attn_fast::TileGemmFn narrow = attn_fast::tile_gemm_fn(attn_fast::TileBlocks::kNarrow);
+    const attn_fast::TileGemmFn wide = attn_fast::tile_gemm_fn(attn_fast::TileBlocks::kWide);
+    for (const auto& [c, band] : cases) {
+      SCOPED_TRACE(std::string(hwy::TargetName(t)) + " " + name(c.form) + " M " + std::to_string(c.M) +
+                   " N " + std::to_string(c.N) + " band " + std::to_string(band));
+      const std::vector<float> a = c.run(narrow, band), b = c.run(wide, band);
+      for (std::size_t e = 0; e < a.size(); ++e) {
+        const I i = I(e) / c.ldc, j = I(e) % c.ldc;
+        // kNT and kNP may leave masked entries unwritten, which ones depending on the blocks
+        if (writes(c.form) && band != attn_fast::kNoBand && i < c.M && j < c.N && j > i + band) continue;
+        ASSERT_EQ(b[e], a[e]) << i << " " << j;
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace

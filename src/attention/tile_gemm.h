@@ -44,9 +44,19 @@ using TileGemmFn = void (*)(GemmForm form, std::int64_t M, std::int64_t N, std::
                             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float* C,
                             std::int64_t ldc, std::int64_t band);
 
-// The best target's GEMM on this CPU. Not cached: the tests switch targets
+// Register blocks of the GEMM (tile_gemm.cc): kNarrow (4 or 6 rows × 2 vectors) or kWide (6 rows × 4
+// vectors first; the same as kNarrow on targets with 16 vector registers). Both give the same sums,
+// bit for bit. kWide measured faster on Intel Cascade Lake (tile_gemm.cc); on AMD Zen 4 blocks of 6
+// or 8 rows × 2 vectors were slower than 4 rows, and kWide is not measured there.
+enum class TileBlocks { kNarrow, kWide };
+
+// kWide on Intel CPUs, else kNarrow.
+TileBlocks default_tile_blocks();
+
+// The best target's GEMM on this CPU with the given blocks. Not cached: the tests switch targets
 // (hwy::SetSupportedTargetsForTest) between calls.
-TileGemmFn tile_gemm_fn();
+TileGemmFn tile_gemm_fn(TileBlocks blocks);
+inline TileGemmFn tile_gemm_fn() { return tile_gemm_fn(default_tile_blocks()); }
 
 // The largest head dim for which the fused kernels use tile_gemm_fn() instead of OpenBLAS (and the
 // largest K that NT packs on the stack, so the attention never allocates here). Measured at one
