@@ -89,6 +89,8 @@ struct AttnProblem {
   std::vector<std::vector<float>> small;  // encoding tensors and their gradients
   std::vector<std::int64_t> qpos;         // rope2d [2, L], mrope [3, L] positions (queries = keys)
   View q, k, v, out, dout, dq, dk, dv;
+  View lse;                 // float64 [1, H, L]: the forward's, for the backward from saved statistics
+  std::vector<double> lse_buf;
   EncodingTensors t;
   EncodingGrads g;
   double io_bytes = 0;  // inputs + outputs of the call
@@ -99,6 +101,9 @@ std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool ba
                                             bool mixed = false);
 // The public forward or backward call on it.
 Status run_attention(const AttnProblem& a, bool backward);
+// A backward problem given the forward's out and lse (run once here), for
+// attention_backward_from_stats: the backward of a training step that kept them.
+std::shared_ptr<AttnProblem> make_attention_saved(Encoding enc, I L, DType dt, int threads);
 // Useful FLOPs (see docs/performance.md): 4·B·H·M·N·d, halved when causal; backward 2.5×.
 double attention_flops(I L, bool backward);
 // The encodings the attention takes: the registry's, but for the absolute ones.

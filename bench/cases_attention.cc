@@ -183,6 +183,18 @@ std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool ba
   return a;
 }
 
+std::shared_ptr<AttnProblem> make_attention_saved(Encoding enc, I L, DType dt, int threads) {
+  auto a = make_attention(enc, L, dt, true, threads);
+  auto m = std::make_shared<Mem>(ix(L * kHeads * kHeadDim) * dtype_size(dt), threads);
+  a->mem.push_back(m);
+  a->out = View::contiguous(m->data(), dt, {1, L, kHeads, kHeadDim});
+  a->lse_buf.assign(ix(kHeads * L), 0.0);
+  a->lse = View::contiguous(a->lse_buf.data(), DType::kF64, {1, kHeads, L});
+  const Status st = attention_forward(a->p, a->q, a->k, a->v, a->t, a->out, a->lse);
+  if (!st.ok()) std::fprintf(stderr, "posenc bench: attention refused: %s\n", st.message().c_str());
+  return a;
+}
+
 Status run_attention(const AttnProblem& a, bool backward) {
   if (backward) return attention_backward(a.p, a.q, a.k, a.v, a.t, a.dout, a.dq, a.dk, a.dv, a.g);
   return attention_forward(a.p, a.q, a.k, a.v, a.t, a.out);
@@ -209,19 +221,25 @@ std::string attention_path(Encoding enc, DType dt) {
 
 namespace {
 
-Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward, bool mixed = false) {
-  Case c{std::string(backward ? "attention.backward" : "attention.forward") + (mixed ? ".mixed" : ""), e.name,
-         shape_str({1, L, kHeads, kHeadDim}), dt};
+// saved: the backward given the forward's out and lse (attention_backward_from_stats), as a training
+// step that keeps them runs it; the plain backward computes them again first.
+Case attention_case(const EncodingInfo& e, I L, DType dt, bool backward, bool mixed = false, bool saved = false) {
+  Case c{std::string(backward ? (saved ? "attention.backward.saved" : "attention.backward") : "attention.forward") +
+             (mixed ? ".mixed" : ""),
+         e.name, shape_str({1, L, kHeads, kHeadDim}), dt};
   c.unit = "GFLOP/s";
   c.path = attention_path(e.id, dt);
   const Encoding enc = e.id;
-  if (enc != Encoding::kNope) c.nope_setup = attention_case(encoding_info(Encoding::kNope), L, dt, backward).setup;
+  if (enc != Encoding::kNope)
+    c.nope_setup = attention_case(encoding_info(Encoding::kNope), L, dt, backward, false, saved).setup;
   c.setup = [=](int threads) {
-    auto a = make_attention(enc, L, dt, backward, threads, mixed);
+    auto a = saved ? make_attention_saved(enc, L, dt, threads) : make_attention(enc, L, dt, backward, threads, mixed);
     auto s = std::make_shared<SgemmAttention>(L, threads);
     Bound b;
     b.kernel = [=] {
-      const Status st = run_attention(*a, backward);
+      const Status st = saved ? attention_backward_from_stats(a->p, a->q, a->k, a->v, a->t, a->out, a->lse, a->dout,
+                                                              a->dq, a->dk, a->dv, a->g)
+                              : run_attention(*a, backward);
       if (!st.ok()) std::fprintf(stderr, "posenc bench: attention refused: %s\n", st.message().c_str());
     };
     b.baseline = [=] { s->run(); };
@@ -251,6 +269,10 @@ std::vector<Case> attention_cases() {
             for (DType dt : {DType::kBF16, DType::kF16}) cs.push_back(attention_case(*e, L, dt, backward));
       }
     }
+  // The backward from saved statistics (every encoding but cope, which attention_backward_from_stats
+  // does not take), float32, L = 4096.
+  for (const EncodingInfo* e : attention_encodings())
+    if (e->id != Encoding::kCope) cs.push_back(attention_case(*e, 4096, DType::kF32, true, false, true));
   return cs;
 }
 

@@ -43,12 +43,19 @@ def split_params(encoding, params):
     return texts, tensors
 
 
+def _reads_own_length(encoding, params):
+    """Whether the backward cannot reuse the forward's statistics: cope (a key's position counts the gates
+    of the later keys), or a RoPE scheme that reads the call's length (dynamic, longrope) without seq_len."""
+    rope_type = str(params.get("rope_type", "")).lower()
+    return encoding == "cope" or (rope_type in ("dynamic", "longrope") and "seq_len" not in params)
+
+
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, encoding, params, names, q, k, v, *tensors):
         out, lse = _C.attention_forward(q, k, v, encoding, params, dict(zip(names, tensors)))
         ctx.args = (encoding, params, names)
-        ctx.save_for_backward(q, k, v, *tensors)
+        ctx.save_for_backward(q, k, v, out, lse, *tensors)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -56,11 +63,15 @@ class _AttentionFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout, _dlse):
         encoding, params, names = ctx.args
-        q, k, v, *tensors = ctx.saved_tensors
+        q, k, v, out, lse, *tensors = ctx.saved_tensors
         learned = learned_tensors(encoding)
         grad_names = [n for i, n in enumerate(names) if ctx.needs_input_grad[6 + i] and n in learned]
-        dq, dk, dv, grads = _C.attention_backward(q, k, v, dout, encoding, params, dict(zip(names, tensors)),
-                                                  grad_names)
+        tensors = dict(zip(names, tensors))
+        if _reads_own_length(encoding, params):  # the forward computed again inside
+            dq, dk, dv, grads = _C.attention_backward(q, k, v, dout, encoding, params, tensors, grad_names)
+        else:  # the forward's out and lse read, not computed again (FlashAttention's backward)
+            dq, dk, dv, grads = _C.attention_backward_from_stats(q, k, v, out, lse, dout, encoding, params, tensors,
+                                                                 grad_names)
         return (None, None, None, dq, dk, dv, *[grads.get(n) for n in names])
 
 
