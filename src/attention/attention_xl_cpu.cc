@@ -14,23 +14,26 @@
 //   alone, and the logits are one tile product of inner dimension D + R,
 //     S = scale·[Qu | Ỹ]·[K | C]ᵀ,   Qu = Q + u_h,
 //   with no per-(i, j) sinusoid. p0 = k_off: β is ω times the key's index in the call, α ω times the
-//   query's distance from the first key. One table, shared by every head and batch, holds (sin, cos)
+//   query's distance from the first key. One table, shared by every head and batch, holds (cos, sin)
 //   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
 //   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
 //   rounded to float once.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
-//   masked: [K | C] [Bk, D + R], S by tile_gemm; mask, online softmax, O += P·V as in
-//   attention_cpu.cc. A causal tile crossing the diagonal takes the band (tile_gemm.h) in S, the
-//   softmax and P·V.
+//   masked: [K | C] [Bk, D + R] (K's rows and the keys' table rows copied), S by tile_gemm; mask,
+//   online softmax, O += P·V (V read in place where it is float32 with unit inner stride) as in
+//   attention_cpu.cc; the next block's K and V rows prefetched meanwhile. A causal tile crossing the
+//   diagonal takes the band (tile_gemm.h) in S, the softmax and P·V.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
-//   task owns its dK, dV and its heads' dQ, so nothing races): [Qu | Ỹ], S and P recomputed;
-//   dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
+//   task owns its dK, dV and its heads' dQ, so nothing races): [K | C]ᵀ and Vᵀ transposed once per
+//   key block (S and dP as kNP products, tile_gemm.h); per query tile (its successor's Q and dO rows
+//   prefetched) [Qu | Ỹ], S and P recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with
+//   c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
 //   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
 //   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
@@ -85,6 +88,7 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 struct Scratch {
   std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
   std::vector<float> dp, dout, dk, dv, x, dw;     // backward
+  std::vector<float> kt, vt;                      // backward: [K | C]ᵀ [D + R, kBk], Vᵀ [D, kBk]
   std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
   void init(I D, I R) {
     qc.resize(ix(kBq * (D + R)));
@@ -107,6 +111,8 @@ struct Scratch {
     sq.resize(ix(kBq * D));
     sk.resize(ix(kBk * (D + R)));
     sd.resize(ix(kBq * D));
+    kt.resize(ix((D + R) * kBk));
+    vt.resize(ix(D * kBk));
   }
 };
 
@@ -123,6 +129,9 @@ class XlFused {
     w64_ = w;
     build_table();
     cf_ = careful_forward(simd_, d, k, threads);
+    // V read in place: float32, unit inner stride, a row stride ≥ D that fits an int (or one row)
+    dir_v_ = v.dtype == DType::kF32 && (v.strides[3] == 1 || d.D == 1) &&
+             (v.shape[1] == 1 || (v.strides[1] >= d.D && v.strides[1] <= INT_MAX));
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -236,21 +245,27 @@ class XlFused {
           const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
           load_keys(b, kh, j0, nk, &w);
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
+          // [K | C]ᵀ and Vᵀ once for the block's query tiles (the kNP products S and dP)
+          transpose_rows(w.kc.data(), nk, Dc, w.kt.data());
+          transpose_rows(w.v.data(), nk, D, w.vt.data());
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
           for (I gi = 0; gi < G; ++gi) {
             const I h = kh * G + gi;
             const I ilo = p_.causal ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
             for (I i0 = ilo; i0 < M; i0 += kBq) {
-              const I nq = std::min(kBq, M - i0);
-              load_qu(b, h, i0, nq, &w);
-              rotated_y(b, h, i0, nq, &w, w.qc.data() + D, Dc);
+              const I nq = std::min(kBq, M - i0), nq1 = std::min(kBq, M - i0 - kBq);
+              prefetch_rows(q_, b, i0 + kBq, nq1, h);  // the next tile's rows
+              prefetch_rows(dout, b, i0 + kBq, nq1, h);
+              float* qc = w.qc.data();
+              load_qu(b, h, i0, nq, qc);
+              rotated_y(b, h, i0, nq, &w, qc + D, Dc);
               load_rows(dout, D, b, i0, nq, h, w.dout.data());
               float* S = w.s.data();
               float* dP = w.dp.data();
               // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
               // masked ones keeping logits' zeros; dP's masked entries may stay unset
-              const I bd = logits(i0, nq, j0, nk, &w);
+              const I bd = logits(i0, nq, j0, nk, qc, w.kt.data(), &w);
               const float* L = &lse[ix((b * Hq + h) * M + i0)];
               const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
               for (I i = 0; i < nq; ++i) {
@@ -260,7 +275,7 @@ class XlFused {
                 else if (std::isnan(L[i])) nan_row(Si, n);  // a NaN row (attention_tiles.h)
                 else simd_.exp_sub_sum(Si, ix(n), L[i]);
               }
-              tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk, bd);
+              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, w.dout.data(), D, w.vt.data(), kBk, dP, kBk, bd);
               // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
               // entries' terms added back into dV; dS 0 where P is
               const bool careful = careful_all || careful_rows(L, Di, nq);
@@ -274,8 +289,8 @@ class XlFused {
                 else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
               }
               // S now holds dS; c = scale·dS.
-              const bool bad_q = careful && sanitize_rows(w.qc.data(), Dc, nq, D, w.sq.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qc.data(),
+              const bool bad_q = careful && sanitize_rows(qc, Dc, nq, D, w.sq.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : qc,
                         bad_q ? D : Dc, w.dk.data(), D, bd);
               const bool bad_k = careful && sanitize_rows(w.kc.data(), Dc, nk, Dc, w.sk.data());
               const float* kc = bad_k ? w.sk.data() : w.kc.data();
@@ -299,7 +314,7 @@ class XlFused {
   }
 
  private:
-  // The angle table tab_ [rows, R]: per pair (sin ω·p, cos ω·p) for the positions p relative to
+  // The angle table tab_ [rows, R]: per pair (cos ω·p, sin ω·p) for the positions p relative to
   // k_off of the queries, q_off − k_off + i, and of the keys, j. One run of positions covers both
   // where it is no longer than M + N rows (queries near their keys), else the queries' M rows come
   // first and the keys' N rows after them.
@@ -321,13 +336,13 @@ class XlFused {
       float* row = &tab_[ix(r * R)];
       for (I c = 0; c < R / 2; ++c) {
         const double a = pos * inv[ix(c)];
-        row[2 * c] = static_cast<float>(std::sin(a));
-        row[2 * c + 1] = static_cast<float>(std::cos(a));
+        row[2 * c] = static_cast<float>(std::cos(a));
+        row[2 * c + 1] = static_cast<float>(std::sin(a));
       }
     }
   }
 
-  // The table rows of query row i (sin α, cos α) and key j (sin β, cos β).
+  // The table rows of query row i (cos α, sin α) and key j (cos β, sin β): a key's row is its C.
   const float* tq(I i) const { return &tab_[ix((qrow_ + i) * d_.R)]; }
   const float* tk(I j) const { return &tab_[ix((krow_ + j) * d_.R)]; }
 
@@ -343,10 +358,9 @@ class XlFused {
     return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
   }
 
-  // Q rows [i0, i0 + nq) of head h: w->qc's first D columns = Q + u_h.
-  void load_qu(I b, I h, I i0, I nq, Scratch* w) const {
+  // Q rows [i0, i0 + nq) of head h: the first D columns of qc [nq, D + R] = Q + u_h.
+  void load_qu(I b, I h, I i0, I nq, float* qc) const {
     const I D = d_.D, Dc = D + d_.R;
-    float* qc = w->qc.data();
     for (I i = 0; i < nq; ++i) {
       load_rows(q_, D, b, i0 + i, 1, h, qc + i * Dc);
       simd_.add_to(qc + i * Dc, &u_[ix(h * D)], ix(D));
@@ -369,8 +383,8 @@ class XlFused {
       const float* yi = y + i * R;
       float* o = dst + i * ld;
       for (I c = 0; c < R; c += 2) {
-        o[c] = yi[c] * t[c] + yi[c + 1] * t[c + 1];
-        o[c + 1] = yi[c + 1] * t[c] - yi[c] * t[c + 1];
+        o[c] = yi[c] * t[c + 1] + yi[c + 1] * t[c];
+        o[c + 1] = yi[c + 1] * t[c + 1] - yi[c] * t[c];
       }
     }
   }
@@ -382,8 +396,26 @@ class XlFused {
     for (I j = 0; j < nk; ++j) {
       float* row = kc + j * Dc;
       load_rows(k_, D, b, j0 + j, 1, kh, row);
-      const float* t = tk(j0 + j);
-      for (I c = 0; c < R; c += 2) row[D + c] = t[c + 1], row[D + c + 1] = t[c];
+      copy_row(row + D, tk(j0 + j), R);
+    }
+  }
+
+  // t [n, kBk] = the nk rows of x [nk, n] transposed (t[e·kBk + j] = x[j·n + e]).
+  static void transpose_rows(const float* x, I nk, I n, float* t) {
+    for (I j = 0; j < nk; ++j)
+      for (I e = 0; e < n; ++e) t[e * kBk + j] = x[j * n + e];
+  }
+
+  // Prefetches rows [r0, r0 + n) of head `head` of x [B, L, H, D] (any dtype) where its inner
+  // stride is 1 (else, or n ≤ 0, nothing).
+  void prefetch_rows(const View& x, I b, I r0, I n, I head) const {
+    if (x.strides[3] != 1) return;
+    const I es = static_cast<I>(dtype_size(x.dtype)), bytes = d_.D * es;
+    const char* base = static_cast<const char*>(x.data) + (b * x.strides[0] + head * x.strides[2]) * es;
+    for (I r = 0; r < n; ++r) {
+      const char* row = base + (r0 + r) * x.strides[1] * es;
+      for (I off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+      __builtin_prefetch(row + bytes - 1, 0, 2);  // the last line where the row is not aligned
     }
   }
 
@@ -391,16 +423,18 @@ class XlFused {
   // crossing the diagonal.
   I band(I base, I nk) const { return p_.causal && base + nk - 1 > 0 ? -base : kNoBand; }
 
-  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ (w->qc, w->kc). A banded tile (returned) holds −inf past
+  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ of qc [nq, D + R] and w->kc, or of its transpose kt
+  // [D + R, kBk] where given (the kNP form, the same sums). A banded tile (returned) holds −inf past
   // each row's last visible key up to the softmax's reach (band_reach, attention_tiles.h) and zeros
   // beyond it, which the products read as P and dS.
-  I logits(I q0, I nq, I j0, I nk, Scratch* w) const {
+  I logits(I q0, I nq, I j0, I nk, const float* qc, const float* kt, Scratch* w) const {
     const I Dc = d_.D + d_.R;
     float* S = w->s.data();
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(base, nk);
-    tile_gemm(gemm_c_, GemmForm::kNT, nq, nk, Dc, static_cast<float>(d_.scale), w->qc.data(), Dc,
-              w->kc.data(), Dc, S, kBk, bd);
+    const float sc = static_cast<float>(d_.scale);
+    if (kt) tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kBk, S, kBk, bd);
+    else tile_gemm(gemm_c_, GemmForm::kNT, nq, nk, Dc, sc, qc, Dc, w->kc.data(), Dc, S, kBk, bd);
     if (bd >= kNoBand) return bd;
     for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
@@ -416,7 +450,7 @@ class XlFused {
   // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
   void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
-    load_qu(b, h, q0, nq, w);
+    load_qu(b, h, q0, nq, w->qc.data());
     rotated_y(b, h, q0, nq, w, w->qc.data() + D, D + d_.R);
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = p_.causal ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
@@ -429,14 +463,26 @@ class XlFused {
     float* S = w->s.data();
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
+      // the next block's K and V on their way into the cache while this one is computed
+      const I nk1 = std::min(kBk, jhi - j0 - kBk);
+      prefetch_rows(k_, b, j0 + kBk, nk1, kh);
+      prefetch_rows(v_, b, j0 + kBk, nk1, kh);
       load_keys(b, kh, j0, nk, w);
-      load_rows(v_, D, b, j0, nk, kh, w->v.data());
-      const I bd = logits(q0, nq, j0, nk, w);
+      const float* V = w->v.data();
+      I ldv = D;
+      if (dir_v_) {
+        V = static_cast<const float*>(v_.data) + b * v_.strides[0] + j0 * v_.strides[1] + kh * v_.strides[2];
+        ldv = nk == 1 ? D : v_.strides[1];
+      } else {
+        load_rows(v_, D, b, j0, nk, kh, w->v.data());
+      }
+      const I bd = logits(q0, nq, j0, nk, w->qc.data(), nullptr, w);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
-      const bool bad_v = careful_v && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
-      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, bad_v ? w->sv.data() : w->v.data(), D, o, D, bd);
-      if (bad_v) add_back_pv(S, nq, w->v.data(), D, nk, D, o, D);
+      const bool bad_v = careful_v && sanitize_rows(V, ldv, nk, D, w->sv.data());
+      if (bad_v) tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, w->sv.data(), D, o, D, bd);
+      else tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V, ldv, o, D, bd);
+      if (bad_v) add_back_pv(S, nq, V, ldv, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
     if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
@@ -463,8 +509,8 @@ class XlFused {
         const float* t = tq(i0 + i);
         float* xi = X + i * R;
         for (I c = 0; c < R; c += 2) {
-          xi[c] = xt[c] * t[c] - xt[c + 1] * t[c + 1];
-          xi[c + 1] = xt[c] * t[c + 1] + xt[c + 1] * t[c];
+          xi[c] = xt[c] * t[c + 1] - xt[c + 1] * t[c];
+          xi[c + 1] = xt[c] * t[c] + xt[c + 1] * t[c + 1];
         }
         for (I c = 0; c < R; ++c) xs[c] += xi[c];
         for (I e = 0; e < D; ++e) du[e] += A[i * ld + e];
@@ -516,6 +562,7 @@ class XlFused {
   std::vector<float> tab_;          // the angle table (build_table)
   I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
+  bool dir_v_ = false;  // the forward reads V's rows in place
 };
 
 }  // namespace
