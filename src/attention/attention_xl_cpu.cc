@@ -21,19 +21,18 @@
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
-//   masked: [K | C] [Bk, D + R] (K's rows and the keys' table rows copied), S by tile_gemm; mask,
-//   online softmax, O += P·V (V read in place where it is float32 with unit inner stride) as in
-//   attention_cpu.cc; the next block's K and V rows prefetched meanwhile. A causal tile crossing the
-//   diagonal takes the band (tile_gemm.h) in S, the softmax and P·V.
+//   masked: [K | C]ᵀ [D + R, Bk] (K's rows and the keys' table rows transposed, tile_gemm.h), S by
+//   tile_gemm's kNP form; mask, online softmax, O += P·V as in attention_cpu.cc (K and V read in
+//   place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
+//   the band (tile_gemm.h) in S, the softmax and P·V.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
 //   task owns its dK, dV and its heads' dQ, so nothing races): [K | C]ᵀ and Vᵀ transposed once per
-//   key block (S and dP as kNP products, tile_gemm.h); per query tile (its successor's Q and dO rows
-//   prefetched) [Qu | Ỹ], S and P recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with
-//   c = scale·dS:
+//   key block (S and dP as kNP products, tile_gemm.h); per query tile [Qu | Ỹ], S and P
+//   recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
 //   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
 //   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
@@ -88,7 +87,7 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 struct Scratch {
   std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
   std::vector<float> dp, dout, dk, dv, x, dw;     // backward
-  std::vector<float> kt, vt;                      // backward: [K | C]ᵀ [D + R, kBk], Vᵀ [D, kBk]
+  std::vector<float> kt, vt;                      // [K | C]ᵀ [D + R, kBk]; backward: Vᵀ [D, kBk]
   std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
   void init(I D, I R) {
     qc.resize(ix(kBq * (D + R)));
@@ -100,6 +99,7 @@ struct Scratch {
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
     sv.resize(ix(kBk * D));
+    kt.resize(ix((D + R) * kBk));
   }
   void init_backward(I D, I R) {
     dp.resize(ix(kBq * kBk));
@@ -111,7 +111,6 @@ struct Scratch {
     sq.resize(ix(kBq * D));
     sk.resize(ix(kBk * (D + R)));
     sd.resize(ix(kBq * D));
-    kt.resize(ix((D + R) * kBk));
     vt.resize(ix(D * kBk));
   }
 };
@@ -129,9 +128,8 @@ class XlFused {
     w64_ = w;
     build_table();
     cf_ = careful_forward(simd_, d, k, threads);
-    // V read in place: float32, unit inner stride, a row stride ≥ D that fits an int (or one row)
-    dir_v_ = v.dtype == DType::kF32 && (v.strides[3] == 1 || d.D == 1) &&
-             (v.shape[1] == 1 || (v.strides[1] >= d.D && v.strides[1] <= INT_MAX));
+    dir_k_ = direct(k);
+    dir_v_ = direct(v);
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -246,17 +244,15 @@ class XlFused {
           load_keys(b, kh, j0, nk, &w);
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
           // [K | C]ᵀ and Vᵀ once for the block's query tiles (the kNP products S and dP)
-          transpose_rows(w.kc.data(), nk, Dc, w.kt.data());
-          transpose_rows(w.v.data(), nk, D, w.vt.data());
+          tr_(w.kc.data(), Dc, nk, Dc, w.kt.data(), kBk);
+          tr_(w.v.data(), D, nk, D, w.vt.data(), kBk);
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
           for (I gi = 0; gi < G; ++gi) {
             const I h = kh * G + gi;
             const I ilo = p_.causal ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
             for (I i0 = ilo; i0 < M; i0 += kBq) {
-              const I nq = std::min(kBq, M - i0), nq1 = std::min(kBq, M - i0 - kBq);
-              prefetch_rows(q_, b, i0 + kBq, nq1, h);  // the next tile's rows
-              prefetch_rows(dout, b, i0 + kBq, nq1, h);
+              const I nq = std::min(kBq, M - i0);
               float* qc = w.qc.data();
               load_qu(b, h, i0, nq, qc);
               rotated_y(b, h, i0, nq, &w, qc + D, Dc);
@@ -346,6 +342,13 @@ class XlFused {
   const float* tq(I i) const { return &tab_[ix((qrow_ + i) * d_.R)]; }
   const float* tk(I j) const { return &tab_[ix((krow_ + j) * d_.R)]; }
 
+  // Whether rows of x [B, L, H, D] can be read in place: float32, unit inner stride, a row stride
+  // ≥ D that fits an int (or a single row).
+  bool direct(const View& x) const {
+    return x.dtype == DType::kF32 && (x.strides[3] == 1 || d_.D == 1) &&
+           (x.shape[1] == 1 || (x.strides[1] >= d_.D && x.strides[1] <= INT_MAX));
+  }
+
   // Whether dq [B, M, Hq, D] can take the tile products' sums in place (as attention_cpu.cc):
   // float32, unit inner stride, row strides within int, its (b, row, head) rows disjoint.
   bool direct_out(const View& x) const {
@@ -400,41 +403,35 @@ class XlFused {
     }
   }
 
-  // t [n, kBk] = the nk rows of x [nk, n] transposed (t[e·kBk + j] = x[j·n + e]).
-  static void transpose_rows(const float* x, I nk, I n, float* t) {
-    for (I j = 0; j < nk; ++j)
-      for (I e = 0; e < n; ++e) t[e * kBk + j] = x[j * n + e];
-  }
-
-  // Prefetches rows [r0, r0 + n) of head `head` of x [B, L, H, D] (any dtype) where its inner
-  // stride is 1 (else, or n ≤ 0, nothing).
-  void prefetch_rows(const View& x, I b, I r0, I n, I head) const {
-    if (x.strides[3] != 1) return;
-    const I es = static_cast<I>(dtype_size(x.dtype)), bytes = d_.D * es;
-    const char* base = static_cast<const char*>(x.data) + (b * x.strides[0] + head * x.strides[2]) * es;
-    for (I r = 0; r < n; ++r) {
-      const char* row = base + (r0 + r) * x.strides[1] * es;
-      for (I off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
-      __builtin_prefetch(row + bytes - 1, 0, 2);  // the last line where the row is not aligned
+  // Keys [j0, j0 + nk) of kv head kh: w->kt [D + R, kBk] = [K | C]ᵀ, transposed straight from k
+  // where it is read in place (else from its rows loaded into w->kc) and from the keys' table rows.
+  void load_keys_t(I b, I kh, I j0, I nk, Scratch* w) const {
+    const I D = d_.D;
+    if (dir_k_) {
+      const float* K = static_cast<const float*>(k_.data) + b * k_.strides[0] + j0 * k_.strides[1] + kh * k_.strides[2];
+      tr_(K, k_.strides[1], nk, D, w->kt.data(), kBk);
+    } else {
+      load_rows(k_, D, b, j0, nk, kh, w->kc.data());
+      tr_(w->kc.data(), D, nk, D, w->kt.data(), kBk);
     }
+    tr_(tk(j0), d_.R, nk, d_.R, w->kt.data() + D * kBk, kBk);
   }
 
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
   // crossing the diagonal.
   I band(I base, I nk) const { return p_.causal && base + nk - 1 > 0 ? -base : kNoBand; }
 
-  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ of qc [nq, D + R] and w->kc, or of its transpose kt
-  // [D + R, kBk] where given (the kNP form, the same sums). A banded tile (returned) holds −inf past
-  // each row's last visible key up to the softmax's reach (band_reach, attention_tiles.h) and zeros
-  // beyond it, which the products read as P and dS.
+  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ of qc [nq, D + R] and kt = [K | C]ᵀ [D + R, kBk] (the
+  // kNP form). A banded tile (returned) holds −inf past each row's last visible key up to the
+  // softmax's reach (band_reach, attention_tiles.h) and zeros beyond it, which the products read as
+  // P and dS.
   I logits(I q0, I nq, I j0, I nk, const float* qc, const float* kt, Scratch* w) const {
     const I Dc = d_.D + d_.R;
     float* S = w->s.data();
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(base, nk);
     const float sc = static_cast<float>(d_.scale);
-    if (kt) tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kBk, S, kBk, bd);
-    else tile_gemm(gemm_c_, GemmForm::kNT, nq, nk, Dc, sc, qc, Dc, w->kc.data(), Dc, S, kBk, bd);
+    tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kBk, S, kBk, bd);
     if (bd >= kNoBand) return bd;
     for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
@@ -463,11 +460,7 @@ class XlFused {
     float* S = w->s.data();
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      // the next block's K and V on their way into the cache while this one is computed
-      const I nk1 = std::min(kBk, jhi - j0 - kBk);
-      prefetch_rows(k_, b, j0 + kBk, nk1, kh);
-      prefetch_rows(v_, b, j0 + kBk, nk1, kh);
-      load_keys(b, kh, j0, nk, w);
+      load_keys_t(b, kh, j0, nk, w);
       const float* V = w->v.data();
       I ldv = D;
       if (dir_v_) {
@@ -476,7 +469,7 @@ class XlFused {
       } else {
         load_rows(v_, D, b, j0, nk, kh, w->v.data());
       }
-      const I bd = logits(q0, nq, j0, nk, w->qc.data(), nullptr, w);
+      const I bd = logits(q0, nq, j0, nk, w->qc.data(), w->kt.data(), w);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
       const bool bad_v = careful_v && sanitize_rows(V, ldv, nk, D, w->sv.data());
@@ -562,7 +555,8 @@ class XlFused {
   std::vector<float> tab_;          // the angle table (build_table)
   I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
-  bool dir_v_ = false;  // the forward reads V's rows in place
+  bool dir_k_ = false, dir_v_ = false;  // the forward reads K's and V's rows in place (direct())
+  TileTransposeFn tr_ = tile_transpose_fn();
 };
 
 }  // namespace
