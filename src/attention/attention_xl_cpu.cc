@@ -31,8 +31,10 @@
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
 //   task owns its dK, dV and its heads' dQ, so nothing races): [K | C]ᵀ and Vᵀ transposed once per
-//   key block (S and dP as kNP products, tile_gemm.h); per query tile [Qu | Ỹ], S and P
-//   recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
+//   key block (S and dP as kNP products, tile_gemm.h); [Qu | Ỹ] of the task's query rows formed
+//   once (where they fit kQAll, else per tile); per query tile S and P recomputed; dP = dO·Vᵀ
+//   (dO read in place where it is float32 with unit inner stride); dV += Pᵀ·dO; dS = P ⊙ (dP − D);
+//   with c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
 //   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
 //   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
@@ -50,7 +52,8 @@
 //   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
 //   L = 65536, R = 64: L·R, 16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
 //   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
-//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq; per
+//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
+//   per thread [Qu | Ỹ] of one task, G·M·(D + R) floats, where that is at most kQAll (16 MiB); per
 //   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
@@ -66,6 +69,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -114,6 +118,11 @@ struct Scratch {
     vt.resize(ix(D * kBk));
   }
 };
+
+// The backward keeps [Qu | Ỹ] of a task's query rows (G·M·(D + R) floats per thread) for every key
+// block where it takes at most this many floats (16 MiB), else forms each tile's rows again.
+constexpr I kQAll = I{1} << 22;
+std::atomic<I> q_all_limit{kQAll};  // xl_set_q_all_limit()
 
 class XlFused {
  public:
@@ -213,10 +222,13 @@ class XlFused {
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
     const bool dq_dir = dq.present() && direct_out(dq);  // dQc summed in dq itself
+    const bool do_dir = direct(dout);                     // dO read in place
+    const bool q_all = G * M * Dc <= q_all_limit.load();  // [Qu | Ỹ] formed once per task
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      std::vector<float> qacc, xacc;  // the task's dQc [G·M, D] (unless dq_dir) and X̃ [G·M, R]
+      // the task's dQc [G·M, D] (unless dq_dir), X̃ [G·M, R] and [Qu | Ỹ] [G·M, D + R] (when q_all)
+      std::vector<float> qacc, xacc, qall;
       guard.run([&] {
         w.init(D, R);
         w.init_backward(D, R);
@@ -227,8 +239,17 @@ class XlFused {
         if (guard.failed() || !guard.run([&] {
               xacc.assign(ix(G * M * R), 0.f);
               if (!dq_dir) qacc.assign(ix(G * M * D), 0.f);
+              if (q_all) qall.resize(ix(G * M * Dc));
             }))
           continue;
+        if (q_all)  // [Qu | Ỹ] of the group's query rows, once for every key block
+          for (I gi = 0; gi < G; ++gi)
+            for (I i0 = 0; i0 < M; i0 += kBq) {
+              const I nq = std::min(kBq, M - i0);
+              float* qc = &qall[ix((gi * M + i0) * Dc)];
+              load_qu(b, kh * G + gi, i0, nq, qc);
+              rotated_y(b, kh * G + gi, i0, nq, &w, qc + D, Dc);
+            }
         // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
         float* qbase = qacc.data();
         I qld = D, qhs = M * D;
@@ -253,10 +274,20 @@ class XlFused {
             const I ilo = p_.causal ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
             for (I i0 = ilo; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
-              float* qc = w.qc.data();
-              load_qu(b, h, i0, nq, qc);
-              rotated_y(b, h, i0, nq, &w, qc + D, Dc);
-              load_rows(dout, D, b, i0, nq, h, w.dout.data());
+              float* qc = q_all ? &qall[ix((gi * M + i0) * Dc)] : w.qc.data();
+              if (!q_all) {
+                load_qu(b, h, i0, nq, qc);
+                rotated_y(b, h, i0, nq, &w, qc + D, Dc);
+              }
+              const float* dO = w.dout.data();  // dO rows, row stride ldo
+              I ldo = D;
+              if (do_dir) {
+                dO = static_cast<const float*>(dout.data) + b * dout.strides[0] + i0 * dout.strides[1] +
+                     h * dout.strides[2];
+                ldo = nq == 1 ? D : dout.strides[1];
+              } else {
+                load_rows(dout, D, b, i0, nq, h, w.dout.data());
+              }
               float* S = w.s.data();
               float* dP = w.dp.data();
               // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
@@ -271,14 +302,14 @@ class XlFused {
                 else if (std::isnan(L[i])) nan_row(Si, n);  // a NaN row (attention_tiles.h)
                 else simd_.exp_sub_sum(Si, ix(n), L[i]);
               }
-              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, w.dout.data(), D, w.vt.data(), kBk, dP, kBk, bd);
+              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, ldo, w.vt.data(), kBk, dP, kBk, bd);
               // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
               // entries' terms added back into dV; dS 0 where P is
               const bool careful = careful_all || careful_rows(L, Di, nq);
-              const bool bad_do = careful && sanitize_rows(w.dout.data(), D, nq, D, w.sd.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, bad_do ? w.sd.data() : w.dout.data(), D,
-                        w.dv.data(), D, bd);
-              if (bad_do) add_back_ptdo(S, nq, nk, w.dout.data(), D, D, w.dv.data());
+              const bool bad_do = careful && sanitize_rows(dO, ldo, nq, D, w.sd.data());
+              if (bad_do) tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w.sd.data(), D, w.dv.data(), D, bd);
+              else tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO, ldo, w.dv.data(), D, bd);
+              if (bad_do) add_back_ptdo(S, nq, nk, dO, ldo, D, w.dv.data());
               for (I i = 0; i < nq; ++i) {
                 const I n = std::clamp<I>(i + bd + 1, 0, nk);
                 if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
@@ -562,6 +593,8 @@ class XlFused {
 }  // namespace
 
 bool xl_fused() { return true; }
+
+void xl_set_q_all_limit(std::int64_t floats) { q_all_limit.store(floats < 0 ? kQAll : floats); }
 
 Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                   const View& v, const EncodingTensors& t, const View& out, const View& lse) {
