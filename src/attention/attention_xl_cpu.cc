@@ -21,7 +21,8 @@
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
-//   masked: [K | C]ᵀ [D + R, Bk] (K's rows and the keys' table rows transposed, tile_gemm.h), S by
+//   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
+//   rows, transposed once per call), S by
 //   tile_gemm's kNP form; mask, online softmax, O += P·V as in attention_cpu.cc (K and V read in
 //   place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
 //   the band (tile_gemm.h) in S, the softmax and P·V.
@@ -50,7 +51,7 @@
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
-//   L = 65536, R = 64: L·R, 16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
+//   L = 65536, R = 64: L·R, 16.8 MB), and its keys' rows transposed, N·R (16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
 //   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
 //   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
 //   per thread [Qu | Ỹ] of one task, G·M·(D + R) floats, where that is at most kQAll (16 MiB); per
@@ -87,11 +88,16 @@ namespace {
 using attn::Dims;
 using namespace attn_fast;  // NOLINT: the shared tile machinery
 
+// The row stride of the transposed key tiles [K | C]ᵀ and Vᵀ (floats): kBk and 16 more, so that a
+// kNP product's column strip, read down up to 128 rows, does not fall into few L1 sets (a stride
+// of 512 bytes maps every 8th row to the same sets).
+constexpr I kLdt = kBk + 16;
+
 // Per-thread scratch (Dc = D + R).
 struct Scratch {
   std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
   std::vector<float> dp, dout, dk, dv, x, dw;     // backward
-  std::vector<float> kt, vt;                      // [K | C]ᵀ [D + R, kBk]; backward: Vᵀ [D, kBk]
+  std::vector<float> kt, vt;                      // [K | C]ᵀ [D + R, kLdt]; backward: Vᵀ [D, kLdt]
   std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
   void init(I D, I R) {
     qc.resize(ix(kBq * (D + R)));
@@ -103,7 +109,7 @@ struct Scratch {
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
     sv.resize(ix(kBk * D));
-    kt.resize(ix((D + R) * kBk));
+    kt.resize(ix((D + R) * kLdt));
   }
   void init_backward(I D, I R) {
     dp.resize(ix(kBq * kBk));
@@ -115,7 +121,7 @@ struct Scratch {
     sq.resize(ix(kBq * D));
     sk.resize(ix(kBk * (D + R)));
     sd.resize(ix(kBq * D));
-    vt.resize(ix(D * kBk));
+    vt.resize(ix(D * kLdt));
   }
 };
 
@@ -136,6 +142,7 @@ class XlFused {
     w_.assign(w.begin(), w.end());
     w64_ = w;
     build_table();
+    transpose_keys();
     cf_ = careful_forward(simd_, d, k, threads);
     dir_k_ = direct(k);
     dir_v_ = direct(v);
@@ -265,8 +272,8 @@ class XlFused {
           load_keys(b, kh, j0, nk, &w);
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
           // [K | C]ᵀ and Vᵀ once for the block's query tiles (the kNP products S and dP)
-          tr_(w.kc.data(), Dc, nk, Dc, w.kt.data(), kBk);
-          tr_(w.v.data(), D, nk, D, w.vt.data(), kBk);
+          tr_(w.kc.data(), Dc, nk, Dc, w.kt.data(), kLdt);
+          tr_(w.v.data(), D, nk, D, w.vt.data(), kLdt);
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
           for (I gi = 0; gi < G; ++gi) {
@@ -302,7 +309,7 @@ class XlFused {
                 else if (std::isnan(L[i])) nan_row(Si, n);  // a NaN row (attention_tiles.h)
                 else simd_.exp_sub_sum(Si, ix(n), L[i]);
               }
-              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, ldo, w.vt.data(), kBk, dP, kBk, bd);
+              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, ldo, w.vt.data(), kLdt, dP, kBk, bd);
               // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
               // entries' terms added back into dV; dS 0 where P is
               const bool careful = careful_all || careful_rows(L, Di, nq);
@@ -367,6 +374,12 @@ class XlFused {
         row[2 * c + 1] = static_cast<float>(std::sin(a));
       }
     }
+  }
+
+  // After the table: ct_ [R, N] = the keys' rows transposed (Cᵀ, read a key block at a time).
+  void transpose_keys() {
+    ct_.resize(ix(d_.R * d_.N));
+    if (d_.N > 0) tr_(tk(0), d_.R, d_.N, d_.R, ct_.data(), d_.N);
   }
 
   // The table rows of query row i (cos α, sin α) and key j (cos β, sin β): a key's row is its C.
@@ -434,25 +447,25 @@ class XlFused {
     }
   }
 
-  // Keys [j0, j0 + nk) of kv head kh: w->kt [D + R, kBk] = [K | C]ᵀ, transposed straight from k
-  // where it is read in place (else from its rows loaded into w->kc) and from the keys' table rows.
+  // Keys [j0, j0 + nk) of kv head kh: w->kt [D + R, kLdt] = [K | C]ᵀ, transposed straight from k
+  // where it is read in place (else from its rows loaded into w->kc), and C's rows from ct_.
   void load_keys_t(I b, I kh, I j0, I nk, Scratch* w) const {
     const I D = d_.D;
     if (dir_k_) {
       const float* K = static_cast<const float*>(k_.data) + b * k_.strides[0] + j0 * k_.strides[1] + kh * k_.strides[2];
-      tr_(K, k_.strides[1], nk, D, w->kt.data(), kBk);
+      tr_(K, k_.strides[1], nk, D, w->kt.data(), kLdt);
     } else {
       load_rows(k_, D, b, j0, nk, kh, w->kc.data());
-      tr_(w->kc.data(), D, nk, D, w->kt.data(), kBk);
+      tr_(w->kc.data(), D, nk, D, w->kt.data(), kLdt);
     }
-    tr_(tk(j0), d_.R, nk, d_.R, w->kt.data() + D * kBk, kBk);
+    for (I c = 0; c < d_.R; ++c) copy_row(w->kt.data() + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
   }
 
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
   // crossing the diagonal.
   I band(I base, I nk) const { return p_.causal && base + nk - 1 > 0 ? -base : kNoBand; }
 
-  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ of qc [nq, D + R] and kt = [K | C]ᵀ [D + R, kBk] (the
+  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ of qc [nq, D + R] and kt = [K | C]ᵀ [D + R, kLdt] (the
   // kNP form). A banded tile (returned) holds −inf past each row's last visible key up to the
   // softmax's reach (band_reach, attention_tiles.h) and zeros beyond it, which the products read as
   // P and dS.
@@ -462,7 +475,7 @@ class XlFused {
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(base, nk);
     const float sc = static_cast<float>(d_.scale);
-    tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kBk, S, kBk, bd);
+    tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kLdt, S, kBk, bd);
     if (bd >= kNoBand) return bd;
     for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
@@ -584,6 +597,7 @@ class XlFused {
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the angle table (build_table)
+  std::vector<float> ct_;           // the keys' C transposed, [R, N] (build_table)
   I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool dir_k_ = false, dir_v_ = false;  // the forward reads K's and V's rows in place (direct())
