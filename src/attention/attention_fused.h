@@ -55,9 +55,10 @@ Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q,
                    const View& dk, const View& dv, const EncodingGrads& g,
                    const View* saved_out = nullptr, const View* saved_lse = nullptr);
 
-// For tests: the most floats of [Q + u | Ỹ] the xl backward keeps per task (the rest formed per tile;
-// 0: every tile's rows formed again); a negative value restores the default.
-void xl_set_q_all_limit(std::int64_t floats);
+// For tests: the most floats of each buffer xl keeps for speed (the keys' C transposed; the backward's
+// [Q + u | Ỹ] of a task): larger ones are not kept, their parts formed per tile (0: none kept); a
+// negative value restores the default.
+void xl_set_cache_limit(std::int64_t floats);
 
 // CoPE (attention_cope_cpu.cc). cope_fused(): whether the kernel is built.
 bool cope_fused();

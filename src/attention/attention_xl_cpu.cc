@@ -22,7 +22,7 @@
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
 //   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
-//   rows, transposed once per call), S by
+//   rows transposed once per call, where that is kept, else transposed here), S by
 //   tile_gemm's kNP form; mask, online softmax, O += P·V as in attention_cpu.cc (K and V read in
 //   place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
 //   the band (tile_gemm.h) in S, the softmax and P·V.
@@ -33,7 +33,7 @@
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
 //   task owns its dK, dV and its heads' dQ, so nothing races): [K | C]ᵀ and Vᵀ transposed once per
 //   key block (S and dP as kNP products, tile_gemm.h); [Qu | Ỹ] of the task's query rows formed
-//   once (where they fit kQAll, else per tile); per query tile S and P recomputed; dP = dO·Vᵀ
+//   once (where they fit kCacheMax, else per tile); per query tile S and P recomputed; dP = dO·Vᵀ
 //   (dO read in place where it is float32 with unit inner stride); dV += Pᵀ·dO; dS = P ⊙ (dP − D);
 //   with c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
@@ -51,10 +51,11 @@
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
-//   L = 65536, R = 64: L·R, 16.8 MB), and its keys' rows transposed, N·R (16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
+//   L = 65536, R = 64: L·R, 16.8 MB), and its keys' rows transposed, N·R, where that is at most
+//   kCacheMax (8 MiB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
 //   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
 //   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
-//   per thread [Qu | Ỹ] of one task, G·M·(D + R) floats, where that is at most kQAll (16 MiB); per
+//   per thread [Qu | Ỹ] of one task, G·M·(D + R) floats, where that is at most kCacheMax (8 MiB); per
 //   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
@@ -125,10 +126,11 @@ struct Scratch {
   }
 };
 
-// The backward keeps [Qu | Ỹ] of a task's query rows (G·M·(D + R) floats per thread) for every key
-// block where it takes at most this many floats (16 MiB), else forms each tile's rows again.
-constexpr I kQAll = I{1} << 22;
-std::atomic<I> q_all_limit{kQAll};  // xl_set_q_all_limit()
+// The most floats (8 MiB) of each of two buffers kept for speed: the keys' C transposed (N·R, once
+// per call; else each key block's transposed from the table) and, in the backward, [Qu | Ỹ] of a
+// task's query rows (G·M·(D + R) per thread; else each tile's formed again).
+constexpr I kCacheMax = I{1} << 21;
+std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
 
 class XlFused {
  public:
@@ -230,7 +232,7 @@ class XlFused {
     const float sc = static_cast<float>(d_.scale);
     const bool dq_dir = dq.present() && direct_out(dq);  // dQc summed in dq itself
     const bool do_dir = direct(dout);                     // dO read in place
-    const bool q_all = G * M * Dc <= q_all_limit.load();  // [Qu | Ỹ] formed once per task
+    const bool q_all = G * M * Dc <= cache_limit.load();  // [Qu | Ỹ] formed once per task
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
@@ -376,10 +378,12 @@ class XlFused {
     }
   }
 
-  // After the table: ct_ [R, N] = the keys' rows transposed (Cᵀ, read a key block at a time).
+  // After the table: ct_ [R, N] = the keys' rows transposed (Cᵀ, read a key block at a time), where
+  // it takes at most cache_limit floats (else empty).
   void transpose_keys() {
+    if (d_.N == 0 || d_.R * d_.N > cache_limit.load()) return;
     ct_.resize(ix(d_.R * d_.N));
-    if (d_.N > 0) tr_(tk(0), d_.R, d_.N, d_.R, ct_.data(), d_.N);
+    tr_(tk(0), d_.R, d_.N, d_.R, ct_.data(), d_.N);
   }
 
   // The table rows of query row i (cos α, sin α) and key j (cos β, sin β): a key's row is its C.
@@ -448,7 +452,8 @@ class XlFused {
   }
 
   // Keys [j0, j0 + nk) of kv head kh: w->kt [D + R, kLdt] = [K | C]ᵀ, transposed straight from k
-  // where it is read in place (else from its rows loaded into w->kc), and C's rows from ct_.
+  // where it is read in place (else from its rows loaded into w->kc), and C's rows from ct_ (where
+  // kept, else transposed from the table).
   void load_keys_t(I b, I kh, I j0, I nk, Scratch* w) const {
     const I D = d_.D;
     if (dir_k_) {
@@ -458,7 +463,8 @@ class XlFused {
       load_rows(k_, D, b, j0, nk, kh, w->kc.data());
       tr_(w->kc.data(), D, nk, D, w->kt.data(), kLdt);
     }
-    for (I c = 0; c < d_.R; ++c) copy_row(w->kt.data() + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
+    if (ct_.empty()) tr_(tk(j0), d_.R, nk, d_.R, w->kt.data() + D * kLdt, kLdt);
+    else for (I c = 0; c < d_.R; ++c) copy_row(w->kt.data() + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
   }
 
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
@@ -597,7 +603,7 @@ class XlFused {
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the angle table (build_table)
-  std::vector<float> ct_;           // the keys' C transposed, [R, N] (build_table)
+  std::vector<float> ct_;           // the keys' C transposed, [R, N], or empty (transpose_keys)
   I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool dir_k_ = false, dir_v_ = false;  // the forward reads K's and V's rows in place (direct())
@@ -608,7 +614,7 @@ class XlFused {
 
 bool xl_fused() { return true; }
 
-void xl_set_q_all_limit(std::int64_t floats) { q_all_limit.store(floats < 0 ? kQAll : floats); }
+void xl_set_cache_limit(std::int64_t floats) { cache_limit.store(floats < 0 ? kCacheMax : floats); }
 
 Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                   const View& v, const EncodingTensors& t, const View& out, const View& lse) {
