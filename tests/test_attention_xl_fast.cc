@@ -202,6 +202,22 @@ TEST(FastAttentionXL, EverySimdTarget) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// With no buffer kept for speed (as for a call too large to keep them): each key block's Cᵀ
+// transposed from the table, each backward tile's [Q + u | Ỹ] formed again. Causal with offsets
+// (tiles not aligned to the query blocks) and full with GQA and two batch rows.
+TEST(FastAttentionXL, UncachedPathsMatchReference) {
+  fused::xl_set_cache_limit(0);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    Problem a({"mid", 1, 150, 140, 2, 1, 64, 16, I{20}, I{3}}, true, DType::kF32, DType::kF64, 1100);
+    check(a, DType::kF64);
+    Problem b({"two", 2, 200, 200, 4, 2, 64, 64}, false, DType::kF32, DType::kF64, 1200);
+    check(b, DType::kF64);
+  }
+  set_num_threads(0);
+  fused::xl_set_cache_limit(-1);
+}
+
 // Two threads compute exactly what one does (tasks partition the work; sums run in a fixed order).
 TEST(FastAttentionXL, TwoThreadsEqualOne) {
   Problem pr({"two", 2, 200, 200, 4, 2, 64, 64}, false, DType::kF32, DType::kF64, 800);

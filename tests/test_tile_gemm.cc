@@ -313,5 +313,27 @@ TEST(TileGemm, WideBlocksEqualNarrowBitForBitOnEveryTarget) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// The transpose equals the plain one, element for element, on every target: sizes with and without
+// 4 × 4 blocks and edges, row strides past the rows; bt's entries outside [K, n] keep their guards.
+TEST(TileGemm, TransposeEqualsThePlainOneOnEveryTarget) {
+  for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(t);
+    const attn_fast::TileTransposeFn tr = attn_fast::tile_transpose_fn();
+    for (auto [n, k] : {std::tuple<I, I>{128, 128}, {128, 64}, {1, 1}, {3, 5}, {17, 33}, {64, 7}, {0, 4}}) {
+      SCOPED_TRACE(std::string(hwy::TargetName(t)) + " n " + std::to_string(n) + " K " + std::to_string(k));
+      const I ldb = k + 3, ldt = n + 6;
+      const std::vector<double> r = randn(sz(n * ldb), std::uint64_t(n * 1000 + k));
+      const std::vector<float> B(r.begin(), r.end());
+      std::vector<float> bt(sz(k * ldt + 5), kGuard);
+      tr(B.data(), ldb, n, k, bt.data(), ldt);
+      for (I kk = 0; kk < k; ++kk)
+        for (I j = 0; j < ldt; ++j)
+          ASSERT_EQ(bt[sz(kk * ldt + j)], j < n ? B[sz(j * ldb + kk)] : kGuard) << kk << " " << j;
+      for (I e = k * ldt; e < k * ldt + 5; ++e) ASSERT_EQ(bt[sz(e)], kGuard);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 }  // namespace
 }  // namespace posenc

@@ -55,6 +55,11 @@ Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q,
                    const View& dk, const View& dv, const EncodingGrads& g,
                    const View* saved_out = nullptr, const View* saved_lse = nullptr);
 
+// For tests: the most floats of each buffer xl keeps for speed (the keys' C transposed; the backward's
+// [Q + u | Ỹ] of a task): larger ones are not kept, their parts formed per tile (0: none kept); a
+// negative value restores the default.
+void xl_set_cache_limit(std::int64_t floats);
+
 // CoPE (attention_cope_cpu.cc). cope_fused(): whether the kernel is built.
 bool cope_fused();
 Status cope_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,

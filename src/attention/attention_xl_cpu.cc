@@ -14,23 +14,28 @@
 //   alone, and the logits are one tile product of inner dimension D + R,
 //     S = scale·[Qu | Ỹ]·[K | C]ᵀ,   Qu = Q + u_h,
 //   with no per-(i, j) sinusoid. p0 = k_off: β is ω times the key's index in the call, α ω times the
-//   query's distance from the first key. One table, shared by every head and batch, holds (sin, cos)
+//   query's distance from the first key. One table, shared by every head and batch, holds (cos, sin)
 //   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
 //   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
 //   rounded to float once.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
-//   masked: [K | C] [Bk, D + R], S by tile_gemm; mask, online softmax, O += P·V as in
-//   attention_cpu.cc. A causal tile crossing the diagonal takes the band (tile_gemm.h) in S, the
-//   softmax and P·V.
+//   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
+//   rows transposed once per call, where that is kept, else transposed here), S by
+//   tile_gemm's kNP form; mask, online softmax, O += P·V as in attention_cpu.cc (K and V read in
+//   place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
+//   the band (tile_gemm.h) in S, the softmax and P·V.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
-//   task owns its dK, dV and its heads' dQ, so nothing races): [Qu | Ỹ], S and P recomputed;
-//   dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D); with c = scale·dS:
+//   task owns its dK, dV and its heads' dQ, so nothing races): [K | C]ᵀ and Vᵀ transposed once per
+//   key block (S and dP as kNP products, tile_gemm.h); [Qu | Ỹ] of the task's query rows formed
+//   once (where they fit kCacheMax, else per tile); per query tile S and P recomputed; dP = dO·Vᵀ
+//   (dO read in place where it is float32 with unit inner stride); dV += Pᵀ·dO; dS = P ⊙ (dP − D);
+//   with c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
 //   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
 //   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
@@ -46,9 +51,11 @@
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
-//   L = 65536, R = 64: L·R, 16.8 MB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
+//   L = 65536, R = 64: L·R, 16.8 MB), and its keys' rows transposed, N·R, where that is at most
+//   kCacheMax (8 MiB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
 //   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
-//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq; per
+//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
+//   per thread [Qu | Ỹ] of one task, G·M·(D + R) floats, where that is at most kCacheMax (8 MiB); per
 //   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
@@ -64,6 +71,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -81,10 +89,16 @@ namespace {
 using attn::Dims;
 using namespace attn_fast;  // NOLINT: the shared tile machinery
 
+// The row stride of the transposed key tiles [K | C]ᵀ and Vᵀ (floats): kBk and 16 more, so that a
+// kNP product's column strip, read down up to 128 rows, does not fall into few L1 sets (a stride
+// of 512 bytes maps every 8th row to the same sets).
+constexpr I kLdt = kBk + 16;
+
 // Per-thread scratch (Dc = D + R).
 struct Scratch {
   std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
   std::vector<float> dp, dout, dk, dv, x, dw;     // backward
+  std::vector<float> kt, vt;                      // [K | C]ᵀ [D + R, kLdt]; backward: Vᵀ [D, kLdt]
   std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
   void init(I D, I R) {
     qc.resize(ix(kBq * (D + R)));
@@ -96,6 +110,7 @@ struct Scratch {
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
     sv.resize(ix(kBk * D));
+    kt.resize(ix((D + R) * kLdt));
   }
   void init_backward(I D, I R) {
     dp.resize(ix(kBq * kBk));
@@ -107,8 +122,15 @@ struct Scratch {
     sq.resize(ix(kBq * D));
     sk.resize(ix(kBk * (D + R)));
     sd.resize(ix(kBq * D));
+    vt.resize(ix(D * kLdt));
   }
 };
+
+// The most floats (8 MiB) of each of two buffers kept for speed: the keys' C transposed (N·R, once
+// per call; else each key block's transposed from the table) and, in the backward, [Qu | Ỹ] of a
+// task's query rows (G·M·(D + R) per thread; else each tile's formed again).
+constexpr I kCacheMax = I{1} << 21;
+std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
 
 class XlFused {
  public:
@@ -122,7 +144,10 @@ class XlFused {
     w_.assign(w.begin(), w.end());
     w64_ = w;
     build_table();
+    transpose_keys();
     cf_ = careful_forward(simd_, d, k, threads);
+    dir_k_ = direct(k);
+    dir_v_ = direct(v);
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
@@ -206,10 +231,13 @@ class XlFused {
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
     const bool dq_dir = dq.present() && direct_out(dq);  // dQc summed in dq itself
+    const bool do_dir = direct(dout);                     // dO read in place
+    const bool q_all = G * M * Dc <= cache_limit.load();  // [Qu | Ỹ] formed once per task
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      std::vector<float> qacc, xacc;  // the task's dQc [G·M, D] (unless dq_dir) and X̃ [G·M, R]
+      // the task's dQc [G·M, D] (unless dq_dir), X̃ [G·M, R] and [Qu | Ỹ] [G·M, D + R] (when q_all)
+      std::vector<float> qacc, xacc, qall;
       guard.run([&] {
         w.init(D, R);
         w.init_backward(D, R);
@@ -220,8 +248,17 @@ class XlFused {
         if (guard.failed() || !guard.run([&] {
               xacc.assign(ix(G * M * R), 0.f);
               if (!dq_dir) qacc.assign(ix(G * M * D), 0.f);
+              if (q_all) qall.resize(ix(G * M * Dc));
             }))
           continue;
+        if (q_all)  // [Qu | Ỹ] of the group's query rows, once for every key block
+          for (I gi = 0; gi < G; ++gi)
+            for (I i0 = 0; i0 < M; i0 += kBq) {
+              const I nq = std::min(kBq, M - i0);
+              float* qc = &qall[ix((gi * M + i0) * Dc)];
+              load_qu(b, kh * G + gi, i0, nq, qc);
+              rotated_y(b, kh * G + gi, i0, nq, &w, qc + D, Dc);
+            }
         // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
         float* qbase = qacc.data();
         I qld = D, qhs = M * D;
@@ -236,6 +273,9 @@ class XlFused {
           const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
           load_keys(b, kh, j0, nk, &w);
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
+          // [K | C]ᵀ and Vᵀ once for the block's query tiles (the kNP products S and dP)
+          tr_(w.kc.data(), Dc, nk, Dc, w.kt.data(), kLdt);
+          tr_(w.v.data(), D, nk, D, w.vt.data(), kLdt);
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
           for (I gi = 0; gi < G; ++gi) {
@@ -243,14 +283,25 @@ class XlFused {
             const I ilo = p_.causal ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
             for (I i0 = ilo; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
-              load_qu(b, h, i0, nq, &w);
-              rotated_y(b, h, i0, nq, &w, w.qc.data() + D, Dc);
-              load_rows(dout, D, b, i0, nq, h, w.dout.data());
+              float* qc = q_all ? &qall[ix((gi * M + i0) * Dc)] : w.qc.data();
+              if (!q_all) {
+                load_qu(b, h, i0, nq, qc);
+                rotated_y(b, h, i0, nq, &w, qc + D, Dc);
+              }
+              const float* dO = w.dout.data();  // dO rows, row stride ldo
+              I ldo = D;
+              if (do_dir) {
+                dO = static_cast<const float*>(dout.data) + b * dout.strides[0] + i0 * dout.strides[1] +
+                     h * dout.strides[2];
+                ldo = nq == 1 ? D : dout.strides[1];
+              } else {
+                load_rows(dout, D, b, i0, nq, h, w.dout.data());
+              }
               float* S = w.s.data();
               float* dP = w.dp.data();
               // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
               // masked ones keeping logits' zeros; dP's masked entries may stay unset
-              const I bd = logits(i0, nq, j0, nk, &w);
+              const I bd = logits(i0, nq, j0, nk, qc, w.kt.data(), &w);
               const float* L = &lse[ix((b * Hq + h) * M + i0)];
               const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
               for (I i = 0; i < nq; ++i) {
@@ -260,22 +311,22 @@ class XlFused {
                 else if (std::isnan(L[i])) nan_row(Si, n);  // a NaN row (attention_tiles.h)
                 else simd_.exp_sub_sum(Si, ix(n), L[i]);
               }
-              tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, w.dout.data(), D, w.v.data(), D, dP, kBk, bd);
+              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, ldo, w.vt.data(), kLdt, dP, kBk, bd);
               // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
               // entries' terms added back into dV; dS 0 where P is
               const bool careful = careful_all || careful_rows(L, Di, nq);
-              const bool bad_do = careful && sanitize_rows(w.dout.data(), D, nq, D, w.sd.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, bad_do ? w.sd.data() : w.dout.data(), D,
-                        w.dv.data(), D, bd);
-              if (bad_do) add_back_ptdo(S, nq, nk, w.dout.data(), D, D, w.dv.data());
+              const bool bad_do = careful && sanitize_rows(dO, ldo, nq, D, w.sd.data());
+              if (bad_do) tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w.sd.data(), D, w.dv.data(), D, bd);
+              else tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO, ldo, w.dv.data(), D, bd);
+              if (bad_do) add_back_ptdo(S, nq, nk, dO, ldo, D, w.dv.data());
               for (I i = 0; i < nq; ++i) {
                 const I n = std::clamp<I>(i + bd + 1, 0, nk);
                 if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
                 else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
               }
               // S now holds dS; c = scale·dS.
-              const bool bad_q = careful && sanitize_rows(w.qc.data(), Dc, nq, D, w.sq.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : w.qc.data(),
+              const bool bad_q = careful && sanitize_rows(qc, Dc, nq, D, w.sq.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : qc,
                         bad_q ? D : Dc, w.dk.data(), D, bd);
               const bool bad_k = careful && sanitize_rows(w.kc.data(), Dc, nk, Dc, w.sk.data());
               const float* kc = bad_k ? w.sk.data() : w.kc.data();
@@ -299,7 +350,7 @@ class XlFused {
   }
 
  private:
-  // The angle table tab_ [rows, R]: per pair (sin ω·p, cos ω·p) for the positions p relative to
+  // The angle table tab_ [rows, R]: per pair (cos ω·p, sin ω·p) for the positions p relative to
   // k_off of the queries, q_off − k_off + i, and of the keys, j. One run of positions covers both
   // where it is no longer than M + N rows (queries near their keys), else the queries' M rows come
   // first and the keys' N rows after them.
@@ -321,15 +372,30 @@ class XlFused {
       float* row = &tab_[ix(r * R)];
       for (I c = 0; c < R / 2; ++c) {
         const double a = pos * inv[ix(c)];
-        row[2 * c] = static_cast<float>(std::sin(a));
-        row[2 * c + 1] = static_cast<float>(std::cos(a));
+        row[2 * c] = static_cast<float>(std::cos(a));
+        row[2 * c + 1] = static_cast<float>(std::sin(a));
       }
     }
   }
 
-  // The table rows of query row i (sin α, cos α) and key j (sin β, cos β).
+  // After the table: ct_ [R, N] = the keys' rows transposed (Cᵀ, read a key block at a time), where
+  // it takes at most cache_limit floats (else empty).
+  void transpose_keys() {
+    if (d_.N == 0 || d_.R * d_.N > cache_limit.load()) return;
+    ct_.resize(ix(d_.R * d_.N));
+    tr_(tk(0), d_.R, d_.N, d_.R, ct_.data(), d_.N);
+  }
+
+  // The table rows of query row i (cos α, sin α) and key j (cos β, sin β): a key's row is its C.
   const float* tq(I i) const { return &tab_[ix((qrow_ + i) * d_.R)]; }
   const float* tk(I j) const { return &tab_[ix((krow_ + j) * d_.R)]; }
+
+  // Whether rows of x [B, L, H, D] can be read in place: float32, unit inner stride, a row stride
+  // ≥ D that fits an int (or a single row).
+  bool direct(const View& x) const {
+    return x.dtype == DType::kF32 && (x.strides[3] == 1 || d_.D == 1) &&
+           (x.shape[1] == 1 || (x.strides[1] >= d_.D && x.strides[1] <= INT_MAX));
+  }
 
   // Whether dq [B, M, Hq, D] can take the tile products' sums in place (as attention_cpu.cc):
   // float32, unit inner stride, row strides within int, its (b, row, head) rows disjoint.
@@ -343,10 +409,9 @@ class XlFused {
     return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
   }
 
-  // Q rows [i0, i0 + nq) of head h: w->qc's first D columns = Q + u_h.
-  void load_qu(I b, I h, I i0, I nq, Scratch* w) const {
+  // Q rows [i0, i0 + nq) of head h: the first D columns of qc [nq, D + R] = Q + u_h.
+  void load_qu(I b, I h, I i0, I nq, float* qc) const {
     const I D = d_.D, Dc = D + d_.R;
-    float* qc = w->qc.data();
     for (I i = 0; i < nq; ++i) {
       load_rows(q_, D, b, i0 + i, 1, h, qc + i * Dc);
       simd_.add_to(qc + i * Dc, &u_[ix(h * D)], ix(D));
@@ -369,8 +434,8 @@ class XlFused {
       const float* yi = y + i * R;
       float* o = dst + i * ld;
       for (I c = 0; c < R; c += 2) {
-        o[c] = yi[c] * t[c] + yi[c + 1] * t[c + 1];
-        o[c + 1] = yi[c + 1] * t[c] - yi[c] * t[c + 1];
+        o[c] = yi[c] * t[c + 1] + yi[c + 1] * t[c];
+        o[c + 1] = yi[c + 1] * t[c + 1] - yi[c] * t[c];
       }
     }
   }
@@ -382,25 +447,41 @@ class XlFused {
     for (I j = 0; j < nk; ++j) {
       float* row = kc + j * Dc;
       load_rows(k_, D, b, j0 + j, 1, kh, row);
-      const float* t = tk(j0 + j);
-      for (I c = 0; c < R; c += 2) row[D + c] = t[c + 1], row[D + c + 1] = t[c];
+      copy_row(row + D, tk(j0 + j), R);
     }
+  }
+
+  // Keys [j0, j0 + nk) of kv head kh: w->kt [D + R, kLdt] = [K | C]ᵀ, transposed straight from k
+  // where it is read in place (else from its rows loaded into w->kc), and C's rows from ct_ (where
+  // kept, else transposed from the table).
+  void load_keys_t(I b, I kh, I j0, I nk, Scratch* w) const {
+    const I D = d_.D;
+    if (dir_k_) {
+      const float* K = static_cast<const float*>(k_.data) + b * k_.strides[0] + j0 * k_.strides[1] + kh * k_.strides[2];
+      tr_(K, k_.strides[1], nk, D, w->kt.data(), kLdt);
+    } else {
+      load_rows(k_, D, b, j0, nk, kh, w->kc.data());
+      tr_(w->kc.data(), D, nk, D, w->kt.data(), kLdt);
+    }
+    if (ct_.empty()) tr_(tk(j0), d_.R, nk, d_.R, w->kt.data() + D * kLdt, kLdt);
+    else for (I c = 0; c < d_.R; ++c) copy_row(w->kt.data() + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
   }
 
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
   // crossing the diagonal.
   I band(I base, I nk) const { return p_.causal && base + nk - 1 > 0 ? -base : kNoBand; }
 
-  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ (w->qc, w->kc). A banded tile (returned) holds −inf past
-  // each row's last visible key up to the softmax's reach (band_reach, attention_tiles.h) and zeros
-  // beyond it, which the products read as P and dS.
-  I logits(I q0, I nq, I j0, I nk, Scratch* w) const {
+  // w->s [nq, Bk] = scale·[Qu | Ỹ]·[K | C]ᵀ of qc [nq, D + R] and kt = [K | C]ᵀ [D + R, kLdt] (the
+  // kNP form). A banded tile (returned) holds −inf past each row's last visible key up to the
+  // softmax's reach (band_reach, attention_tiles.h) and zeros beyond it, which the products read as
+  // P and dS.
+  I logits(I q0, I nq, I j0, I nk, const float* qc, const float* kt, Scratch* w) const {
     const I Dc = d_.D + d_.R;
     float* S = w->s.data();
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(base, nk);
-    tile_gemm(gemm_c_, GemmForm::kNT, nq, nk, Dc, static_cast<float>(d_.scale), w->qc.data(), Dc,
-              w->kc.data(), Dc, S, kBk, bd);
+    const float sc = static_cast<float>(d_.scale);
+    tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kLdt, S, kBk, bd);
     if (bd >= kNoBand) return bd;
     for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
@@ -416,7 +497,7 @@ class XlFused {
   // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
   void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G;
-    load_qu(b, h, q0, nq, w);
+    load_qu(b, h, q0, nq, w->qc.data());
     rotated_y(b, h, q0, nq, w, w->qc.data() + D, D + d_.R);
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = p_.causal ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
@@ -429,14 +510,22 @@ class XlFused {
     float* S = w->s.data();
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      load_keys(b, kh, j0, nk, w);
-      load_rows(v_, D, b, j0, nk, kh, w->v.data());
-      const I bd = logits(q0, nq, j0, nk, w);
+      load_keys_t(b, kh, j0, nk, w);
+      const float* V = w->v.data();
+      I ldv = D;
+      if (dir_v_) {
+        V = static_cast<const float*>(v_.data) + b * v_.strides[0] + j0 * v_.strides[1] + kh * v_.strides[2];
+        ldv = nk == 1 ? D : v_.strides[1];
+      } else {
+        load_rows(v_, D, b, j0, nk, kh, w->v.data());
+      }
+      const I bd = logits(q0, nq, j0, nk, w->qc.data(), w->kt.data(), w);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
-      const bool bad_v = careful_v && sanitize_rows(w->v.data(), D, nk, D, w->sv.data());
-      tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, bad_v ? w->sv.data() : w->v.data(), D, o, D, bd);
-      if (bad_v) add_back_pv(S, nq, w->v.data(), D, nk, D, o, D);
+      const bool bad_v = careful_v && sanitize_rows(V, ldv, nk, D, w->sv.data());
+      if (bad_v) tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, w->sv.data(), D, o, D, bd);
+      else tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V, ldv, o, D, bd);
+      if (bad_v) add_back_pv(S, nq, V, ldv, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
     if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
@@ -463,8 +552,8 @@ class XlFused {
         const float* t = tq(i0 + i);
         float* xi = X + i * R;
         for (I c = 0; c < R; c += 2) {
-          xi[c] = xt[c] * t[c] - xt[c + 1] * t[c + 1];
-          xi[c + 1] = xt[c] * t[c + 1] + xt[c + 1] * t[c];
+          xi[c] = xt[c] * t[c + 1] - xt[c + 1] * t[c];
+          xi[c + 1] = xt[c] * t[c] + xt[c + 1] * t[c + 1];
         }
         for (I c = 0; c < R; ++c) xs[c] += xi[c];
         for (I e = 0; e < D; ++e) du[e] += A[i * ld + e];
@@ -514,13 +603,18 @@ class XlFused {
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the angle table (build_table)
+  std::vector<float> ct_;           // the keys' C transposed, [R, N], or empty (transpose_keys)
   I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
+  bool dir_k_ = false, dir_v_ = false;  // the forward reads K's and V's rows in place (direct())
+  TileTransposeFn tr_ = tile_transpose_fn();
 };
 
 }  // namespace
 
 bool xl_fused() { return true; }
+
+void xl_set_cache_limit(std::int64_t floats) { cache_limit.store(floats < 0 ? kCacheMax : floats); }
 
 Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                   const View& v, const EncodingTensors& t, const View& out, const View& lse) {

@@ -191,9 +191,9 @@ HWY_INLINE void Panel(I M, I N, const float* A, I sai, I sak, const float* B, I 
     Rows<1, true, true>(i0, M, A, sai, sak, B + j, ldb, K, alpha, accumulate, C + j, ldc, tail, cut, c);
 }
 
-// bt [K, ncp] = Bᵀ of B [nc, K] (row stride ldb), columns nc..ncp zero: 4 × 4 blocks transposed in
-// 128-bit vectors where the target has them, the edges one float at a time.
-HWY_INLINE void PackT(const float* HWY_RESTRICT B, I ldb, I nc, I K, float* HWY_RESTRICT bt, I ncp) {
+// bt [K, ncp] (row stride ldt ≥ ncp) = Bᵀ of B [nc, K] (row stride ldb), columns nc..ncp zero: 4 × 4
+// blocks transposed in 128-bit vectors where the target has them, the edges one float at a time.
+HWY_INLINE void PackT(const float* HWY_RESTRICT B, I ldb, I nc, I K, float* HWY_RESTRICT bt, I ldt, I ncp) {
   I j = 0, k = 0;
 #if HWY_TARGET != HWY_SCALAR
   const hn::Full128<float> d4;
@@ -204,17 +204,17 @@ HWY_INLINE void PackT(const float* HWY_RESTRICT B, I ldb, I nc, I K, float* HWY_
                  r2 = hn::LoadU(d4, b + 2 * ldb + k), r3 = hn::LoadU(d4, b + 3 * ldb + k);
       const auto t0 = hn::InterleaveLower(d4, r0, r1), t1 = hn::InterleaveLower(d4, r2, r3);  // k, k+1
       const auto t2 = hn::InterleaveUpper(d4, r0, r1), t3 = hn::InterleaveUpper(d4, r2, r3);  // k+2, k+3
-      hn::StoreU(hn::ConcatLowerLower(d4, t1, t0), d4, bt + k * ncp + j);
-      hn::StoreU(hn::ConcatUpperUpper(d4, t1, t0), d4, bt + (k + 1) * ncp + j);
-      hn::StoreU(hn::ConcatLowerLower(d4, t3, t2), d4, bt + (k + 2) * ncp + j);
-      hn::StoreU(hn::ConcatUpperUpper(d4, t3, t2), d4, bt + (k + 3) * ncp + j);
+      hn::StoreU(hn::ConcatLowerLower(d4, t1, t0), d4, bt + k * ldt + j);
+      hn::StoreU(hn::ConcatUpperUpper(d4, t1, t0), d4, bt + (k + 1) * ldt + j);
+      hn::StoreU(hn::ConcatLowerLower(d4, t3, t2), d4, bt + (k + 2) * ldt + j);
+      hn::StoreU(hn::ConcatUpperUpper(d4, t3, t2), d4, bt + (k + 3) * ldt + j);
     }
     for (; k < K; ++k)
-      for (I jj = j; jj < j + 4; ++jj) bt[k * ncp + jj] = B[jj * ldb + k];
+      for (I jj = j; jj < j + 4; ++jj) bt[k * ldt + jj] = B[jj * ldb + k];
   }
 #endif
   for (k = 0; k < K; ++k) {
-    float* row = bt + k * ncp;
+    float* row = bt + k * ldt;
     for (I jj = j; jj < nc; ++jj) row[jj] = B[jj * ldb + k];
     for (I jj = nc; jj < ncp; ++jj) row[jj] = 0.f;
   }
@@ -257,7 +257,7 @@ void TileGemm(GemmForm form, I M, I N, I K, float alpha, const float* A, I lda, 
   for (I j0 = 0; j0 < N; j0 += kNc) {
     if (banded && j0 > M - 1 + band) break;  // no row sees these columns
     const I nc = std::min(kNc, N - j0), ncp = (nc + L - 1) / L * L;
-    PackT(B + j0 * ldb, ldb, nc, K, bt, ncp);
+    PackT(B + j0 * ldb, ldb, nc, K, bt, ncp, ncp);
     Panel<kWide>(M, nc, A, lda, 1, bt, ncp, true, K, alpha, false, C + j0, ldc, Cut::kNone, band - j0, banded);
   }
 }
@@ -266,6 +266,11 @@ attn_fast::TileGemmFn GetTileGemm(attn_fast::TileBlocks blocks) {
   return blocks == attn_fast::TileBlocks::kWide && kHasWide ? &TileGemm<true> : &TileGemm<false>;
 }
 
+void TileTranspose(const float* B, I ldb, I n, I K, float* bt, I ldt) {
+  if (n > 0) PackT(B, ldb, n, K, bt, ldt, n);
+}
+attn_fast::TileTransposeFn GetTileTranspose() { return &TileTranspose; }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace posenc
 HWY_AFTER_NAMESPACE();
@@ -273,8 +278,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace posenc {
 HWY_EXPORT(GetTileGemm);
+HWY_EXPORT(GetTileTranspose);
 
 attn_fast::TileGemmFn attn_fast::tile_gemm_fn(TileBlocks blocks) { return HWY_DYNAMIC_DISPATCH(GetTileGemm)(blocks); }
+attn_fast::TileTransposeFn attn_fast::tile_transpose_fn() { return HWY_DYNAMIC_DISPATCH(GetTileTranspose)(); }
 
 attn_fast::TileBlocks attn_fast::default_tile_blocks() {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))

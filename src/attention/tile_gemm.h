@@ -58,6 +58,14 @@ TileBlocks default_tile_blocks();
 TileGemmFn tile_gemm_fn(TileBlocks blocks);
 inline TileGemmFn tile_gemm_fn() { return tile_gemm_fn(default_tile_blocks()); }
 
+// bt [K, ldt]: bt[k·ldt + j] = B[j·ldb + k] for j < n, k < K (B [n, K] with row stride ldb,
+// transposed; ldt ≥ n; nothing else of bt written): the NT form's packing, for a caller that keeps
+// a transposed operand for the kNP form.
+using TileTransposeFn = void (*)(const float* B, std::int64_t ldb, std::int64_t n, std::int64_t K, float* bt,
+                                 std::int64_t ldt);
+// The best target's transpose on this CPU (not cached, as tile_gemm_fn()).
+TileTransposeFn tile_transpose_fn();
+
 // The largest head dim for which the fused kernels use tile_gemm_fn() instead of OpenBLAS (and the
 // largest K that NT packs on the stack, so the attention never allocates here). Measured at one
 // thread on one machine (Zen 4, OpenBLAS 0.3 with its AVX-512 small-matrix kernels), tiles of
