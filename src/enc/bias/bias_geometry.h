@@ -52,13 +52,15 @@ inline std::int64_t distance(const BiasGeometry& g, std::int64_t i, std::int64_t
   return (g.k_offset + j) - (g.query_offset() + i);
 }
 
-// Whether (query i, key j) is masked: g.causal and the key's position exceeds the query's.
-inline bool masked(const BiasGeometry& g, std::int64_t i, std::int64_t j) {
-  return g.causal && distance(g, i, j) > 0;
-}
+// Writes one element (`value`, in v's dtype) at the entries of v [H, M, N] (checked against g) whose
+// key position exceeds the query's; nothing when !g.causal.
+void set_masked(const BiasGeometry& g, const View& v, const void* value);
 
-// Sets out [H, M, N] (checked against g) to −inf at the masked entries; nothing when !g.causal.
+// Sets out [H, M, N] to −inf at the masked entries (set_masked).
 void mask_causal(const BiasGeometry& g, const View& out);
+
+// A contiguous copy of dbias [H, M, N] in its dtype, in `bytes`, with the masked entries 0.
+View masked_copy(const BiasGeometry& g, const View& dbias, std::vector<unsigned char>* bytes);
 
 // A public bias function's forward: fill(g) with the mask off, then mask_causal when it succeeded.
 template <class Fill>
@@ -70,24 +72,16 @@ Status causal_forward(const BiasGeometry& g, const View& out, const Fill& fill) 
   return Status::Ok();
 }
 
-// A public bias function's backward: run(g, dbias) with the mask off, on a copy of dbias whose
-// masked entries are 0 when g.causal and dbias is a valid [H, M, N] view (otherwise on dbias
-// itself, so that the errors are the function's own).
+// A public bias function's backward: run(g, dbias) with the mask off, on masked_copy(dbias) when
+// g.causal and dbias is a valid [H, M, N] view (otherwise on dbias itself, so that the errors are the
+// function's own).
 template <class Run>
 Status causal_backward(const BiasGeometry& g, const View& dbias, const Run& run) {
   BiasGeometry open = g;
   open.causal = false;
-  if (!g.causal || !check_geometry(g).ok() || !check_bias_view("dbias", dbias, g).ok())
-    return run(open, dbias);
-  std::vector<double> d = to_doubles(dbias);  // exact for every float dtype
-  for (std::int64_t h = 0; h < g.heads; ++h)
-    for (std::int64_t i = 0; i < g.q_len; ++i)
-      for (std::int64_t j = 0; j < g.k_len; ++j)
-        if (masked(g, i, j)) d[static_cast<std::size_t>((h * g.q_len + i) * g.k_len + j)] = 0.0;
-  std::vector<unsigned char> bytes(d.size() * dtype_size(dbias.dtype));
-  const View copy = View::contiguous(bytes.data(), dbias.dtype, {g.heads, g.q_len, g.k_len});
-  from_doubles(d, copy);
-  return run(open, copy);
+  if (!g.causal || !check_geometry(g).ok() || !check_bias_view("dbias", dbias, g).ok()) return run(open, dbias);
+  std::vector<unsigned char> bytes;
+  return run(open, masked_copy(g, dbias, &bytes));
 }
 
 }  // namespace posenc::bias
