@@ -587,7 +587,7 @@ struct Acc {
 // keeps ~(8·128·D + 2·128²) floats a thread (~200 KB at D = 16) after the last call.
 struct Scratch {
   std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dkg, row;
-  std::vector<float> kt, vt;  // backward: Kᵀ, Vᵀ of the key block [D, kBk] (the kNP products)
+  std::vector<float> kt, vt;  // backward: Kᵀ, Vᵀ of the key block [D, kLdt] (the kNP products)
   std::vector<float> qs, ks, vs, dos;  // careful steps (non-finite inputs): sanitized copies
   void init(I D) {
     q.resize(ix(kBq * D));
@@ -606,8 +606,8 @@ struct Scratch {
     dv.resize(ix(kBk * D));
     dkg.resize(ix(kBk * D));
     row.resize(ix(D));
-    kt.resize(ix(D * kBk));
-    vt.resize(ix(D * kBk));
+    kt.resize(ix(D * kLdt));
+    vt.resize(ix(D * kLdt));
     qs.resize(ix(kBq * D));
     ks.resize(ix(kBk * D));
     dos.resize(ix(kBq * D));
@@ -1003,7 +1003,7 @@ class Fused {
     }
   }
 
-  // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf. Kt: K's rows transposed [D, kBk] (the
+  // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf. Kt: K's rows transposed [D, kLdt] (the
   // tile GEMM's kNP form), or null.
   void logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w,
               const float* Kt = nullptr) const {
@@ -1014,7 +1014,7 @@ class Fused {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(nk), int(d_.D), static_cast<float>(d_.scale),
                   K.p, int(K.ld), Q.p, 1, 0.f, S, 1);
     else if (Kt)
-      tile_gemm(gemm_, GemmForm::kNP, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, Kt, kBk, S,
+      tile_gemm(gemm_, GemmForm::kNP, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, Kt, kLdt, S,
                 kBk, bd);
     else
       tile_gemm(gemm_, GemmForm::kNT, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, K.p,
@@ -1132,7 +1132,7 @@ class Fused {
           xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
           if (packed)
-            tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO.p, dO.ld, w->vt.data(), kBk, dP, kBk, bd);
+            tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO.p, dO.ld, w->vt.data(), kLdt, dP, kBk, bd);
           else
             tile_gemm(gemm_, GemmForm::kNT, nq, nk, D, 1.f, dO.p, dO.ld, V.p, V.ld, dP, kBk, bd);
           // careful (attention_tiles.h): the products read sanitized dO, Q, K; dO's non-finite
@@ -1176,10 +1176,10 @@ class Fused {
     }
   }
 
-  // t [D, kBk] = the n rows of X transposed (t[e·kBk + j] = X[j, e]).
+  // t [D, kLdt] = the n rows of X transposed (t[e·kLdt + j] = X[j, e]).
   static void transpose_rows(const Tile& X, I n, I D, float* t) {
     for (I j = 0; j < n; ++j)
-      for (I e = 0; e < D; ++e) t[e * kBk + j] = X.p[j * X.ld + e];
+      for (I e = 0; e < D; ++e) t[e * kLdt + j] = X.p[j * X.ld + e];
   }
 
   // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key

@@ -30,6 +30,10 @@ using I = std::int64_t;
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 constexpr I kBq = 128;  // query rows per tile
 constexpr I kBk = 128;  // keys per tile (also the row stride of score tiles)
+// The row stride of transposed key tiles (Kᵀ, Vᵀ: the kNP products' operand, tile_gemm.h): kBk and
+// 16 more, so that a product's column strip, read down up to 128 rows, does not fall into few L1
+// sets (a stride of 512 bytes maps every 8th row to the same sets).
+constexpr I kLdt = kBk + 16;
 
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 

@@ -89,11 +89,6 @@ namespace {
 using attn::Dims;
 using namespace attn_fast;  // NOLINT: the shared tile machinery
 
-// The row stride of the transposed key tiles [K | C]ᵀ and Vᵀ (floats): kBk and 16 more, so that a
-// kNP product's column strip, read down up to 128 rows, does not fall into few L1 sets (a stride
-// of 512 bytes maps every 8th row to the same sets).
-constexpr I kLdt = kBk + 16;
-
 // Per-thread scratch (Dc = D + R).
 struct Scratch {
   std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
