@@ -242,6 +242,57 @@ TEST(FastAttentionXL, TwoThreadsEqualOne) {
   for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
 }
 
+// attention_backward_saved given the public forward's out and lse: the public backward's gradients,
+// bit for bit with float32 out (pass 1 reads out and lse instead of running the forward), at a size
+// the dispatcher sends to the kernel and at one it sends to the reference; with bfloat16 out (Δ from
+// the rounded out), within the kernel's bfloat16 gradient tolerance of the float64 reference.
+TEST(FastAttentionXL, SavedForwardGivesTheSameBackward) {
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (I L : {I{4}, I{200}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " L = " + std::to_string(L));
+      Problem pr({"saved", 1, L, L, 4, 2, 64, 16}, true, dt, DType::kF64, 1300);
+      const EncodingTensors t = pr.tensors();
+      Tensor out(dt, pr.qshape());
+      Vec lse(ix(4 * L));
+      const View lv = View::contiguous(lse.data(), DType::kF64, {1, 4, L});
+      ASSERT_TRUE(attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(), lv).ok());
+      std::vector<Vec> res[2];
+      for (int saved : {0, 1}) {
+        Tensor dq(dt, pr.qshape()), dk(dt, pr.kshape()), dv(dt, pr.kshape()), du(DType::kF64, pr.u.shape),
+            dvb(DType::kF64, pr.vb.shape), dw(DType::kF64, pr.w.shape);
+        EncodingGrads g;
+        g.u = du.view();
+        g.v = dvb.view();
+        g.rel_proj = dw.view();
+        const Status st =
+            saved ? attention_backward_saved(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(), lv,
+                                             pr.dout.view(), dq.view(), dk.view(), dv.view(), g)
+                  : attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, pr.dout.view(),
+                                       dq.view(), dk.view(), dv.view(), g);
+        ASSERT_TRUE(st.ok()) << st.message();
+        res[saved] = {dq.values(), dk.values(), dv.values(), du.values(), dvb.values(), dw.values()};
+      }
+      if (dt == DType::kF32) {
+        for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+        continue;
+      }
+      Vec wq(pr.q.d.size()), wk(pr.k.d.size()), wv(pr.v.d.size()), wu(pr.u.d.size()), wvb(pr.vb.d.size()),
+          ww(pr.w.d.size());
+      EncodingGrads gw;
+      gw.u = View::contiguous(wu.data(), DType::kF64, pr.u.shape);
+      gw.v = View::contiguous(wvb.data(), DType::kF64, pr.vb.shape);
+      gw.rel_proj = View::contiguous(ww.data(), DType::kF64, pr.w.shape);
+      ASSERT_TRUE(reference::attention_backward(pr.p, pr.q.view64(), pr.k.view64(), pr.v.view64(), t,
+                                                pr.dout.view64(), View::contiguous(wq.data(), DType::kF64, pr.qshape()),
+                                                View::contiguous(wk.data(), DType::kF64, pr.kshape()),
+                                                View::contiguous(wv.data(), DType::kF64, pr.kshape()), gw)
+                      .ok());
+      // Δ from the rounded out carries bfloat16's error into every gradient, the parameters' too
+      const Vec* want[] = {&wq, &wk, &wv, &wu, &wvb, &ww};
+      for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(Close(res[1][i], *want[i], tol_grad(dt))) << "output " << i;
+    }
+}
+
 // kB of the process's peak resident memory (VmHWM).
 long peak_kb() {
   std::ifstream f("/proc/self/status");

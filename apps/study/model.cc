@@ -36,7 +36,6 @@
 #include <utility>
 
 #include "study/model_kernels.h"
-#include "attention/attention_fused.h"
 
 #include "attention/tile_gemm.h"
 #include "study/shard_pool.h"

@@ -69,6 +69,17 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
                           const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                           const View& dv, const EncodingGrads& g);
 
+// attention_backward for a call whose forward's results the caller kept: out and lse as
+// attention_forward wrote them for the same p, q, k, v and t (out [B, M, Hq, D] of q's dtype, lse
+// float64 [B, Hq, M]). Where the fused kernels run, they read out and lse instead of computing the
+// forward again; elsewhere (the reference's sizes and dtypes) they are checked but not read. The
+// gradients equal attention_backward's, bit for bit when out is float32 (16-bit out: Δ_i = dout_i·out_i
+// of the rounded out). Every encoding. Errors as attention_backward's, plus "out" and "lse".
+Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                const EncodingTensors& t, const View& out, const View& lse,
+                                const View& dout, const View& dq, const View& dk, const View& dv,
+                                const EncodingGrads& g);
+
 // The gradients of the keys, values and parameters this call sees, under the softmax statistics of a
 // larger attention the call is part of: the call holds a shard of that attention's keys (at their
 // k_offset; q_offset given explicitly), out [B, M, Hq, D] (q's dtype) and lse (float64 [B, Hq, M])
@@ -95,6 +106,11 @@ Status attention_forward(const AttentionParams& p, const View& q, const View& k,
 Status attention_backward(const AttentionParams& p, const View& q, const View& k, const View& v,
                           const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                           const View& dv, const EncodingGrads& g);
+
+Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                const EncodingTensors& t, const View& out, const View& lse,
+                                const View& dout, const View& dq, const View& dk, const View& dv,
+                                const EncodingGrads& g);
 
 Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
                                      const EncodingTensors& t, const View& out, const View& lse,

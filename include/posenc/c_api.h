@@ -92,6 +92,15 @@ int posenc_attention_backward(const posenc_attention_params* p, const posenc_ten
                               const posenc_tensor* v, const posenc_tensor* dout, const posenc_tensor* dq,
                               const posenc_tensor* dk, const posenc_tensor* dv);
 
+/* posenc_attention_backward given the out [B,M,Hq,D] (q's dtype) and lse float64 [B,Hq,M] that
+   posenc_attention_forward wrote for the same arguments: read instead of computing the forward
+   again where the fused kernels run; the same gradients (posenc/attention.h:
+   attention_backward_saved). */
+int posenc_attention_backward_saved(const posenc_attention_params* p, const posenc_tensor* q,
+                                    const posenc_tensor* k, const posenc_tensor* v, const posenc_tensor* out,
+                                    const posenc_tensor* lse, const posenc_tensor* dout, const posenc_tensor* dq,
+                                    const posenc_tensor* dk, const posenc_tensor* dv);
+
 /* posenc_attention_backward for a call that holds a shard of a larger attention's keys (its
    k_offset, and q_offset, set as parameters): out [B,M,Hq,D] (q's dtype) and lse float64 [B,Hq,M]
    are the larger attention's; dq and the parameter gradients are this shard's partial sums

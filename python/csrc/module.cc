@@ -239,19 +239,41 @@ Backward attention_backward(const at::Tensor& q, const at::Tensor& k, const at::
                        });
 }
 
+// A C backward given out and lse: posenc_attention_backward_saved or _from_stats.
+using StatsBackwardC = int (*)(const posenc_attention_params*, const posenc_tensor*, const posenc_tensor*,
+                               const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                               const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                               const posenc_tensor*);
+
+Backward backward_given_stats(StatsBackwardC fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                              const std::string& encoding, const TextDict& params, const TensorDict& tensors,
+                              const std::vector<std::string>& grad_names) {
+  const posenc_tensor vq = view_of("q", q), vk = view_of("k", k), vv = view_of("v", v);
+  const posenc_tensor vo = view_of("out", out), vl = view_of("lse", lse), vdo = view_of("dout", dout);
+  return backward_with(q, k, v, encoding, params, tensors, grad_names,
+                       [&](const posenc_attention_params* p, const posenc_tensor* dq, const posenc_tensor* dk,
+                           const posenc_tensor* dv) { return fn(p, &vq, &vk, &vv, &vo, &vl, &vdo, dq, dk, dv); });
+}
+
+// The backward given the forward's own out and lse (posenc/attention.h's attention_backward_saved),
+// for the autograd of posenc.attention.
+Backward attention_backward_saved(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                  const std::string& encoding, const TextDict& params, const TensorDict& tensors,
+                                  const std::vector<std::string>& grad_names) {
+  return backward_given_stats(&posenc_attention_backward_saved, q, k, v, out, lse, dout, encoding, params, tensors,
+                              grad_names);
+}
+
 // The backward of a key shard under the softmax statistics (out, lse) of the larger attention it
 // belongs to (posenc/attention.h's attention_backward_from_stats), for posenc.distributed.
 Backward attention_backward_from_stats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
                                        const std::string& encoding, const TextDict& params,
                                        const TensorDict& tensors, const std::vector<std::string>& grad_names) {
-  const posenc_tensor vq = view_of("q", q), vk = view_of("k", k), vv = view_of("v", v);
-  const posenc_tensor vo = view_of("out", out), vl = view_of("lse", lse), vdo = view_of("dout", dout);
-  return backward_with(q, k, v, encoding, params, tensors, grad_names,
-                       [&](const posenc_attention_params* p, const posenc_tensor* dq, const posenc_tensor* dk,
-                           const posenc_tensor* dv) {
-                         return posenc_attention_backward_from_stats(p, &vq, &vk, &vv, &vo, &vl, &vdo, dq, dk, dv);
-                       });
+  return backward_given_stats(&posenc_attention_backward_from_stats, q, k, v, out, lse, dout, encoding, params,
+                              tensors, grad_names);
 }
 
 // ---- sinusoidal PE and logit biases ----------------------------------------------------------------
@@ -384,6 +406,12 @@ No autograd here: the package's functions wrap these in torch.autograd.Function.
   m.def("bias_backward", &bias_backward, py::arg("encoding"), py::arg("heads"), py::arg("q_len"), py::arg("k_len"),
         py::arg("q_offset"), py::arg("k_offset"), py::arg("causal"), py::arg("params"), py::arg("tensors"),
         py::arg("dbias"), py::arg("grad_names"));
+  m.def("attention_backward_saved", &attention_backward_saved, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("out"), py::arg("lse"), py::arg("dout"), py::arg("encoding"), py::arg("params"),
+        py::arg("tensors"), py::arg("grad_names"),
+        "attention_backward given the out and lse that attention_forward returned for the same arguments "
+        "(read instead of computing the forward again where the fused kernels run). Returns (dq, dk, dv, "
+        "dict of parameter gradients).");
   m.def("attention_backward_from_stats", &attention_backward_from_stats, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("dout"), py::arg("encoding"), py::arg("params"),
         py::arg("tensors"), py::arg("grad_names"),

@@ -43,13 +43,6 @@ def split_params(encoding, params):
     return texts, tensors
 
 
-def _reads_own_length(encoding, params):
-    """Whether the backward cannot reuse the forward's statistics: cope (a key's position counts the gates
-    of the later keys), or a RoPE scheme that reads the call's length (dynamic, longrope) without seq_len."""
-    rope_type = str(params.get("rope_type", "")).lower()
-    return encoding == "cope" or (rope_type in ("dynamic", "longrope") and "seq_len" not in params)
-
-
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, encoding, params, names, q, k, v, *tensors):
@@ -67,11 +60,8 @@ class _AttentionFn(torch.autograd.Function):
         learned = learned_tensors(encoding)
         grad_names = [n for i, n in enumerate(names) if ctx.needs_input_grad[6 + i] and n in learned]
         tensors = dict(zip(names, tensors))
-        if _reads_own_length(encoding, params):  # the forward computed again inside
-            dq, dk, dv, grads = _C.attention_backward(q, k, v, dout, encoding, params, tensors, grad_names)
-        else:  # the forward's out and lse read, not computed again (FlashAttention's backward)
-            dq, dk, dv, grads = _C.attention_backward_from_stats(q, k, v, out, lse, dout, encoding, params, tensors,
-                                                                 grad_names)
+        # the forward's out and lse read where the fused kernels run, not computed again (FlashAttention's)
+        dq, dk, dv, grads = _C.attention_backward_saved(q, k, v, out, lse, dout, encoding, params, tensors, grad_names)
         return (None, None, None, dq, dk, dv, *[grads.get(n) for n in names])
 
 

@@ -387,8 +387,23 @@ auto rope_of(P& p) -> decltype(&p.rope) {
   }
 }
 
-// attention_backward_from_stats: validate_backward's checks; an encoding whose logits of a key
-// shard depend on that shard's keys only; out [B, M, Hq, D] of q's dtype; lse float64 [B, Hq, M].
+// attention_backward_saved: validate_backward's checks; out [B, M, Hq, D] of q's dtype; lse float64
+// [B, Hq, M].
+inline Status validate_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                      const EncodingTensors& t, const View& out, const View& lse,
+                                      const View& dout, const View& dq, const View& dk, const View& dv,
+                                      const EncodingGrads& g, Dims* dp) {
+  POSENC_RETURN_IF_ERROR(validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, dp));
+  const Dims& d = *dp;
+  POSENC_RETURN_IF_ERROR(check_output("out", out, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  POSENC_RETURN_IF_ERROR(require_tensor("lse", lse, {d.B, d.Hq, d.M}));
+  if (lse.dtype != DType::kF64)
+    return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
+  return Status::Ok();
+}
+
+// attention_backward_from_stats: validate_backward_saved's checks, and an encoding whose logits of a
+// key shard depend on that shard's keys only.
 inline Status validate_backward_from_stats(const AttentionParams& p, const View& q, const View& k,
                                            const View& v, const EncodingTensors& t, const View& out,
                                            const View& lse, const View& dout, const View& dq,
@@ -407,13 +422,7 @@ inline Status validate_backward_from_stats(const AttentionParams& p, const View&
     return Status::Invalid("seq_len", std::string(rope_type_name(r->rope_type)) +
                                           " reads the sequence length: over a shard of the keys, set "
                                           "seq_len to the whole sequence's");
-  POSENC_RETURN_IF_ERROR(validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, dp));
-  const Dims& d = *dp;
-  POSENC_RETURN_IF_ERROR(check_output("out", out, {d.B, d.M, d.Hq, d.D}, &q, "q"));
-  POSENC_RETURN_IF_ERROR(require_tensor("lse", lse, {d.B, d.Hq, d.M}));
-  if (lse.dtype != DType::kF64)
-    return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
-  return Status::Ok();
+  return validate_backward_saved(p, q, k, v, t, out, lse, dout, dq, dk, dv, g, dp);
 }
 
 }  // namespace posenc::attn

@@ -1600,14 +1600,6 @@ Status run_backward(const AttentionParams& p, const Dims& d, const View& q, cons
   return Status::Ok();
 }
 
-// Whether out and lse have the shapes and dtypes a forward of these dims writes: float32 out
-// [B, M, Hq, D] (read as it was stored) and float64 lse [B, Hq, M].
-bool saved_fits(const Dims& d, const View& out, const View& lse) {
-  return out.present() && lse.present() && out.dtype == DType::kF32 && lse.dtype == DType::kF64 &&
-         out.shape_vec() == std::vector<I>{d.B, d.M, d.Hq, d.D} &&
-         lse.shape_vec() == std::vector<I>{d.B, d.Hq, d.M};
-}
-
 }  // namespace
 
 namespace fused {
@@ -1684,22 +1676,23 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
 }
 
+// The forward's own statistics: where the reference runs, it computes them again (the same bits as
+// attention_backward); cope's kernel computes them again (run_backward).
 Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
                                 const EncodingTensors& t, const View& out, const View& lse,
                                 const View& dout, const View& dq, const View& dk, const View& dv,
                                 const EncodingGrads& g) {
   Dims d;
-  POSENC_RETURN_IF_ERROR(attn::validate_backward(p, q, k, v, t, dout, dq, dk, dv, g, &d));
+  POSENC_RETURN_IF_ERROR(attn::validate_backward_saved(p, q, k, v, t, out, lse, dout, dq, dk, dv, g, &d));
   if (d.B * d.Hq * d.M * d.N < kFusedMinPairs || !fast::fast_dtype(dout.dtype) ||
-      !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g).ok())
+      !fusable_backward(p, q, k, v, t, dout, dq, dk, dv, g, out, lse).ok())
     return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
-  if (!saved_fits(d, out, lse)) return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g);
   const Saved saved{out, lse};
   return run_backward(p, d, q, k, v, t, dout, dq, dk, dv, g, &saved);
 }
 
-// The statistics are those of a larger attention (a key shard's backward): pass 1 must read them
-// whatever their dtype, so unlike attention_backward_saved there is no fallback to recomputing.
+// The statistics are those of a larger attention (a key shard's backward): pass 1 must read them,
+// so unlike attention_backward_saved there is no fallback to recomputing.
 Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
                                      const EncodingTensors& t, const View& out, const View& lse,
                                      const View& dout, const View& dq, const View& dk, const View& dv,

@@ -584,6 +584,16 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
   return Status::Ok();
 }
 
+// The reference computes the statistics again in double: out and lse checked, not read.
+Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
+                                const EncodingTensors& t, const View& out, const View& lse,
+                                const View& dout, const View& dq, const View& dk, const View& dv,
+                                const EncodingGrads& g) {
+  Dims d;
+  POSENC_RETURN_IF_ERROR(attn::validate_backward_saved(p, q, k, v, t, out, lse, dout, dq, dk, dv, g, &d));
+  return reference::attention_backward(p, q, k, v, t, dout, dq, dk, dv, g);
+}
+
 Status attention_backward_from_stats(const AttentionParams& p, const View& q, const View& k, const View& v,
                                      const EncodingTensors& t, const View& out, const View& lse,
                                      const View& dout, const View& dq, const View& dk, const View& dv,

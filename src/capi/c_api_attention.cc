@@ -10,6 +10,35 @@ using posenc::Status;
 using posenc::View;
 using namespace posenc::capi;
 
+namespace {
+
+// A backward given out and lse (attention_backward_saved or attention_backward_from_stats).
+using StatsBackward = Status (*)(const posenc::AttentionParams&, const View&, const View&, const View&,
+                                 const posenc::EncodingTensors&, const View&, const View&, const View&,
+                                 const View&, const View&, const View&, const posenc::EncodingGrads&);
+
+int backward_given_stats(StatsBackward fn, const posenc_attention_params* p, const posenc_tensor* q,
+                         const posenc_tensor* k, const posenc_tensor* v, const posenc_tensor* out,
+                         const posenc_tensor* lse, const posenc_tensor* dout, const posenc_tensor* dq,
+                         const posenc_tensor* dk, const posenc_tensor* dv) {
+  return guarded([&] {
+    if (p == nullptr) return null_arg("p");
+    View vq, vk, vv, vo, vl, vdo, vdq, vdk, vdv;
+    POSENC_RETURN_IF_ERROR(to_views({{"q", q, Role::kInput, false, &vq},
+                                     {"k", k, Role::kInput, false, &vk},
+                                     {"v", v, Role::kInput, false, &vv},
+                                     {"out", out, Role::kInput, false, &vo},
+                                     {"lse", lse, Role::kInput, false, &vl},
+                                     {"dout", dout, Role::kInput, false, &vdo},
+                                     {"dq", dq, Role::kOutput, true, &vdq},
+                                     {"dk", dk, Role::kOutput, true, &vdk},
+                                     {"dv", dv, Role::kOutput, true, &vdv}}));
+    return fn(p->p, vq, vk, vv, p->t, vo, vl, vdo, vdq, vdk, vdv, p->g);
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 posenc_attention_params* posenc_attention_params_new(const char* encoding) {
@@ -110,25 +139,19 @@ int posenc_attention_backward(const posenc_attention_params* p, const posenc_ten
   });
 }
 
+int posenc_attention_backward_saved(const posenc_attention_params* p, const posenc_tensor* q,
+                                    const posenc_tensor* k, const posenc_tensor* v, const posenc_tensor* out,
+                                    const posenc_tensor* lse, const posenc_tensor* dout, const posenc_tensor* dq,
+                                    const posenc_tensor* dk, const posenc_tensor* dv) {
+  return backward_given_stats(&posenc::attention_backward_saved, p, q, k, v, out, lse, dout, dq, dk, dv);
+}
+
 int posenc_attention_backward_from_stats(const posenc_attention_params* p, const posenc_tensor* q,
                                          const posenc_tensor* k, const posenc_tensor* v,
                                          const posenc_tensor* out, const posenc_tensor* lse,
                                          const posenc_tensor* dout, const posenc_tensor* dq,
                                          const posenc_tensor* dk, const posenc_tensor* dv) {
-  return guarded([&] {
-    if (p == nullptr) return null_arg("p");
-    View vq, vk, vv, vo, vl, vdo, vdq, vdk, vdv;
-    POSENC_RETURN_IF_ERROR(to_views({{"q", q, Role::kInput, false, &vq},
-                                     {"k", k, Role::kInput, false, &vk},
-                                     {"v", v, Role::kInput, false, &vv},
-                                     {"out", out, Role::kInput, false, &vo},
-                                     {"lse", lse, Role::kInput, false, &vl},
-                                     {"dout", dout, Role::kInput, false, &vdo},
-                                     {"dq", dq, Role::kOutput, true, &vdq},
-                                     {"dk", dk, Role::kOutput, true, &vdk},
-                                     {"dv", dv, Role::kOutput, true, &vdv}}));
-    return posenc::attention_backward_from_stats(p->p, vq, vk, vv, p->t, vo, vl, vdo, vdq, vdk, vdv, p->g);
-  });
+  return backward_given_stats(&posenc::attention_backward_from_stats, p, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 }  // extern "C"

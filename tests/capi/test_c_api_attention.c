@@ -171,9 +171,10 @@ static void t5_f64(void) {
   posenc_attention_params_free(p);
 }
 
-/* posenc_attention_backward_from_stats: the keys in two shards of TN/2 (k_offset 0 and TN/2, the
-   queries at the whole call's q_offset N - M), each shard's backward under the whole forward's out and
-   lse; dq and dweights summed, dk concatenated, against the unsharded backward. */
+/* posenc_attention_backward_saved given the forward's own out and lse. posenc_attention_backward_from_stats:
+   the keys in two shards of TN/2 (k_offset 0 and TN/2, the queries at the whole call's q_offset N - M),
+   each shard's backward under the whole forward's out and lse; dq and dweights summed, dk
+   concatenated, against the unsharded backward. */
 static void t5_shards_f64(void) {
   enum { S = TN / 2, TS = TB * S * TH * TD };
   double q[TQ], k[TK], v[TK], dout[TQ], out[TQ], lse[TB * TH * TM], w[TNB * TH];
@@ -197,6 +198,20 @@ static void t5_shards_f64(void) {
   CHECK(posenc_attention_forward(p, &tq, &tk, &tv, &to, &tl) == POSENC_OK, "%s", posenc_last_error());
   CHECK(posenc_attention_set_grad(p, "weights", &tdw) == POSENC_OK, "%s", posenc_last_error());
   CHECK(posenc_attention_backward(p, &tq, &tk, &tv, &tdo, &tdq, &tdk, NULL) == POSENC_OK, "%s", posenc_last_error());
+  { /* posenc_attention_backward_saved given that forward's out and lse: the same gradients; without
+       lse, an error naming it */
+    double gq[TQ], gk[TK], gw[TNB * TH];
+    posenc_tensor tgq = tensor(gq, POSENC_F64, 4, sq), tgk = tensor(gk, POSENC_F64, 4, sk);
+    posenc_tensor tgw = tensor(gw, POSENC_F64, 2, sw);
+    CHECK(posenc_attention_set_grad(p, "weights", &tgw) == POSENC_OK, "%s", posenc_last_error());
+    CHECK(posenc_attention_backward_saved(p, &tq, &tk, &tv, &to, &tl, &tdo, &tgq, &tgk, NULL) == POSENC_OK, "%s",
+          posenc_last_error());
+    CHECK(max_abs_diff(gq, dq, TQ) == 0 && max_abs_diff(gk, dk, TK) == 0 && max_abs_diff(gw, dw, TNB * TH) == 0,
+          "saved backward off: dq %g dk %g", max_abs_diff(gq, dq, TQ), max_abs_diff(gk, dk, TK));
+    CHECK(posenc_attention_backward_saved(p, &tq, &tk, &tv, &to, NULL, &tdo, &tgq, &tgk, NULL) != POSENC_OK &&
+              strstr(posenc_last_error(), "lse") != NULL,
+          "missing lse: %s", posenc_last_error());
+  }
   char qo[32];
   snprintf(qo, sizeof qo, "%d", TN - TM);
   CHECK(posenc_attention_params_set(p, "q_offset", qo) == POSENC_OK, "%s", posenc_last_error());

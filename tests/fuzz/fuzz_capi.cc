@@ -1,7 +1,8 @@
 // Fuzz target: the C ABI (posenc/c_api.h) driven by a sequence of operations decoded from the bytes:
 // posenc_*_params_set with keys and values from the real vocabulary (the registry's parameters, the
 // attention's and RoPE's keys, their choices) or raw bytes; set_tensor and set_grad with random
-// dtypes, ndim, shapes and strides; then one call (forward, backward, backward from stats, rope_qk).
+// dtypes, ndim, shapes and strides; then one call (forward, backward, backward from the forward's or
+// a shard's statistics, rope_qk).
 // The C ABI cannot know a buffer's size and trusts shapes and strides, so every tensor here lies in an
 // allocation of exactly the bytes its shape and strides reach: a read or write outside it is an ASan
 // report. Sizes stay small (B ≤ 2, M, N ≤ 5, heads ≤ 4, D ≤ 8) so that a run takes microseconds.
@@ -204,7 +205,7 @@ int call_attention(FuzzInput& in, const Dims& d) {
   Buffer q = make_tensor(in, dt, {d.B, d.M, d.Hq, d.D}), k = make_tensor(in, dt, {d.B, d.N, d.Hkv, d.D}),
          v = make_tensor(in, dt, {d.B, d.N, d.Hkv, d.D}), out = make_tensor(in, dt, {d.B, d.M, d.Hq, d.D}),
          lse = make_tensor(in, POSENC_F64, {d.B, d.Hq, d.M});
-  switch (in.below(3)) {
+  switch (in.below(4)) {
     case 0:
       count(posenc_attention_forward(p, &q.t, &k.t, &v.t, &out.t, in.below(2) ? &lse.t : nullptr));
       break;
@@ -212,6 +213,12 @@ int call_attention(FuzzInput& in, const Dims& d) {
       Buffer dq = make_tensor(in, dt, {d.B, d.M, d.Hq, d.D}), dk = make_tensor(in, dt, {d.B, d.N, d.Hkv, d.D}),
              dv = make_tensor(in, dt, {d.B, d.N, d.Hkv, d.D});
       count(posenc_attention_backward(p, &q.t, &k.t, &v.t, &out.t, &dq.t, in.below(2) ? &dk.t : nullptr, &dv.t));
+      break;
+    }
+    case 2: {
+      Buffer dout = make_tensor(in, dt, {d.B, d.M, d.Hq, d.D}), dq = make_tensor(in, dt, {d.B, d.M, d.Hq, d.D});
+      count(posenc_attention_backward_saved(p, &q.t, &k.t, &v.t, &out.t, in.below(2) ? &lse.t : nullptr, &dout.t,
+                                            &dq.t, nullptr, nullptr));
       break;
     }
     default: {
