@@ -10,21 +10,6 @@
 #include "attention/attention_check.h"
 #include "posenc/attention.h"
 
-namespace posenc {
-
-// For a caller that keeps what the forward wrote (the study's model): posenc::attention_backward,
-// given the out and lse that posenc::attention_forward wrote for the same p, q, k, v and t (out
-// float32 [B, M, Hq, D], lse float64 [B, Hq, M]; the caller vouches that they are that forward's).
-// Where the dispatcher runs the fused kernel of attention_cpu.cc, its pass 1 reads them instead of
-// running the forward again: the same gradients, bit for bit. Elsewhere (the reference, xl, cope), or
-// when out or lse do not have those shapes and dtypes, they are not read.
-Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
-                                const EncodingTensors& t, const View& out, const View& lse,
-                                const View& dout, const View& dq, const View& dk, const View& dv,
-                                const EncodingGrads& g);
-
-}  // namespace posenc
-
 namespace posenc::fused {
 
 // Whether the fused kernels cover this encoding and q/k/v dtype.
@@ -56,8 +41,8 @@ Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q,
                    const View* saved_out = nullptr, const View* saved_lse = nullptr);
 
 // For tests: the most floats of each buffer xl keeps for speed (the keys' C transposed; the backward's
-// [Q + u | Ỹ] of a task): larger ones are not kept, their parts formed per tile (0: none kept); a
-// negative value restores the default.
+// [Q + u | Ỹ] of a task; the forward's key panels, 4× this): larger ones are not kept, their parts
+// formed per tile (0: none kept); a negative value restores the default.
 void xl_set_cache_limit(std::int64_t floats);
 
 // CoPE (attention_cope_cpu.cc). cope_fused(): whether the kernel is built.

@@ -22,7 +22,8 @@
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
 //   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
-//   rows transposed once per call, where that is kept, else transposed here), S by
+//   rows transposed once per call, where that is kept, else transposed here), read from the panels
+//   of every key block formed once per call where they are kept (key_panels), S by
 //   tile_gemm's kNP form; mask, online softmax, O += P·V as in attention_cpu.cc (K and V read in
 //   place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
 //   the band (tile_gemm.h) in S, the softmax and P·V.
@@ -76,6 +77,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "attention/attention_fused.h"
@@ -126,6 +128,10 @@ struct Scratch {
 // task's query rows (G·M·(D + R) per thread; else each tile's formed again).
 constexpr I kCacheMax = I{1} << 21;
 std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
+// A third, the forward's [K | C]ᵀ of every key block (key_panels, B·Hkv·N·(D + R) floats and the
+// row padding, once per call; else each block's transposed once per query block): up to
+// kPanelFactor·cache_limit floats (32 MiB: 18 MiB at L = 4096, Hkv = 8, D = R = 64).
+constexpr I kPanelFactor = 4;
 
 class XlFused {
  public:
@@ -148,6 +154,7 @@ class XlFused {
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
   void forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
+    const std::unique_ptr<float[]> panels = key_panels();
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -163,7 +170,7 @@ class XlFused {
         // Later query blocks (more keys when causal) first.
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
-        forward_block(b, h, q0, nq, &w, l.data());
+        forward_block(b, h, q0, nq, &w, l.data(), panels.get());
         store_rows(out, d_.D, b, q0, nq, h, w.o.data());
         if (lse.present()) {
           double* base = static_cast<double*>(lse.data);
@@ -187,6 +194,7 @@ class XlFused {
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+    const std::unique_ptr<float[]> panels = saved_out ? nullptr : key_panels();
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -209,7 +217,7 @@ class XlFused {
           for (I i = 0; i < nq; ++i)
             l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
         } else {
-          forward_block(b, h, q0, nq, &w, l.data(), careful_all);
+          forward_block(b, h, q0, nq, &w, l.data(), panels.get(), careful_all);
         }
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
@@ -446,20 +454,43 @@ class XlFused {
     }
   }
 
-  // Keys [j0, j0 + nk) of kv head kh: w->kt [D + R, kLdt] = [K | C]ᵀ, transposed straight from k
+  // Keys [j0, j0 + nk) of kv head kh: kt [D + R, kLdt] = [K | C]ᵀ, transposed straight from k
   // where it is read in place (else from its rows loaded into w->kc), and C's rows from ct_ (where
   // kept, else transposed from the table).
-  void load_keys_t(I b, I kh, I j0, I nk, Scratch* w) const {
+  void load_keys_t(I b, I kh, I j0, I nk, Scratch* w, float* kt) const {
     const I D = d_.D;
     if (dir_k_) {
       const float* K = static_cast<const float*>(k_.data) + b * k_.strides[0] + j0 * k_.strides[1] + kh * k_.strides[2];
-      tr_(K, k_.strides[1], nk, D, w->kt.data(), kLdt);
+      tr_(K, k_.strides[1], nk, D, kt, kLdt);
     } else {
       load_rows(k_, D, b, j0, nk, kh, w->kc.data());
-      tr_(w->kc.data(), D, nk, D, w->kt.data(), kLdt);
+      tr_(w->kc.data(), D, nk, D, kt, kLdt);
     }
-    if (ct_.empty()) tr_(tk(j0), d_.R, nk, d_.R, w->kt.data() + D * kLdt, kLdt);
-    else for (I c = 0; c < d_.R; ++c) copy_row(w->kt.data() + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
+    if (ct_.empty()) tr_(tk(j0), d_.R, nk, d_.R, kt + D * kLdt, kLdt);
+    else for (I c = 0; c < d_.R; ++c) copy_row(kt + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
+  }
+
+  // [K | C]ᵀ of every key block, [B, Hkv, ⌈N/Bk⌉, D + R, kLdt] (load_keys_t's tiles; columns past a
+  // block's keys unset), for the forward's tasks, which would otherwise transpose each block once per
+  // query block; null where it would take more than kPanelFactor·cache_limit floats.
+  std::unique_ptr<float[]> key_panels() const {
+    const I nkb = (d_.N + kBk - 1) / kBk, n = d_.B * d_.Hkv * nkb, per = (d_.D + d_.R) * kLdt;
+    if (n == 0 || n * per > kPanelFactor * cache_limit.load()) return nullptr;
+    std::unique_ptr<float[]> panels(new float[ix(n * per)]);
+    RegionGuard guard;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      Scratch w;
+      guard.run([&] { w.kc.resize(ix(kBk * (d_.D + d_.R))); });
+#pragma omp for schedule(static)
+      for (I t = 0; t < n; ++t) {
+        if (guard.failed()) continue;
+        const I kb = t % nkb, bk = t / nkb, j0 = kb * kBk;
+        load_keys_t(bk / d_.Hkv, bk % d_.Hkv, j0, std::min(kBk, d_.N - j0), &w, panels.get() + t * per);
+      }
+    }
+    guard.rethrow();
+    return panels;
   }
 
   // The band of the tile whose key 0 − query 0 distance is base (tile_gemm.h): causal tiles
@@ -490,8 +521,9 @@ class XlFused {
   // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq].
   // careful_v: P·V of the sanitized V, its non-finite entries' terms added back (attention_tiles.h) —
   // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, bool careful_v = false) const {
-    const I D = d_.D, kh = h / d_.G;
+  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, const float* panels,
+                     bool careful_v = false) const {
+    const I D = d_.D, kh = h / d_.G, nkb = (d_.N + kBk - 1) / kBk;
     load_qu(b, h, q0, nq, w->qc.data());
     rotated_y(b, h, q0, nq, w, w->qc.data() + D, D + d_.R);
     const I qp_max = d_.q_off + q0 + nq - 1;
@@ -505,7 +537,9 @@ class XlFused {
     float* S = w->s.data();
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      load_keys_t(b, kh, j0, nk, w);
+      const float* kt = w->kt.data();
+      if (panels) kt = panels + ((b * d_.Hkv + kh) * nkb + j0 / kBk) * (D + d_.R) * kLdt;
+      else load_keys_t(b, kh, j0, nk, w, w->kt.data());
       const float* V = w->v.data();
       I ldv = D;
       if (dir_v_) {
@@ -514,7 +548,7 @@ class XlFused {
       } else {
         load_rows(v_, D, b, j0, nk, kh, w->v.data());
       }
-      const I bd = logits(q0, nq, j0, nk, w->qc.data(), w->kt.data(), w);
+      const I bd = logits(q0, nq, j0, nk, w->qc.data(), kt, w);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
       const bool bad_v = careful_v && sanitize_rows(V, ldv, nk, D, w->sv.data());
@@ -523,7 +557,7 @@ class XlFused {
       if (bad_v) add_back_pv(S, nq, V, ldv, nk, D, o, D);
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
-    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, true);
+    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, panels, true);
   }
 
   // The end of pass 2 for head h: qa (row stride ld) holds dQc of its M rows, xt [M, R] X̃. X = X̃
