@@ -303,7 +303,9 @@ long peak_kb() {
 }
 
 // L = 8192, one head, forward and backward: an L×L float buffer would be 256 MB; the kernel needs
-// the angle table (L·R floats, 2 MB), per thread X̃ (L·R floats, 2 MB; dQ sums in dq) and lse, D.
+// the angle table (L·R floats, 2 MB), per thread X̃ (L·R floats, 2 MB; dQ sums in dq), lse, D, and
+// the key panels of the forward and of the backward's first pass (L·(D + R) floats and row padding,
+// 4.7 MB each; under ASan's quarantine the second does not reuse the first's pages).
 TEST(FastAttentionXL, LongSequenceNeedsNoLxLBuffer) {
   const I L = 8192, D = 64, R = 64;
   set_num_threads(2);
@@ -319,7 +321,7 @@ TEST(FastAttentionXL, LongSequenceNeedsNoLxLBuffer) {
   const long after = peak_kb();
   set_num_threads(0);
   if (before < 0 || after < 0) GTEST_SKIP() << "no /proc/self/status";
-  EXPECT_LT(after - before, 32 * 1024) << "peak grew by " << (after - before) << " kB";
+  EXPECT_LT(after - before, 48 * 1024) << "peak grew by " << (after - before) << " kB";
   // the first row sees only key 0: out = v_0
   for (I e = 0; e < D; ++e) EXPECT_FLOAT_EQ(static_cast<float>(out.values()[ix(e)]), pr.v.f[ix(e)]);
 }
