@@ -472,10 +472,12 @@ class XlFused {
 
   // [K | C]ᵀ of every key block, [B, Hkv, ⌈N/Bk⌉, D + R, kLdt] (load_keys_t's tiles; columns past a
   // block's keys unset), for the forward's tasks, which would otherwise transpose each block once per
-  // query block; null where it would take more than kPanelFactor·cache_limit floats.
+  // query block of each of its G heads; null where that is once (nothing to save) or where it would
+  // take more than kPanelFactor·cache_limit floats.
   std::unique_ptr<float[]> key_panels() const {
     const I nkb = (d_.N + kBk - 1) / kBk, n = d_.B * d_.Hkv * nkb, per = (d_.D + d_.R) * kLdt;
-    if (n == 0 || n * per > kPanelFactor * cache_limit.load()) return nullptr;
+    const I readers = d_.G * ((d_.M + kBq - 1) / kBq);
+    if (n == 0 || readers < 2 || n * per > kPanelFactor * cache_limit.load()) return nullptr;
     std::unique_ptr<float[]> panels(new float[ix(n * per)]);
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
