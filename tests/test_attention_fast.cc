@@ -25,12 +25,14 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <hwy/targets.h>
 
 #include "attention/attention_fused.h"
 #include "attention/attention_tiles.h"
+#include "attention/tile_gemm_bf16.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/threads.h"
@@ -400,6 +402,64 @@ TEST_P(FastAttention, BackwardMatchesReference) {
         check_backward(pr, dt, 400);
       }
 }
+
+// The bfloat16-rate forward (tile_gemm_bf16.h: q, k, v bfloat16, the products on pairs of bfloat16,
+// P rounded to bfloat16 for its product), emulated on any AVX-512 CPU, and with VDPBF16PS and with
+// AMX where this CPU has them: out and lse within the bfloat16 tolerances, on every shape above.
+class FastAttentionBf16Rate : public ::testing::TestWithParam<std::tuple<Variant, attn_fast::Bf16Mode>> {
+ protected:
+  void TearDown() override { attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto); }
+};
+
+TEST_P(FastAttentionBf16Rate, ForwardMatchesReference) {
+  const auto& [var, mode] = GetParam();
+  attn_fast::bf16_set_mode(mode);
+  if (!attn_fast::bf16_ops())
+    GTEST_SKIP() << "this CPU lacks the instructions of this mode";
+  for (const NamedShape& ns : shapes())
+    for (bool causal : {false, true}) {
+      if (ns.s.D == 130 || (var.enc == Encoding::kRope2d && ns.s.D < 4)) continue;
+      SCOPED_TRACE(std::string(ns.name) + (causal ? " causal" : " full"));
+      Problem pr(var, ns.s, causal, 100);
+      check_forward(pr, DType::kBF16, 200);
+    }
+}
+
+// The emulated mode does take the rate path: P rounded to bfloat16 changes out's bits against the
+// float32 products' (kOff) at a size the tiles see.
+TEST(FastAttentionBf16RatePath, EmulatedModeRoundsP) {
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kEmulated);
+  if (!attn_fast::bf16_ops()) {
+    attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+    GTEST_SKIP() << "this CPU has no AVX-512";
+  }
+  Problem pr(variants()[0], {1, 130, 130, 2, 1, 64}, true, 100);
+  Tensor q(DType::kBF16, randn(ix(130 * 2 * 64), 1), pr.qshape());
+  Tensor k(DType::kBF16, randn(ix(130 * 64), 2), pr.kshape());
+  Tensor v(DType::kBF16, randn(ix(130 * 64), 3), pr.kshape());
+  Vec res[2];
+  for (attn_fast::Bf16Mode mode : {attn_fast::Bf16Mode::kEmulated, attn_fast::Bf16Mode::kOff}) {
+    attn_fast::bf16_set_mode(mode);
+    Tensor out(DType::kBF16, pr.qshape());
+    const Status st = fused::attention_forward(pr.p, q.view(), k.view(), v.view(), pr.tensors(), out.view());
+    ASSERT_TRUE(st.ok()) << st.message();
+    res[mode == attn_fast::Bf16Mode::kOff] = out.values();
+  }
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+  EXPECT_NE(res[0], res[1]);
+}
+
+std::string rate_name(const ::testing::TestParamInfo<std::tuple<Variant, attn_fast::Bf16Mode>>& info) {
+  const attn_fast::Bf16Mode m = std::get<1>(info.param);
+  return std::get<0>(info.param).name +
+         (m == attn_fast::Bf16Mode::kAmx ? "_amx" : m == attn_fast::Bf16Mode::kVdpbf16 ? "_vdpbf16" : "_emulated");
+}
+INSTANTIATE_TEST_SUITE_P(FastAttentionBf16Rate, FastAttentionBf16Rate,
+                         ::testing::Combine(::testing::ValuesIn(variants()),
+                                            ::testing::Values(attn_fast::Bf16Mode::kEmulated,
+                                                              attn_fast::Bf16Mode::kVdpbf16,
+                                                              attn_fast::Bf16Mode::kAmx)),
+                         rate_name);
 
 // Two threads compute exactly what one does (tasks partition the work; no shared accumulation order).
 TEST_P(FastAttention, TwoThreadsEqualOne) {

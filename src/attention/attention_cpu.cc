@@ -23,7 +23,9 @@
 // (a decode step) calls cblas_sgemv whatever D. On a tile that the causal diagonal crosses, the
 // products, the softmax and the exponentials take a band (tile_gemm.h: only keys j ≤ i − base of
 // row i matter) and skip the masked half: the tile holds −inf past each row's last key up to a
-// whole 16 (band_reach) and zeros beyond, so what a product still reads there is P = dS = 0.
+// whole 16 (band_reach) and zeros beyond, so what a product still reads there is P = dS = 0. With
+// bfloat16 q, k, v on a CPU with AMX (or AVX512_BF16, AMD), the forward's products run on bfloat16
+// pairs instead (bf16_block, tile_gemm_bf16.h; docs/attention.md).
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
 // place: the GEMM gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
@@ -490,6 +492,7 @@ HWY_AFTER_NAMESPACE();
 #include "attention/attention_check.h"
 #include "attention/attention_decode.h"
 #include "attention/attention_fused.h"
+#include "attention/tile_gemm_bf16.h"
 #include "core/fast_common.h"
 #include "enc/bias/alibi/alibi_math.h"
 #include "enc/bias/fire/fire_check.h"
@@ -589,6 +592,9 @@ struct Scratch {
   std::vector<float> q, k, v, s, dp, o, dout, dk, dv, ml, diag, dkg, row;
   std::vector<float> kt, vt;  // backward: Kᵀ, Vᵀ of the key block [D, kLdt] (the kNP products)
   std::vector<float> qs, ks, vs, dos;  // careful steps (non-finite inputs): sanitized copies
+  // the bfloat16-rate forward (tile_gemm_bf16.h): Q [Bq, D/2], Kᵀ [D/2, kLdt] and P [Bq, Bk/2] as
+  // pairs; V [Bk/2, D] as row pairs
+  std::vector<attn_fast::Pair> qb, kb, pb, vb;
   void init(I D) {
     q.resize(ix(kBq * D));
     k.resize(ix(kBk * D));
@@ -598,6 +604,12 @@ struct Scratch {
     o.resize(ix(kBq * D));
     ml.resize(ix(2 * kBq));
     diag.resize(ix(kBq + kBk));
+  }
+  void init_bf16(I D) {
+    qb.resize(ix(kBq * D / 2));
+    kb.resize(ix(D / 2 * kLdt));
+    pb.resize(ix(kBq * kBk / 2));
+    vb.resize(ix(kBk / 2 * D));
   }
   void init_backward(I D) {
     dp.resize(ix(kBq * kBk));
@@ -634,6 +646,7 @@ class Fused {
     dir_k_ = direct(k);
     dir_v_ = direct(v);
     cf_ = careful_forward(simd_, d, k, threads);
+    bf16_ = bf16_rate(q, k, v) ? attn_fast::bf16_ops() : nullptr;
     if (d.rotary) {
       interleaved_ = d.rot.layout == RopeLayout::kInterleaved;
       per_head_ = d.rot.per_head();
@@ -700,6 +713,8 @@ class Fused {
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
   void forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, tasks = d_.B * d_.Hq * nqb;
+    const std::vector<attn_fast::Pair> panels = bf16_panels();
+    const attn_fast::Pair* pan = panels.empty() ? nullptr : panels.data();
     attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -707,6 +722,7 @@ class Fused {
       std::vector<double> l;
       guard.run([&] {
         w.init(d_.D);
+        if (bf16_) w.init_bf16(d_.D);
         l.resize(ix(kBq));
       });
 #pragma omp for schedule(dynamic, 1)
@@ -714,7 +730,7 @@ class Fused {
         if (guard.failed()) continue;
         I b, h, q0, nq;
         query_task(task, nqb, &b, &h, &q0, &nq);
-        forward_block(b, h, q0, nq, &w, w.o.data(), l.data());
+        forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), false, true, pan);
         attn_fast::store_rows(out, d_.D, b, q0, nq, h, w.o.data());
         if (lse.present()) {
           double* base = static_cast<double*>(lse.data);
@@ -882,6 +898,13 @@ class Fused {
     if (future_only(h)) *ihi = std::clamp<I>(kp0 + nk - d_.q_off, 0, d_.M);
   }
 
+  // Whether the forward takes its products at the bfloat16 rate (where the CPU has it): q, k and v
+  // bfloat16, even D within the tile GEMM's, k and v rows with unit inner stride (packed from the
+  // input as they are).
+  bool bf16_rate(const View& q, const View& k, const View& v) const {
+    return q.dtype == DType::kBF16 && k.dtype == DType::kBF16 && v.dtype == DType::kBF16 && d_.D % 2 == 0 &&
+           gemm_ && k.strides[3] == 1 && v.strides[3] == 1;
+  }
   // Whether sgemm can read rows of x in place: float32, unit inner stride, a row stride ≥ D that
   // fits an int (or a single row).
   bool direct(const View& x) const {
@@ -1019,13 +1042,18 @@ class Fused {
     else
       tile_gemm(gemm_, GemmForm::kNT, nq, nk, d_.D, static_cast<float>(d_.scale), Q.p, Q.ld, K.p,
                 K.ld, S, kBk, bd);
+    finish_logits(h, q0, nq, nk, base, bd, S, w->diag.data());
+  }
+
+  // The rest of logits() on S [nq, Bk] holding scale·Q·Kᵀ: the bias, and the masks.
+  void finish_logits(I h, I q0, I nq, I nk, I base, I bd, float* S, float* diag) const {
     if (bias_ == Bias::kLut) {  // the table's slice for this tile, read in place
       xs_.add_diag(S, nq, nk, kBk, &lut_[ix(h * lut_w_ + base - (nq - 1) - rel_lo_)]);
     } else if (bias_ == Bias::kFire) {
       fire_tile(h, q0, base, nq, nk, S, nullptr, nullptr);
     } else if (bias_ != Bias::kNone) {
-      tile_bias(h, base, nq, nk, w->diag.data());
-      xs_.add_diag(S, nq, nk, kBk, w->diag.data());
+      tile_bias(h, base, nq, nk, diag);
+      xs_.add_diag(S, nq, nk, kBk, diag);
     }
     // kp − qp = base + j − i; past only: j ≤ i − base; future only: j ≥ i − base.
     const bool past = past_only(h), fut = future_only(h);
@@ -1051,9 +1079,15 @@ class Fused {
   // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq]. careful_v: P·V of the
   // sanitized V, its non-finite entries' terms added back (attention_tiles.h) — taken again with it
   // when a row of finite lse comes out non-finite (a NaN or ±inf in V).
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v = false) const {
+  // rate_ok: the bfloat16-rate products where the call has them (bf16_); the forward's own blocks only:
+  // the backward's D = rowsum(dO ⊙ out) needs the out of the float32 products, so that Σ_j dS_ij = 0.
+  // panels: bf16_panels() of the call, or null.
+  void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v = false,
+                     bool rate_ok = false, const attn_fast::Pair* panels = nullptr) const {
     const I D = d_.D, kh = h / d_.G;
     const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
+    const bool rate = rate_ok && bf16_ && !careful_v && nq > 1;
+    if (rate && !tq_) bf16_->round_rows(Q.p, Q.ld, nq, D, w->qb.data(), D / 2);  // exact: q is bfloat16
     const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;
     I jlo = 0, jhi = d_.N;
     if (past_only(h)) jhi = std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N);
@@ -1066,9 +1100,16 @@ class Fused {
     float* S = w->s.data();
     for (I j0 = jlo; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
+      const I bd = band(h, (d_.k_off + j0) - qp_min);
+      if (rate) {
+        const attn_fast::Pair* pan =
+            panels && j0 % kBk == 0 ? panels + ((b * d_.Hkv + kh) * ((d_.N + kBk - 1) / kBk) + j0 / kBk) * panel_size()
+                                    : nullptr;
+        bf16_block(b, h, q0, nq, j0, nk, bd, Q, w, o, pan);
+        continue;
+      }
       const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
-      const I bd = band(h, (d_.k_off + j0) - qp_min);
       logits(h, q0, nq, j0, nk, Q, K, w);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
@@ -1083,6 +1124,75 @@ class Fused {
     }
     online_softmax_finish(simd_, nq, m, l, o, D, lse);
     if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, o, lse, true);
+  }
+
+  // One key block [j0, j0 + nk) of forward_block at the bfloat16 rate (tile_gemm_bf16.h): the
+  // products read Q (w->qb), K, V and P as bfloat16 pairs, P rounded to bfloat16 for its product
+  // (docs/attention.md); the softmax stays float32. Under a rotary encoding the logits stay the
+  // float32 tile product of the rotated rows (rounding those would move lse by more than the
+  // bfloat16 tolerance allows).
+  // panel: the key block's packed Kᵀ and V (bf16_panels), or null: packed here.
+  void bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Scratch* w, float* o,
+                  const attn_fast::Pair* panel) const {
+    const I D = d_.D, kh = h / d_.G;
+    float* S = w->s.data();
+    float* m = w->ml.data();
+    float* l = m + kBq;
+    const attn_fast::Pair* kt = panel;
+    const attn_fast::Pair* vp = panel ? panel + D / 2 * kLdt : nullptr;
+    if (!panel) {
+      if (!tq_ && !tk_) pack_keys(b, kh, j0, nk, w->kb.data());
+      pack_values(b, kh, j0, nk, w->vb.data());
+      kt = w->kb.data();
+      vp = w->vb.data();
+    }
+    if (tq_ || tk_) {
+      logits(h, q0, nq, j0, nk, Q, rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h), w);
+    } else {
+      bf16_->gemm(attn_fast::Bf16Form::kScores, nq, nk, D / 2, static_cast<float>(d_.scale), w->qb.data(), D / 2, kt,
+                  kLdt, S, kBk, bd);
+      finish_logits(h, q0, nq, nk, (d_.k_off + j0) - (d_.q_off + q0), bd, S, w->diag.data());
+    }
+    if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);
+    online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
+    bf16_->round_rows(S, kBk, nq, nk, w->pb.data(), kBk / 2);
+    bf16_->gemm(attn_fast::Bf16Form::kValues, nq, D, (nk + 1) / 2, 1.f, w->pb.data(), kBk / 2, vp, D, o, D, bd);
+  }
+
+  // Keys [j0, j0 + nk) of (b, kv head kh) as pairs transposed, Kᵀ [D/2, kLdt]; their values as row
+  // pairs, V [kBk/2, D] (tile_gemm_bf16.h).
+  const std::uint16_t* row_at(const View& x, I b, I row, I kh) const {
+    return static_cast<const std::uint16_t*>(x.data) + b * x.strides[0] + row * x.strides[1] + kh * x.strides[2];
+  }
+  void pack_keys(I b, I kh, I j0, I nk, attn_fast::Pair* kt) const {
+    bf16_->transpose_pairs(row_at(k_, b, j0, kh), k_.strides[1], nk, d_.D / 2, kt, kLdt);
+  }
+  void pack_values(I b, I kh, I j0, I nk, attn_fast::Pair* vp) const {
+    bf16_->interleave_rows(row_at(v_, b, j0, kh), v_.strides[1], nk, d_.D, vp, d_.D);
+  }
+  I panel_size() const { return d_.D / 2 * kLdt + kBk / 2 * d_.D; }
+
+  // The bfloat16-rate forward's panels: every key block's Kᵀ and V packed once per call ([B, Hkv,
+  // key blocks] of panel_size() pairs), where each block has two or more readers (G heads × query
+  // blocks), k is not rotated, and they fit kPanelBytes; else empty (the blocks packed per tile).
+  std::vector<attn_fast::Pair> bf16_panels() const {
+    constexpr I kPanelBytes = I{32} << 20;
+    const I nkb = (d_.N + kBk - 1) / kBk, nqb = (d_.M + kBq - 1) / kBq, blocks = d_.B * d_.Hkv * nkb;
+    std::vector<attn_fast::Pair> pan;
+    if (!bf16_ || tq_ || tk_ || d_.G * nqb < 2 || blocks * panel_size() * 4 > kPanelBytes) return pan;
+    try {
+      pan.resize(ix(blocks * panel_size()));
+    } catch (const std::bad_alloc&) {
+      return {};  // the per-tile packing needs no more memory
+    }
+#pragma omp parallel for num_threads(threads_) schedule(static) if (threads_ > 1)
+    for (I t = 0; t < blocks; ++t) {
+      const I kb = t % nkb, kh = (t / nkb) % d_.Hkv, b = t / (nkb * d_.Hkv), j0 = kb * kBk;
+      attn_fast::Pair* dst = &pan[ix(t * panel_size())];
+      pack_keys(b, kh, j0, std::min(kBk, d_.N - j0), dst);
+      pack_values(b, kh, j0, std::min(kBk, d_.N - j0), dst + d_.D / 2 * kLdt);
+    }
+    return pan;
   }
 
   // Pass 2 over key blocks [kb0, kb1) of (b, kv head kh), every query head of the group and every
@@ -1517,6 +1627,7 @@ class Fused {
   Simd simd_;
   Extra xs_;
   TileGemmFn gemm_;  // the tiles' small GEMM (D ≤ kTileGemmMaxD), else null: OpenBLAS
+  const attn_fast::Bf16Ops* bf16_ = nullptr;  // the bfloat16-rate forward's products (bf16_rate())
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool interleaved_ = true, nonsym_ = false;
