@@ -1102,10 +1102,8 @@ class Fused {
       const I nk = std::min(kBk, jhi - j0);
       const I bd = band(h, (d_.k_off + j0) - qp_min);
       if (rate) {
-        const attn_fast::Pair* pan =
-            panels && j0 % kBk == 0 ? panels + ((b * d_.Hkv + kh) * ((d_.N + kBk - 1) / kBk) + j0 / kBk) * panel_size()
-                                    : nullptr;
-        bf16_block(b, h, q0, nq, j0, nk, bd, Q, w, o, pan);
+        bf16_block(b, h, q0, nq, j0, nk, bd, Q, w, o,
+                   panels && j0 % kBk == 0 ? panels + panel_at(b, kh, j0 / kBk) : nullptr);
         continue;
       }
       const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
@@ -1129,8 +1127,7 @@ class Fused {
   // One key block [j0, j0 + nk) of forward_block at the bfloat16 rate (tile_gemm_bf16.h): the
   // products read Q (w->qb), K, V and P as bfloat16 pairs, P rounded to bfloat16 for its product
   // (docs/attention.md); the softmax stays float32. Under a rotary encoding the logits stay the
-  // float32 tile product of the rotated rows (rounding those would move lse by more than the
-  // bfloat16 tolerance allows).
+  // float32 tile product of the rotated rows (rounded to bfloat16, those moved lse past its 1e-4).
   // panel: the key block's packed Kᵀ and V (bf16_panels), or null: packed here.
   void bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Scratch* w, float* o,
                   const attn_fast::Pair* panel) const {
@@ -1171,6 +1168,8 @@ class Fused {
     bf16_->interleave_rows(row_at(v_, b, j0, kh), v_.strides[1], nk, d_.D, vp, d_.D);
   }
   I panel_size() const { return d_.D / 2 * kLdt + kBk / 2 * d_.D; }
+  // Where key block kb of (b, kv head kh) starts in bf16_panels().
+  I panel_at(I b, I kh, I kb) const { return ((b * d_.Hkv + kh) * ((d_.N + kBk - 1) / kBk) + kb) * panel_size(); }
 
   // The bfloat16-rate forward's panels: every key block's Kᵀ and V packed once per call ([B, Hkv,
   // key blocks] of panel_size() pairs), where each block has two or more readers (G heads × query
@@ -1188,7 +1187,7 @@ class Fused {
 #pragma omp parallel for num_threads(threads_) schedule(static) if (threads_ > 1)
     for (I t = 0; t < blocks; ++t) {
       const I kb = t % nkb, kh = (t / nkb) % d_.Hkv, b = t / (nkb * d_.Hkv), j0 = kb * kBk;
-      attn_fast::Pair* dst = &pan[ix(t * panel_size())];
+      attn_fast::Pair* dst = &pan[ix(panel_at(b, kh, kb))];
       pack_keys(b, kh, j0, std::min(kBk, d_.N - j0), dst);
       pack_values(b, kh, j0, std::min(kBk, d_.N - j0), dst + d_.D / 2 * kLdt);
     }

@@ -100,11 +100,8 @@ POSENC_BF16_TARGET void Gemm(Bf16Form form, I M, I N, I P, float alpha, const Pa
   constexpr I kR = 6;
   for (I i = 0; i < M; i += kR) {
     const I rows = std::min(kR, M - i);
-    // the last entry that matters in this block's rows: key i + rows − 1 + band
-    const I reach = band >= kNoBand ? I{1} << 62 : i + rows + band;
     I n = N, p = P;
-    if (form == Bf16Form::kScores) n = std::clamp<I>(reach, 0, N);
-    else p = std::clamp<I>((reach + 1) / 2, 0, P);
+    BandExtent(form, i, rows, band, &n, &p);
     if (n == 0 || (form == Bf16Form::kValues && p == 0)) continue;
     const bool acc = form == Bf16Form::kValues;
     const Pair* a = A + i * lda;

@@ -29,6 +29,16 @@
 
 namespace posenc::attn_fast {
 
+// What rows [i0, i0 + rows) of a product need under a band (keys up to i0 + rows − 1 + band): of
+// the scores, the columns *n (≤ N given); of the values, the pairs *p (≤ P given).
+inline void BandExtent(Bf16Form form, std::int64_t i0, std::int64_t rows, std::int64_t band, std::int64_t* n,
+                       std::int64_t* p) {
+  if (band >= kNoBand) return;
+  const std::int64_t keys = i0 + rows + band;
+  if (form == Bf16Form::kScores) *n = std::clamp<std::int64_t>(keys, 0, *n);
+  else *p = std::clamp<std::int64_t>((keys + 1) / 2, 0, *p);
+}
+
 #if POSENC_HAVE_BF16_KERNELS
 
 #define POSENC_BF16_NS native
@@ -48,8 +58,8 @@ namespace posenc::attn_fast {
 #undef POSENC_BF16_TARGET
 
 // AMX (AMX-TILE, AMX-BF16): the products as 16 × 16 tiles of C, each a sum of TDPBF16PS over
-// chunks of 16 pairs; tails (rows, columns, pairs under 16) as tiles configured that small. Tiles:
-// 0 C, 1 and 2 a chunk of A and B, 3 and 4 the pairs' tail.
+// chunks of 16 pairs: 2 × 2 tiles at a time where a block is whole (Block2x2), else one tile at a
+// time with tails (rows, columns, pairs under 16) as tiles configured that small (Tile1).
 namespace amx {
 
 using I = std::int64_t;
@@ -163,10 +173,10 @@ POSENC_AMX_TARGET void Gemm(Bf16Form form, I M, I N, I P, float alpha, const Pai
   int current = -1;
   for (I i0 = 0; i0 < M; i0 += 32) {
     const I mb = std::min<I>(32, M - i0);
-    const I reach = band >= kNoBand ? I{1} << 62 : i0 + mb + band;  // as native::Gemm
     I n = N, p = P;
-    if (form == Bf16Form::kScores) n = std::min<I>(N, (std::clamp<I>(reach, 0, N) + 31) / 32 * 32);
-    else p = std::min<I>(P, (std::clamp<I>((reach + 1) / 2, 0, P) + 15) / 16 * 16);
+    BandExtent(form, i0, mb, band, &n, &p);
+    n = std::min<I>(N, (n + 31) / 32 * 32);
+    p = std::min<I>(P, (p + 15) / 16 * 16);
     if (acc && p == 0) continue;
     const bool whole = mb == 32 && p % 16 == 0 && (!acc || alpha == 1.f);
     const Pair* a = A + i0 * lda;
@@ -238,12 +248,13 @@ bool cpu_amx() {
 #endif
 }
 
-bool cpu_amd() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-}
+}  // namespace
 
+#else
+
+namespace {
+bool cpu_bf16() { return false; }
+bool cpu_amx() { return false; }
 }  // namespace
 
 #endif
@@ -253,26 +264,18 @@ std::atomic<Bf16Mode> mode{Bf16Mode::kAuto};
 }
 
 bool cpu_has_avx512_bf16() {
-#if POSENC_HAVE_BF16_KERNELS
   static const bool has = cpu_bf16();
   return has;
-#else
-  return false;
-#endif
 }
 
 bool cpu_has_amx_bf16() {
-#if POSENC_HAVE_BF16_KERNELS
   static const bool has = cpu_amx();
   return has;
-#else
-  return false;
-#endif
 }
 
 const Bf16Ops* bf16_ops() {
 #if POSENC_HAVE_BF16_KERNELS
-  static const bool amd = cpu_amd();
+  static const bool amd = __builtin_cpu_is("amd");  // as default_tile_blocks() asks (tile_gemm.cc)
   switch (mode.load(std::memory_order_relaxed)) {
     case Bf16Mode::kAuto:
       if (cpu_has_amx_bf16()) return &kAmx;
