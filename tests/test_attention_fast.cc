@@ -663,6 +663,31 @@ std::vector<Vec> backward_fused(Problem& pr, DType dt, bool with_dq, std::uint64
   return r;
 }
 
+// The dQ buffer limit for a test's scope (fused::set_dq_buffer_limit; 0: a float32 dq summed in place).
+struct DqBufferLimit {
+  explicit DqBufferLimit(std::int64_t bytes) { fused::set_dq_buffer_limit(bytes); }
+  ~DqBufferLimit() { fused::set_dq_buffer_limit(-1); }
+};
+
+// A float32 dq that takes the tile products' sums in place (tasks past the buffer limit) against
+// one summed in a task's buffer: the same sums in the same order, so the same gradients bit for
+// bit, and the reference's within the tolerances.
+TEST(FastAttentionDq, InPlaceEqualsBuffered) {
+  for (const Variant& var : variants())
+    for (const NamedShape& ns : shapes())
+      for (bool causal : {false, true}) {
+        if (var.enc == Encoding::kRope2d && ns.s.D < 4) continue;
+        SCOPED_TRACE(std::string(var.name) + " " + ns.name + (causal ? " causal" : " full"));
+        Problem pr(var, ns.s, causal, 300);
+        const std::vector<Vec> buffered = backward_fused(pr, DType::kF32, true, 400);
+        DqBufferLimit in_place(0);
+        const std::vector<Vec> got = backward_fused(pr, DType::kF32, true, 400);
+        ASSERT_EQ(got.size(), buffered.size());
+        for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], buffered[i]) << "gradient " << i;
+        check_backward(pr, DType::kF32, 400);
+      }
+}
+
 struct SplitCase {
   const char* name;
   Shape s;
@@ -693,7 +718,8 @@ TEST(FastAttentionSplit, SplitUnitsMatchOneThreadAndReference) {
     for (const Variant& var : vars) {
       if (var.alibi == AlibiVariant::kNonsymmetric && c.s.Hq % 2 != 0) continue;  // needs Hq even
       ++n;
-      const DType dt = n % 3 == 0 ? DType::kBF16 : DType::kF32;  // bf16: dQ through a buffer
+      const DType dt = n % 3 == 0 ? DType::kBF16 : DType::kF32;
+      DqBufferLimit limit(n % 2 == 0 ? 0 : -1);  // even cases: a float32 dq summed in place
       SCOPED_TRACE(std::string(c.name) + " " + var.name + " " + dtype_name(dt));
       Problem pr(var, c.s, c.causal, 1500 + ix(n));
       set_num_threads(1);

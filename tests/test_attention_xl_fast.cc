@@ -203,10 +203,11 @@ TEST(FastAttentionXL, EverySimdTarget) {
 }
 
 // With no buffer kept for speed (as for a call too large to keep them): each key block's Cᵀ
-// transposed from the table, each backward tile's [Q + u | Ỹ] formed again. Causal with offsets
-// (tiles not aligned to the query blocks) and full with GQA and two batch rows.
+// transposed from the table, each backward tile's [Q + u | Ỹ] formed again, dQ summed in dq itself.
+// Causal with offsets (tiles not aligned to the query blocks) and full with GQA and two batch rows.
 TEST(FastAttentionXL, UncachedPathsMatchReference) {
   fused::xl_set_cache_limit(0);
+  fused::set_dq_buffer_limit(0);
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     Problem a({"mid", 1, 150, 140, 2, 1, 64, 16, I{20}, I{3}}, true, DType::kF32, DType::kF64, 1100);
@@ -216,6 +217,7 @@ TEST(FastAttentionXL, UncachedPathsMatchReference) {
   }
   set_num_threads(0);
   fused::xl_set_cache_limit(-1);
+  fused::set_dq_buffer_limit(-1);
 }
 
 // Two threads compute exactly what one does (tasks partition the work; sums run in a fixed order).

@@ -802,7 +802,7 @@ class Fused {
     std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
     const I U = B * Hkv, T = threads_, whole = U - U % T, nkb = (N + kBk - 1) / kBk;
     const bool need_dq = dq.present() || bw.freq;
-    const bool dq_dir = dq.present() && direct_out(dq, Hq);
+    const bool dq_dir = dq.present() && direct_out(dq, Hq) && !attn_fast::dq_buffered(G, M, D);
 #pragma omp parallel num_threads(threads_) if (threads_ > 1 && whole > 1)
     if (whole > 0) {
       Scratch& w = thread_scratch();
@@ -1724,6 +1724,10 @@ bool supports(const AttentionParams& p, DType qkv) {
     default: return false;
   }
   return fast::fast_dtype(qkv);
+}
+
+void set_dq_buffer_limit(std::int64_t bytes) {
+  attn_fast::dq_buffer_limit.store(bytes < 0 ? attn_fast::kDqBufferBytes : bytes);
 }
 
 std::string covered() {

@@ -25,6 +25,10 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
                           const EncodingTensors& t, const View& dout, const View& dq, const View& dk,
                           const View& dv, const EncodingGrads& g);
 
+// For tests: the largest dQ buffer [G, M, D] (bytes) a backward task keeps rather than summing a
+// float32 dq in place (attn_fast::kDqBufferBytes; 0: always in place); negative restores the default.
+void set_dq_buffer_limit(std::int64_t bytes);
+
 // ---- the kernels of the other files, called by the dispatcher of attention_cpu.cc -----------------
 // Arguments are validated (d filled by attn::validate_*), the dtype is covered, no output overlaps an
 // input, and OpenBLAS is set to one thread for the call.

@@ -34,6 +34,13 @@ constexpr I kBk = 128;  // keys per tile (also the row stride of score tiles)
 // 16 more, so that a product's column strip, read down up to 128 rows, does not fall into few L1
 // sets (a stride of 512 bytes maps every 8th row to the same sets).
 constexpr I kLdt = kBk + 16;
+// A backward task sums its G query heads' dQ rows [G, M, D] in a float32 buffer of its own, even
+// where a float32 dq could take them in place, while the buffer is at most this size: the tile
+// products then walk rows D floats apart, not dq's Hq·D (at 2 KiB a tile's rows share few L1 sets).
+// Larger tasks sum in dq itself, so memory at long L stays as it is (docs/performance.md).
+constexpr I kDqBufferBytes = I{8} << 20;
+inline std::atomic<I> dq_buffer_limit{kDqBufferBytes};  // fused::set_dq_buffer_limit() (tests)
+inline bool dq_buffered(I G, I M, I D) { return G * M * D * I{4} <= dq_buffer_limit.load(); }
 
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 

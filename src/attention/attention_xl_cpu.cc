@@ -233,7 +233,8 @@ class XlFused {
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
     const I kvtasks = B * d_.Hkv;
     const float sc = static_cast<float>(d_.scale);
-    const bool dq_dir = dq.present() && direct_out(dq);  // dQc summed in dq itself
+    // dQc summed in dq itself (see kDqBufferBytes)
+    const bool dq_dir = dq.present() && direct_out(dq) && !dq_buffered(G, M, D);
     const bool do_dir = direct(dout);                     // dO read in place
     const bool q_all = G * M * Dc <= cache_limit.load();  // [Qu | Ỹ] formed once per task
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
