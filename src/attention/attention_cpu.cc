@@ -631,6 +631,14 @@ Scratch& thread_scratch() {
   return s;
 }
 
+// The forward's key panels: every key block's Kᵀ and V packed once per call ([B, Hkv, key blocks]),
+// not once per query tile that reads it. bf16: as bfloat16 pairs for the bfloat16 rate; wide: 16-bit
+// k and v off that rate, widened to float32 once.
+struct Panels {
+  std::vector<attn_fast::Pair> bf16;
+  std::vector<float> wide;
+};
+
 // What a forward wrote, handed to the backward: out [B, M, Hq, D] and lse (float64 [B, Hq, M]).
 struct Saved {
   View out, lse;
@@ -713,8 +721,7 @@ class Fused {
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
   void forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, tasks = d_.B * d_.Hq * nqb;
-    const std::vector<attn_fast::Pair> panels = bf16_panels();
-    const attn_fast::Pair* pan = panels.empty() ? nullptr : panels.data();
+    const Panels panels = key_panels(true);
     attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -730,7 +737,7 @@ class Fused {
         if (guard.failed()) continue;
         I b, h, q0, nq;
         query_task(task, nqb, &b, &h, &q0, &nq);
-        forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), false, true, pan);
+        forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), false, true, &panels);
         attn_fast::store_rows(out, d_.D, b, q0, nq, h, w.o.data());
         if (lse.present()) {
           double* base = static_cast<double*>(lse.data);
@@ -756,6 +763,7 @@ class Fused {
     bw.lse.resize(ix(B * Hq * M));
     bw.Dv.resize(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq;
+    Panels panels = saved ? Panels{} : key_panels(false);  // released after pass 1
     attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -777,7 +785,7 @@ class Fused {
           const double* base = static_cast<const double*>(ls.data);
           for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
         } else {
-          forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful);
+          forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful, false, &panels);
         }
         const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
         for (I i = 0; i < nq; ++i) {
@@ -788,6 +796,7 @@ class Fused {
       }
     }
     guard.rethrow();
+    panels = Panels{};
     // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
     // over the key blocks (see the file comment).
     // rope2d mixed with dfreqs: the per-head sums [2, r/2] in gw; dQ̃ is then accumulated even
@@ -1081,9 +1090,9 @@ class Fused {
   // when a row of finite lse comes out non-finite (a NaN or ±inf in V).
   // rate_ok: the bfloat16-rate products where the call has them (bf16_); the forward's own blocks only:
   // the backward's D = rowsum(dO ⊙ out) needs the out of the float32 products, so that Σ_j dS_ij = 0.
-  // panels: bf16_panels() of the call, or null.
+  // panels: key_panels() of the call, or null.
   void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v = false,
-                     bool rate_ok = false, const attn_fast::Pair* panels = nullptr) const {
+                     bool rate_ok = false, const Panels* panels = nullptr) const {
     const I D = d_.D, kh = h / d_.G;
     const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
     const bool rate = rate_ok && bf16_ && !careful_v && nq > 1;
@@ -1101,14 +1110,19 @@ class Fused {
     for (I j0 = jlo; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
       const I bd = band(h, (d_.k_off + j0) - qp_min);
+      const bool whole = panels && j0 % kBk == 0;  // a key block of the panels
       if (rate) {
         bf16_block(b, h, q0, nq, j0, nk, bd, Q, w, o,
-                   panels && j0 % kBk == 0 ? panels + panel_at(b, kh, j0 / kBk) : nullptr);
+                   whole && !panels->bf16.empty() ? &panels->bf16[ix(panel_at(b, kh, j0 / kBk, bf16_panel()))]
+                                                  : nullptr);
         continue;
       }
-      const Tile K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
-      const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
-      logits(h, q0, nq, j0, nk, Q, K, w);
+      const float* kt = whole && nq > 1 && !panels->wide.empty()
+                            ? &panels->wide[ix(panel_at(b, kh, j0 / kBk, wide_panel()))]
+                            : nullptr;  // the key block's widened Kᵀ, then its V
+      const Tile K = kt ? Tile{nullptr, D} : rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
+      const Tile V = kt ? Tile{kt + D * kLdt, D} : rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
+      logits(h, q0, nq, j0, nk, Q, K, w, kt);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
       const bool bad_v = careful_v && sanitize_rows(V.p, V.ld, nk, D, w->vs.data());
@@ -1128,7 +1142,7 @@ class Fused {
   // products read Q (w->qb), K, V and P as bfloat16 pairs, P rounded to bfloat16 for its product
   // (docs/attention.md); the softmax stays float32. Under a rotary encoding the logits stay the
   // float32 tile product of the rotated rows (rounded to bfloat16, those moved lse past its 1e-4).
-  // panel: the key block's packed Kᵀ and V (bf16_panels), or null: packed here.
+  // panel: the key block's packed Kᵀ and V (key_panels), or null: packed here.
   void bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Scratch* w, float* o,
                   const attn_fast::Pair* panel) const {
     const I D = d_.D, kh = h / d_.G;
@@ -1167,29 +1181,51 @@ class Fused {
   void pack_values(I b, I kh, I j0, I nk, attn_fast::Pair* vp) const {
     bf16_->interleave_rows(row_at(v_, b, j0, kh), v_.strides[1], nk, d_.D, vp, d_.D);
   }
-  I panel_size() const { return d_.D / 2 * kLdt + kBk / 2 * d_.D; }
-  // Where key block kb of (b, kv head kh) starts in bf16_panels().
-  I panel_at(I b, I kh, I kb) const { return ((b * d_.Hkv + kh) * ((d_.N + kBk - 1) / kBk) + kb) * panel_size(); }
+  // A key block's panel: Kᵀ [D, kLdt] then V, as bfloat16 pairs (V as row pairs [kBk/2, D]) for
+  // the bfloat16 rate, or widened to float32 (V [kBk, D]); sizes in pairs or floats.
+  I bf16_panel() const { return d_.D / 2 * kLdt + kBk / 2 * d_.D; }
+  I wide_panel() const { return d_.D * kLdt + kBk * d_.D; }
+  // Where key block kb of (b, kv head kh) starts in panels of `size` elements.
+  I panel_at(I b, I kh, I kb, I size) const { return ((b * d_.Hkv + kh) * ((d_.N + kBk - 1) / kBk) + kb) * size; }
 
-  // The bfloat16-rate forward's panels: every key block's Kᵀ and V packed once per call ([B, Hkv,
-  // key blocks] of panel_size() pairs), where each block has two or more readers (G heads × query
-  // blocks), k is not rotated, and they fit kPanelBytes; else empty (the blocks packed per tile).
-  std::vector<attn_fast::Pair> bf16_panels() const {
+  // The forward's panels (Panels), where each key block has two or more readers (G heads × query
+  // blocks), k is not rotated, and they fit kPanelBytes; else both empty (the blocks packed per tile).
+  // rate: for blocks that take the bfloat16 rate where the call has it (else the float32 products).
+  Panels key_panels(bool rate) const {
     constexpr I kPanelBytes = I{32} << 20;
     const I nkb = (d_.N + kBk - 1) / kBk, nqb = (d_.M + kBq - 1) / kBq, blocks = d_.B * d_.Hkv * nkb;
-    std::vector<attn_fast::Pair> pan;
-    if (!bf16_ || tq_ || tk_ || d_.G * nqb < 2 || blocks * panel_size() * 4 > kPanelBytes) return pan;
+    const bool pairs = rate && bf16_, wide = !pairs && !dir_k_ && !dir_v_ && d_.M > 1;
+    Panels pan;
+    if ((!pairs && !wide) || tk_ || (pairs && tq_) || d_.G * nqb < 2 ||
+        blocks * (wide ? wide_panel() : bf16_panel()) * 4 > kPanelBytes)
+      return pan;
+    std::vector<float> rows_k;  // per thread: a key block's rows, widened
     try {
-      pan.resize(ix(blocks * panel_size()));
+      if (wide) pan.wide.resize(ix(blocks * wide_panel()));
+      else pan.bf16.resize(ix(blocks * bf16_panel()));
+      rows_k.resize(wide ? ix(threads_ * kBk * d_.D) : 0);
     } catch (const std::bad_alloc&) {
       return {};  // the per-tile packing needs no more memory
     }
-#pragma omp parallel for num_threads(threads_) schedule(static) if (threads_ > 1)
-    for (I t = 0; t < blocks; ++t) {
-      const I kb = t % nkb, kh = (t / nkb) % d_.Hkv, b = t / (nkb * d_.Hkv), j0 = kb * kBk;
-      attn_fast::Pair* dst = &pan[ix(panel_at(b, kh, kb))];
-      pack_keys(b, kh, j0, std::min(kBk, d_.N - j0), dst);
-      pack_values(b, kh, j0, std::min(kBk, d_.N - j0), dst + d_.D / 2 * kLdt);
+    const TileTransposeFn tr = wide ? tile_transpose_fn() : nullptr;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      float* tmp = wide ? &rows_k[ix(omp_get_thread_num() * kBk * d_.D)] : nullptr;
+#pragma omp for schedule(static)
+      for (I t = 0; t < blocks; ++t) {
+        const I kb = t % nkb, kh = (t / nkb) % d_.Hkv, b = t / (nkb * d_.Hkv), j0 = kb * kBk;
+        const I nk = std::min(kBk, d_.N - j0), D = d_.D;
+        if (wide) {
+          float* dst = &pan.wide[ix(panel_at(b, kh, kb, wide_panel()))];
+          attn_fast::load_rows(k_, D, b, j0, nk, kh, tmp);
+          tr(tmp, D, nk, D, dst, kLdt);
+          attn_fast::load_rows(v_, D, b, j0, nk, kh, dst + D * kLdt);
+        } else {
+          attn_fast::Pair* dst = &pan.bf16[ix(panel_at(b, kh, kb, bf16_panel()))];
+          pack_keys(b, kh, j0, nk, dst);
+          pack_values(b, kh, j0, nk, dst + D / 2 * kLdt);
+        }
+      }
     }
     return pan;
   }
