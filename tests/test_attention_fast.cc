@@ -33,6 +33,7 @@
 #include "attention/attention_fused.h"
 #include "attention/attention_tiles.h"
 #include "attention/tile_gemm_bf16.h"
+#include "core/param_text.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/threads.h"
@@ -437,16 +438,30 @@ TEST(FastAttentionBf16RatePath, EmulatedModeRoundsP) {
   Tensor q(DType::kBF16, randn(ix(130 * 2 * 64), 1), pr.qshape());
   Tensor k(DType::kBF16, randn(ix(130 * 64), 2), pr.kshape());
   Tensor v(DType::kBF16, randn(ix(130 * 64), 3), pr.kshape());
-  Vec res[2];
-  for (attn_fast::Bf16Mode mode : {attn_fast::Bf16Mode::kEmulated, attn_fast::Bf16Mode::kOff}) {
-    attn_fast::bf16_set_mode(mode);
+  Vec res[3];  // the rate, the float32 products (kOff), and the rate declined by bf16_rate = false
+  for (int i = 0; i < 3; ++i) {
+    attn_fast::bf16_set_mode(i == 1 ? attn_fast::Bf16Mode::kOff : attn_fast::Bf16Mode::kEmulated);
+    AttentionParams p = pr.p;
+    p.bf16_rate = i != 2;
     Tensor out(DType::kBF16, pr.qshape());
-    const Status st = fused::attention_forward(pr.p, q.view(), k.view(), v.view(), pr.tensors(), out.view());
+    const Status st = fused::attention_forward(p, q.view(), k.view(), v.view(), pr.tensors(), out.view());
     ASSERT_TRUE(st.ok()) << st.message();
-    res[mode == attn_fast::Bf16Mode::kOff] = out.values();
+    res[i] = out.values();
   }
   attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
   EXPECT_NE(res[0], res[1]);
+  EXPECT_EQ(res[2], res[1]);
+}
+
+// The C ABI's and Python's key vocabulary sets bf16_rate from text.
+TEST(FastAttentionBf16RatePath, KeyFromText) {
+  AttentionParams p;
+  EXPECT_TRUE(p.bf16_rate);
+  ASSERT_TRUE(text::set_attention_param(&p, "bf16_rate", "false").ok());
+  EXPECT_FALSE(p.bf16_rate);
+  ASSERT_TRUE(text::set_attention_param(&p, "bf16_rate", "true").ok());
+  EXPECT_TRUE(p.bf16_rate);
+  EXPECT_EQ(text::set_attention_param(&p, "bf16_rate", "maybe").arg(), "bf16_rate");
 }
 
 std::string rate_name(const ::testing::TestParamInfo<std::tuple<Variant, attn_fast::Bf16Mode>>& info) {

@@ -28,7 +28,7 @@ bool in_attention(Encoding e) { return encoding_info(e).kind != Kind::kAbsolute;
 struct AttentionState {
   std::string enc, q, k, v, out, lse, scale, q_offset, k_offset = "0", grad_out, grad_q, grad_k, grad_v;
   std::string q_positions, k_positions;
-  bool causal = false, keys_rotated = false;
+  bool causal = false, keys_rotated = false, float32_products = false;
   CLI::Option *scale_opt = nullptr, *q_offset_opt = nullptr, *lse_opt = nullptr, *grad_out_opt = nullptr,
               *grad_q_opt = nullptr, *grad_k_opt = nullptr, *grad_v_opt = nullptr, *q_positions_opt = nullptr,
               *k_positions_opt = nullptr;
@@ -42,6 +42,7 @@ void run_attention(AttentionState& st) {
   p.encoding = e.id;
   p.causal = st.causal;
   p.keys_rotated = st.keys_rotated;
+  p.bf16_rate = !st.float32_products;
   if (st.scale_opt->count() > 0) p.scale = parse_float("--scale", st.scale);
   if (st.q_offset_opt->count() > 0) p.q_offset = parse_int("--q-offset", st.q_offset);
   p.k_offset = parse_int("--k-offset", st.k_offset);
@@ -229,6 +230,10 @@ Command add_attention_command(CLI::App& root) {
   app->add_flag("--keys-rotated", st->keys_rotated,
                 "rope, mrope, xpos, rope2d axial: --k already holds the rotated keys (a cache filled by "
                 "'posenc apply'); only q is rotated, and --grad-k is the rotated keys' gradient")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  app->add_flag("--float32-products", st->float32_products,
+                "bfloat16 q, k, v: keep the float32 tile products where the CPU has AMX (the same results "
+                "on every CPU) instead of products on bfloat16 pairs")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   st->scale_opt = add_text(app, "--scale", &st->scale, "multiplies q.k (default 1/sqrt(D))", "FLOAT");
   st->q_offset_opt =

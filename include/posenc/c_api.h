@@ -65,7 +65,8 @@ int posenc_rope_qk(const posenc_rope_params* p, const posenc_tensor* q, const po
    NULL on an unknown name (see posenc_last_error) or when out of memory. */
 posenc_attention_params* posenc_attention_params_new(const char* encoding);
 
-/* Sets one key from text: causal, scale, q_offset, k_offset, keys_rotated or a key of the encoding. */
+/* Sets one key from text: causal, scale, q_offset, k_offset, keys_rotated, bf16_rate or a key of the
+   encoding. */
 int posenc_attention_params_set(posenc_attention_params* p, const char* key, const char* value);
 
 /* Copies RoPE parameters into a rope, mrope, xpos or rope2d attention (its rotation's parameters). */

@@ -66,7 +66,7 @@ class _AttentionFn(torch.autograd.Function):
 
 
 def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=None, k_offset=0, return_lse=False,
-              keys_rotated=False, **params):
+              keys_rotated=False, bf16_rate=True, **params):
     """softmax(scale·q·kᵀ + encoding + mask)·v for q [B, M, Hq, D], k, v [B, N, Hkv, D] (Hq a multiple of Hkv).
 
     params: the encoding's keys (variant=, num_buckets=, kernel=, ...) and tensors (slopes=, weights=,
@@ -74,7 +74,8 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
     CLI's names; rope={...} RoPE's keys for rope, mrope, xpos and rope2d. Differentiable in q, k, v and
     the learned tensors. return_lse: also the float64 log-sum-exp [B, Hq, M] (not differentiable).
     keys_rotated: k already carries its rotation (a cache of rotated keys; rotary encodings): q only
-    is rotated.
+    is rotated. bf16_rate: bfloat16 q, k, v take the forward's products on bfloat16 pairs where the
+    CPU has AMX (P rounded to bfloat16); False keeps the float32 products, the same results everywhere.
     """
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and
             q.dtype in FLOAT_DTYPES and k.dtype in FLOAT_DTYPES and v.dtype in FLOAT_DTYPES):
@@ -91,6 +92,10 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
         raise TypeError(f"keys_rotated: expected a bool, got {type(keys_rotated).__name__}")
     if keys_rotated:
         texts["keys_rotated"] = "true"
+    if bf16_rate is not True and bf16_rate is not False:
+        raise TypeError(f"bf16_rate: expected a bool, got {type(bf16_rate).__name__}")
+    if not bf16_rate:
+        texts["bf16_rate"] = "false"
     if type(k_offset) is not int or k_offset:  # 0 is the library's default
         check_int("k_offset", k_offset)
         texts["k_offset"] = text("k_offset", k_offset)

@@ -168,6 +168,15 @@ def test_low_precision_against_float64(encoding, params, dtype, tol):
     assert (got.double() - want).abs().max().item() <= tol
 
 
+def test_bf16_rate_false_runs_the_float32_products():
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 200, 2, 64).to(torch.bfloat16) for _ in range(3))
+    want = posenc.attention(q.double(), k.double(), v.double(), causal=True)
+    got = posenc.attention(q, k, v, causal=True, bf16_rate=False)
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - want).abs().max().item() <= 3e-2
+
+
 def test_non_contiguous_inputs():
     q = rand(1, 4, 5, 8).transpose(1, 2)  # [B, M, H, D] viewed from [B, H, M, D]
     k, v = rand(1, 4, 6, 8).transpose(1, 2), rand(1, 4, 6, 8).transpose(1, 2)

@@ -69,6 +69,7 @@ def test_values_and_names():
            lambda: posenc.bias("kerple", 2, 3, 3, r1=torch.ones(2), r2=-torch.ones(2)))
     raises(ValueError, "encoding: 'rope' has no position-only bias", lambda: posenc.bias("rope", 2, 3, 3))
     raises(TypeError, "causal: expected a bool", lambda: posenc.attention(Q, K, K, causal="yes"))
+    raises(TypeError, "bf16_rate: expected a bool", lambda: posenc.attention(Q, K, K, bf16_rate=1))
     raises(TypeError, "n: expected an integer", lambda: posenc.set_num_threads("a"))
 
 

@@ -654,7 +654,7 @@ class Fused {
     dir_k_ = direct(k);
     dir_v_ = direct(v);
     cf_ = careful_forward(simd_, d, k, threads);
-    bf16_ = bf16_rate(q, k, v) ? attn_fast::bf16_ops() : nullptr;
+    bf16_ = p.bf16_rate && bf16_rate(q, k, v) ? attn_fast::bf16_ops() : nullptr;
     if (d.rotary) {
       interleaved_ = d.rot.layout == RopeLayout::kInterleaved;
       per_head_ = d.rot.per_head();

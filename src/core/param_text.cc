@@ -209,7 +209,7 @@ Status set_own(AttentionParams* p, const std::string& k, const std::string& v, b
 
 // Every key set_attention_param takes for p's encoding, for the error of an unknown one.
 std::string attention_keys(const AttentionParams& p) {
-  std::vector<std::string> keys = {"causal", "scale", "q_offset", "k_offset", "keys_rotated"};
+  std::vector<std::string> keys = {"causal", "scale", "q_offset", "k_offset", "keys_rotated", "bf16_rate"};
   for (const ParamSpec& s : encoding_info(p.encoding).params)
     if ((s.type != "tensor" && s.type != "file") || is_rope_list(key_name(s.name))) keys.push_back(key_name(s.name));
   return joined(keys);
@@ -232,6 +232,8 @@ Status set_attention_param(AttentionParams* p, const std::string& key_in, const 
     s = assign(parse_int(k, value), &next.k_offset);
   } else if (k == "keys_rotated") {
     s = assign(parse_bool(k, value), &next.keys_rotated);
+  } else if (k == "bf16_rate") {
+    s = assign(parse_bool(k, value), &next.bf16_rate);
   } else {
     s = set_own(&next, k, value, &known);
     if (!known && rope_keys_of(&next) != nullptr) {
