@@ -688,6 +688,11 @@ struct DqBufferLimit {
 // one summed in a task's buffer: the same sums in the same order, so the same gradients bit for
 // bit, and the reference's within the tolerances.
 TEST(FastAttentionDq, InPlaceEqualsBuffered) {
+  ASSERT_TRUE(attn_fast::dq_buffered(2, 130, 64));  // the shapes below buffer dQ by default
+  {
+    DqBufferLimit in_place(0);
+    ASSERT_FALSE(attn_fast::dq_buffered(1, 1, 2));  // and sum in place under limit 0
+  }
   for (const Variant& var : variants())
     for (const NamedShape& ns : shapes())
       for (bool causal : {false, true}) {

@@ -1194,9 +1194,9 @@ class Fused {
   Panels key_panels(bool rate) const {
     constexpr I kPanelBytes = I{32} << 20;
     const I nkb = (d_.N + kBk - 1) / kBk, nqb = (d_.M + kBq - 1) / kBq, blocks = d_.B * d_.Hkv * nkb;
-    const bool pairs = rate && bf16_, wide = !pairs && !dir_k_ && !dir_v_ && d_.M > 1;
-    Panels pan;
-    if ((!pairs && !wide) || tk_ || (pairs && tq_) || d_.G * nqb < 2 ||
+    const bool pairs = rate && bf16_, wide = !pairs && !dir_k_ && !dir_v_;
+    Panels pan;  // a single query row (M = 1) reads K's rows as they are (no tile product)
+    if ((!pairs && !wide) || tk_ || (pairs && tq_) || d_.M < 2 || d_.G * nqb < 2 ||
         blocks * (wide ? wide_panel() : bf16_panel()) * 4 > kPanelBytes)
       return pan;
     std::vector<float> rows_k;  // per thread: a key block's rows, widened

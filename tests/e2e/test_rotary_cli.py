@@ -336,6 +336,20 @@ def mrope_positions_qwen2vl(d):
 # attention
 # ------------------------------------------------------------------------------------------------
 
+@case
+def attention_float32_products(d):
+    """--float32-products: accepted with any dtype (it only changes bfloat16 inputs on CPUs with AMX),
+    the fused path's result stays the reference's; given twice it is an error."""
+    q, k, v = (randn(1, n, h, 8).astype(np.float32) for n, h in ((5, 2), (7, 1), (7, 1)))
+    run(*attn_args(d, "nope", q, k, v, "--causal", "--float32-products"))
+    ident = lambda x: x
+    close(load(d.out("o.npy")), attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                          ident, ident, True), "nope --float32-products", atol=1e-5, rtol=1e-4)
+    x = d.save("x.npy", q)
+    expect_error(["attention", "nope", "--q", x, "--k", x, "--v", x, "--out", d.out("o1.npy"),
+                  "--float32-products", "--float32-products"], "--float32-products", [d.out("o1.npy")])
+
+
 def attn_args(d, enc, q, k, v, *extra):
     return ["attention", enc, "--q", d.save("q.npy", q), "--k", d.save("k.npy", k), "--v", d.save("v.npy", v),
             "--out", d.out("o.npy"), *extra]
