@@ -76,10 +76,13 @@
 //       dK += scale·dSᵀ·Q;  dQ += scale·dS·K;
 //     S and dP are kNP products (tile_gemm.h) reading Kᵀ and Vᵀ of the key block, transposed once
 //     for all its query tiles (per query head for rope2d mixed's K), not packed again per product;
-//     dK, dV of the block stored once it is done (rotary: dK rotated back by the transpose
+//     the other products read K, Q and dO as rows D floats apart, never at a tensor's row stride
+//     (Hq·D floats: such rows share few L1 sets): K's rows copied per key block, Q (rotated) and dO
+//     of the unit's rows copied once into dense [G, M, D] arrays where both fit kDqBufferBytes (else
+//     per tile); dK, dV of the block stored once it is done (rotary: dK rotated back by the transpose
 //     a·ρ·R(−φ); mixed: per query head, then summed); dQ summed in float32 over the key blocks — in
-//     dq itself when dq is float32 with rows that never overlap (no buffer), else in a [G, M, D]
-//     buffer per thread — and rotated back / stored at the end; rope2d mixed's dfreqs from each
+//     a [G, M, D] buffer per thread where that fits kDqBufferBytes or dq is not float32 with rows
+//     that never overlap, else in dq itself — and rotated back / stored at the end; rope2d mixed's dfreqs from each
 //     complete dK̃ block and dQ̃ row before they are rotated back (Σ (p − p₀)·(g_b·ỹ_a − g_a·ỹ_b),
 //     p₀ the middle of the call's positions: the same sum, since Σ ∂L/∂φ = 0 per head and pair,
 //     without cancellation at large positions; dQ̃ is accumulated for it even without dq); parameter
@@ -98,7 +101,7 @@
 //     the unit's rows, summed in thread order). So results depend on T (the order of dQ's sums), never on which thread
 //     ran what; dK and dV do not depend on T at all.
 //   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread plus Kᵀ and Vᵀ (2·D·Bk floats),
-//     the dQ buffers above.
+//     the dQ buffers and the dense Q and dO (at most 8 MiB a thread) above.
 //
 // OpenBLAS (D > kTileGemmMaxD, sgemv) is called from inside the OpenMP threads with its own
 // threading set to 1 for the call (restored after). SIMD row helpers (max, exp, scale, add, the rotation, diagonal adds and sums)
@@ -1241,10 +1244,29 @@ class Fused {
     // dK̃ is needed for dk and for mixed's dfreqs. Mixed rotates the key block per query head (its
     // frequencies are per head): dK̃ of each head is rotated back on its own, then summed.
     const bool want_dk = bw.dk.present() || bw.freq;
+    // Q (rotated where it is) and dO of the G heads' rows, dense [G, M, D] each, formed once per
+    // call where together they fit the dQ buffer's limit (else copied tile by tile below)
+    std::vector<float> dense;
+    if (2 * G * M * D * I{4} <= dq_buffer_limit.load()) {
+      try {
+        dense.resize(ix(2 * G * M * D));
+      } catch (const std::bad_alloc&) {
+        dense.clear();
+      }
+      for (I g = 0; g < G && !dense.empty(); ++g)
+        for (I i0 = 0; i0 < M; i0 += kBq) {
+          const I nq = std::min(kBq, M - i0), h = kh * G + g;
+          rows(q_, false, b, i0, nq, h, &dense[ix((g * M + i0) * D)], tq_, h);
+          rows(bw.dout, false, b, i0, nq, h, &dense[ix(((G + g) * M + i0) * D)], nullptr, 0);
+        }
+    }
     for (I kb = kb0; kb < kb1; ++kb) {
       const I j0 = kb * kBk, nk = std::min(kBk, d_.N - j0), kp0 = d_.k_off + j0;
+      // K, Q and dO are copied into dense rows (stride D) even where they could be read in place:
+      // the dQ, dK and dV products read them as B, a row per step, and rows at the tensors' stride
+      // (Hq·D floats) share few L1 sets
       Tile K{nullptr, D};
-      if (!per_head_) K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, kh * G);
+      if (!per_head_) K = rows(k_, false, b, j0, nk, kh, w->k.data(), tk_, kh * G);
       const Tile V = rows(v_, dir_v_, b, j0, nk, kh, w->v.data(), nullptr, 0);
       // Kᵀ and Vᵀ once for the block's query tiles (kNP), not packed again by each kNT product
       const bool packed = gemm_ != nullptr;
@@ -1261,15 +1283,17 @@ class Fused {
         double* gwh = gwu ? gwu + g * bw.npar : nullptr;
         float* dKt = w->dk.data();
         if (per_head_) {
-          K = rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h);
+          K = rows(k_, false, b, j0, nk, kh, w->k.data(), tk_, h);
           if (packed) transpose_rows(K, nk, D, w->kt.data());
           dKt = w->dkg.data();
           std::fill(dKt, dKt + nk * D, 0.f);
         }
         for (I i0 = ilo; i0 < ihi; i0 += kBq) {
           const I nq = std::min(kBq, ihi - i0);
-          const Tile Q = rows(q_, dir_q_, b, i0, nq, h, w->q.data(), tq_, h);
-          const Tile dO = rows(bw.dout, bw.dir_dout, b, i0, nq, h, w->dout.data(), nullptr, 0);
+          const Tile Q = dense.empty() ? rows(q_, false, b, i0, nq, h, w->q.data(), tq_, h)
+                                       : Tile{&dense[ix((g * M + i0) * D)], D};
+          const Tile dO = dense.empty() ? rows(bw.dout, false, b, i0, nq, h, w->dout.data(), nullptr, 0)
+                                        : Tile{&dense[ix(((G + g) * M + i0) * D)], D};
           logits(h, i0, nq, j0, nk, Q, K, w, packed && nq > 1 ? w->kt.data() : nullptr);
           // banded (tile_gemm.h): P and dS are formed on each row's visible keys only, the masked
           // ones keeping logits' zeros; dP's masked entries may stay unset
