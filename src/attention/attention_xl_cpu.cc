@@ -11,31 +11,32 @@
 //     Y₀ sin(α − β) + Y₁ cos(α − β) = Ỹ₀ cos β + Ỹ₁ sin β,   Ỹ₀ = Y₀ sin α + Y₁ cos α,
 //                                                           Ỹ₁ = Y₁ sin α − Y₀ cos α:
 //   Ỹ_i is Y_i rotated by its query's angles, C_j = (cos β, sin β) per pair [R] depends on its key
-//   alone, and the logits are one tile product of inner dimension D + R,
-//     S = scale·[Qu | Ỹ]·[K | C]ᵀ,   Qu = Q + u_h,
-//   with no per-(i, j) sinusoid. p0 = k_off: β is ω times the key's index in the call, α ω times the
+//   alone, and the logits are tile products, S = scale·[Qu | Ỹ]·[K | C]ᵀ, Qu = Q + u_h, with no
+//   per-(i, j) sinusoid: scale·Qu·Kᵀ, then scale·Ỹ·Cᵀ added (two products of inner dimension D and R:
+//   a column strip of one [K | C]ᵀ of D + R = 128 rows would fill L1). p0 = k_off: β is ω times the key's index in the call, α ω times the
 //   query's distance from the first key. One table, shared by every head and batch, holds (cos, sin)
 //   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
 //   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
 //   rounded to float once.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
-//   [Qu | Ỹ] [Bq, D + R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
+//   Qu [Bq, D] and Ỹ [Bq, R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
 //   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
-//   rows transposed once per call, where that is kept, else transposed here), read from the panels
-//   of every key block formed once per call where they are kept (key_panels), S by
-//   tile_gemm's kNP form; mask, online softmax, O += P·V as in attention_cpu.cc (K and V read in
-//   place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
+//   rows transposed once per call, where that is kept, else transposed here) and V's rows, read from
+//   the panels of every key block formed once per call where they are kept (key_panels), S by
+//   tile_gemm's kNP and kNN forms; mask, online softmax, O += P·V as in attention_cpu.cc (without
+//   panels, K and V read in place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
 //   the band (tile_gemm.h) in S, the softmax and P·V.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
 //     attention_backward_from_stats); Dᵢ = dOᵢ·outᵢ (float32 [B, Hq, M]).
 //   pass 2, per (b, kv head), key blocks outer, its G query heads and their query blocks inner (one
-//   task owns its dK, dV and its heads' dQ, so nothing races): [K | C]ᵀ and Vᵀ transposed once per
-//   key block (S and dP as kNP products, tile_gemm.h); [Qu | Ỹ] of the task's query rows formed
-//   once (where they fit kCacheMax, else per tile); per query tile S and P recomputed; dP = dO·Vᵀ
-//   (dO read in place where it is float32 with unit inner stride); dV += Pᵀ·dO; dS = P ⊙ (dP − D);
+//   task owns its dK, dV and its heads' dQ, so nothing races): K's rows copied and [K | C]ᵀ and Vᵀ
+//   transposed once per key block (S and dP as kNP products, tile_gemm.h); Qu, Ỹ and dO of the
+//   task's query rows formed once, each a dense [G·M, ·] array (where they fit kCacheMax, else per
+//   tile: the products read their rows D or R floats apart, never at a tensor's row stride, whose
+//   rows share few L1 sets); per query tile S and P recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D);
 //   with c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
 //   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
@@ -56,7 +57,8 @@
 //   kCacheMax (8 MiB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
 //   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
 //   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
-//   per thread [Qu | Ỹ] of one task, G·M·(D + R) floats, where that is at most kCacheMax (8 MiB); per
+//   per thread Qu, Ỹ and dO of one task, G·M·(2D + R) floats, where that is at most kCacheMax (8 MiB); the
+//   forward's panels ([K | C]ᵀ and V per key block), up to 4·kCacheMax (32 MiB); per
 //   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
@@ -124,13 +126,13 @@ struct Scratch {
 };
 
 // The most floats (8 MiB) of each of two buffers kept for speed: the keys' C transposed (N·R, once
-// per call; else each key block's transposed from the table) and, in the backward, [Qu | Ỹ] of a
-// task's query rows (G·M·(D + R) per thread; else each tile's formed again).
+// per call; else each key block's transposed from the table) and, in the backward, Qu, Ỹ and dO of a
+// task's query rows (G·M·(2D + R) per thread; else each tile's formed again).
 constexpr I kCacheMax = I{1} << 21;
 std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
-// A third, the forward's [K | C]ᵀ of every key block (key_panels, B·Hkv·N·(D + R) floats and the
-// row padding, once per call; else each block's transposed once per query block): up to
-// kPanelFactor·cache_limit floats (32 MiB: 18 MiB at L = 4096, Hkv = 8, D = R = 64).
+// A third, the forward's [K | C]ᵀ and V of every key block (key_panels, B·Hkv·N·(2D + R) floats and
+// the row padding, once per call; else each block's transposed once per query block): up to
+// kPanelFactor·cache_limit floats (32 MiB: 27 MiB at L = 4096, Hkv = 8, D = R = 64).
 constexpr I kPanelFactor = 4;
 
 class XlFused {
@@ -138,7 +140,7 @@ class XlFused {
   XlFused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
           const EncodingTensors& t, int threads)
       : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()),
-        gemm_(tile_gemm_for(d.D)), gemm_r_(tile_gemm_for(d.R)), gemm_c_(tile_gemm_for(d.D + d.R)) {
+        gemm_(tile_gemm_for(d.D)), gemm_r_(tile_gemm_for(d.R)) {
     const std::vector<double> u = to_doubles(t.u), vb = to_doubles(t.v), w = to_doubles(t.rel_proj);
     u_.assign(u.begin(), u.end());
     vb_.assign(vb.begin(), vb.end());
@@ -235,12 +237,12 @@ class XlFused {
     const float sc = static_cast<float>(d_.scale);
     // dQc summed in dq itself (see kDqBufferBytes)
     const bool dq_dir = dq.present() && direct_out(dq) && !dq_buffered(G, M, D);
-    const bool do_dir = direct(dout);                     // dO read in place
-    const bool q_all = G * M * Dc <= cache_limit.load();  // [Qu | Ỹ] formed once per task
+    const bool q_all = G * M * (Dc + D) <= cache_limit.load();  // Qu, Ỹ and dO formed once per task
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       Scratch w;
-      // the task's dQc [G·M, D] (unless dq_dir), X̃ [G·M, R] and [Qu | Ỹ] [G·M, D + R] (when q_all)
+      // the task's dQc [G·M, D] (unless dq_dir), X̃ [G·M, R], and Qu [G·M, D], Ỹ [G·M, R] and dO
+      // [G·M, D] (when q_all)
       std::vector<float> qacc, xacc, qall;
       guard.run([&] {
         w.init(D, R);
@@ -252,16 +254,16 @@ class XlFused {
         if (guard.failed() || !guard.run([&] {
               xacc.assign(ix(G * M * R), 0.f);
               if (!dq_dir) qacc.assign(ix(G * M * D), 0.f);
-              if (q_all) qall.resize(ix(G * M * Dc));
+              if (q_all) qall.resize(ix(G * M * (Dc + D)));
             }))
           continue;
-        if (q_all)  // [Qu | Ỹ] of the group's query rows, once for every key block
+        if (q_all)  // Qu, Ỹ and dO of the group's query rows, once for every key block
           for (I gi = 0; gi < G; ++gi)
             for (I i0 = 0; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
-              float* qc = &qall[ix((gi * M + i0) * Dc)];
-              load_qu(b, kh * G + gi, i0, nq, qc);
-              rotated_y(b, kh * G + gi, i0, nq, &w, qc + D, Dc);
+              load_qu(b, kh * G + gi, i0, nq, &qall[ix((gi * M + i0) * D)]);
+              rotated_y(b, kh * G + gi, i0, nq, &w, &qall[ix(G * M * D + (gi * M + i0) * R)], R);
+              load_rows(dout, D, b, i0, nq, kh * G + gi, &qall[ix(G * M * Dc + (gi * M + i0) * D)]);
             }
         // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
         float* qbase = qacc.data();
@@ -275,10 +277,11 @@ class XlFused {
         }
         for (I j0 = 0; j0 < N; j0 += kBk) {
           const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
-          load_keys(b, kh, j0, nk, &w);
+          load_rows(k_, D, b, j0, nk, kh, w.kc.data());
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
+          const float* C = tk(j0);  // the keys' C [nk, R], rows of the table
           // [K | C]ᵀ and Vᵀ once for the block's query tiles (the kNP products S and dP)
-          tr_(w.kc.data(), Dc, nk, Dc, w.kt.data(), kLdt);
+          keys_t(w.kc.data(), j0, nk, w.kt.data());
           tr_(w.v.data(), D, nk, D, w.vt.data(), kLdt);
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
@@ -287,25 +290,23 @@ class XlFused {
             const I ilo = p_.causal ? std::clamp<I>(kp0 - d_.q_off, 0, M) : 0;
             for (I i0 = ilo; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
-              float* qc = q_all ? &qall[ix((gi * M + i0) * Dc)] : w.qc.data();
+              // Qu [nq, D] and Ỹ [nq, R] of the tile
+              float* qc = q_all ? &qall[ix((gi * M + i0) * D)] : w.qc.data();
+              float* yt = q_all ? &qall[ix(G * M * D + (gi * M + i0) * R)] : w.qc.data() + kBq * D;
               if (!q_all) {
                 load_qu(b, h, i0, nq, qc);
-                rotated_y(b, h, i0, nq, &w, qc + D, Dc);
+                rotated_y(b, h, i0, nq, &w, yt, R);
               }
-              const float* dO = w.dout.data();  // dO rows, row stride ldo
-              I ldo = D;
-              if (do_dir) {
-                dO = static_cast<const float*>(dout.data) + b * dout.strides[0] + i0 * dout.strides[1] +
-                     h * dout.strides[2];
-                ldo = nq == 1 ? D : dout.strides[1];
-              } else {
-                load_rows(dout, D, b, i0, nq, h, w.dout.data());
-              }
+              // dO [nq, D], copied even where it could be read in place: dV's product reads it a
+              // row per step, and rows at the tensor's stride (Hq·D floats) share few L1 sets
+              const float* dO = q_all ? &qall[ix(G * M * Dc + (gi * M + i0) * D)] : w.dout.data();
+              const I ldo = D;
+              if (!q_all) load_rows(dout, D, b, i0, nq, h, w.dout.data());
               float* S = w.s.data();
               float* dP = w.dp.data();
               // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
               // masked ones keeping logits' zeros; dP's masked entries may stay unset
-              const I bd = logits(i0, nq, j0, nk, qc, w.kt.data(), &w);
+              const I bd = logits(i0, nq, j0, nk, qc, yt, w.kt.data(), &w);
               const float* L = &lse[ix((b * Hq + h) * M + i0)];
               const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
               for (I i = 0; i < nq; ++i) {
@@ -329,14 +330,13 @@ class XlFused {
                 else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
               }
               // S now holds dS; c = scale·dS.
-              const bool bad_q = careful && sanitize_rows(qc, Dc, nq, D, w.sq.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : qc,
-                        bad_q ? D : Dc, w.dk.data(), D, bd);
-              const bool bad_k = careful && sanitize_rows(w.kc.data(), Dc, nk, Dc, w.sk.data());
-              const float* kc = bad_k ? w.sk.data() : w.kc.data();
-              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, kc, Dc, qbase + gi * qhs + i0 * qld, qld, bd);
-              tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, kc + D, Dc, &xacc[ix((gi * M + i0) * R)], R,
-                        bd);
+              const bool bad_q = careful && sanitize_rows(qc, D, nq, D, w.sq.data());
+              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : qc, D, w.dk.data(),
+                        D, bd);
+              const bool bad_k = careful && sanitize_rows(w.kc.data(), D, nk, D, w.sk.data());
+              const float* K = bad_k ? w.sk.data() : w.kc.data();
+              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K, D, qbase + gi * qhs + i0 * qld, qld, bd);
+              tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, C, R, &xacc[ix((gi * M + i0) * R)], R, bd);
             }
           }
           if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
@@ -413,13 +413,11 @@ class XlFused {
     return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
   }
 
-  // Q rows [i0, i0 + nq) of head h: the first D columns of qc [nq, D + R] = Q + u_h.
+  // Q rows [i0, i0 + nq) of head h: qc [nq, D] = Q + u_h (a tile's Qu, its Ỹ [nq, R] after it).
   void load_qu(I b, I h, I i0, I nq, float* qc) const {
-    const I D = d_.D, Dc = D + d_.R;
-    for (I i = 0; i < nq; ++i) {
-      load_rows(q_, D, b, i0 + i, 1, h, qc + i * Dc);
-      simd_.add_to(qc + i * Dc, &u_[ix(h * D)], ix(D));
-    }
+    const I D = d_.D;
+    load_rows(q_, D, b, i0, nq, h, qc);
+    for (I i = 0; i < nq; ++i) simd_.add_to(qc + i * D, &u_[ix(h * D)], ix(D));
   }
 
   // Ỹ of Q rows [i0, i0 + nq) of head h into dst (row stride ld): Y = (Q + v_h)·W_h, each pair
@@ -444,17 +442,6 @@ class XlFused {
     }
   }
 
-  // Keys [j0, j0 + nk) of kv head kh: w->kc [nk, D + R] = [K | C], C = (cos β, sin β) per pair.
-  void load_keys(I b, I kh, I j0, I nk, Scratch* w) const {
-    const I D = d_.D, R = d_.R, Dc = D + R;
-    float* kc = w->kc.data();
-    for (I j = 0; j < nk; ++j) {
-      float* row = kc + j * Dc;
-      load_rows(k_, D, b, j0 + j, 1, kh, row);
-      copy_row(row + D, tk(j0 + j), R);
-    }
-  }
-
   // Keys [j0, j0 + nk) of kv head kh: kt [D + R, kLdt] = [K | C]ᵀ, transposed straight from k
   // where it is read in place (else from its rows loaded into w->kc), and C's rows from ct_ (where
   // kept, else transposed from the table).
@@ -467,16 +454,29 @@ class XlFused {
       load_rows(k_, D, b, j0, nk, kh, w->kc.data());
       tr_(w->kc.data(), D, nk, D, kt, kLdt);
     }
-    if (ct_.empty()) tr_(tk(j0), d_.R, nk, d_.R, kt + D * kLdt, kLdt);
-    else for (I c = 0; c < d_.R; ++c) copy_row(kt + (D + c) * kLdt, &ct_[ix(c * d_.N + j0)], nk);
+    c_t(j0, nk, kt + D * kLdt);
   }
 
-  // [K | C]ᵀ of every key block, [B, Hkv, ⌈N/Bk⌉, D + R, kLdt] (load_keys_t's tiles; columns past a
-  // block's keys unset), for the forward's tasks, which would otherwise transpose each block once per
-  // query block of each of its G heads; null where that is once (nothing to save) or where it would
-  // take more than kPanelFactor·cache_limit floats.
+  // kt [D + R, kLdt] = [K | C]ᵀ of keys [j0, j0 + nk) from their rows K [nk, D].
+  void keys_t(const float* K, I j0, I nk, float* kt) const {
+    tr_(K, d_.D, nk, d_.D, kt, kLdt);
+    c_t(j0, nk, kt + d_.D * kLdt);
+  }
+
+  // ct [R, kLdt] = Cᵀ of keys [j0, j0 + nk): ct_'s rows where kept, else the table's transposed.
+  void c_t(I j0, I nk, float* ct) const {
+    if (ct_.empty()) tr_(tk(j0), d_.R, nk, d_.R, ct, kLdt);
+    else for (I c = 0; c < d_.R; ++c) copy_row(ct + c * kLdt, &ct_[ix(c * d_.N + j0)], nk);
+  }
+
+  // Per key block [B, Hkv, ⌈N/Bk⌉], [K | C]ᵀ [D + R, kLdt] (load_keys_t's tiles; columns past a
+  // block's keys unset) and V's rows [Bk, D] (dense for P·V, which reads a row per step: in place,
+  // rows Hkv·D floats apart share few L1 sets), for the forward's tasks, which would otherwise
+  // transpose each block once per query block of each of its G heads; null where that is once
+  // (nothing to save) or where it would take more than kPanelFactor·cache_limit floats.
+  I panel_size() const { return (d_.D + d_.R) * kLdt + kBk * d_.D; }
   std::unique_ptr<float[]> key_panels() const {
-    const I nkb = (d_.N + kBk - 1) / kBk, n = d_.B * d_.Hkv * nkb, per = (d_.D + d_.R) * kLdt;
+    const I nkb = (d_.N + kBk - 1) / kBk, n = d_.B * d_.Hkv * nkb, per = panel_size();
     const I readers = d_.G * ((d_.M + kBq - 1) / kBq);
     if (n == 0 || readers < 2 || n * per > kPanelFactor * cache_limit.load()) return nullptr;
     std::unique_ptr<float[]> panels(new float[ix(n * per)]);
@@ -489,7 +489,9 @@ class XlFused {
       for (I t = 0; t < n; ++t) {
         if (guard.failed()) continue;
         const I kb = t % nkb, bk = t / nkb, j0 = kb * kBk;
-        load_keys_t(bk / d_.Hkv, bk % d_.Hkv, j0, std::min(kBk, d_.N - j0), &w, panels.get() + t * per);
+        float* pan = panels.get() + t * per;
+        load_keys_t(bk / d_.Hkv, bk % d_.Hkv, j0, std::min(kBk, d_.N - j0), &w, pan);
+        load_rows(v_, d_.D, bk / d_.Hkv, j0, std::min(kBk, d_.N - j0), bk % d_.Hkv, pan + (d_.D + d_.R) * kLdt);
       }
     }
     guard.rethrow();
@@ -504,13 +506,15 @@ class XlFused {
   // kNP form). A banded tile (returned) holds −inf past each row's last visible key up to the
   // softmax's reach (band_reach, attention_tiles.h) and zeros beyond it, which the products read as
   // P and dS.
-  I logits(I q0, I nq, I j0, I nk, const float* qc, const float* kt, Scratch* w) const {
-    const I Dc = d_.D + d_.R;
+  I logits(I q0, I nq, I j0, I nk, const float* qu, const float* yt, const float* kt, Scratch* w) const {
     float* S = w->s.data();
     const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
     const I bd = band(base, nk);
     const float sc = static_cast<float>(d_.scale);
-    tile_gemm(gemm_c_, GemmForm::kNP, nq, nk, Dc, sc, qc, Dc, kt, kLdt, S, kBk, bd);
+    // two products of inner dimension D and R rather than one of D + R: a 64-column strip of the
+    // panel then fits L1 (at D = R = 64, 16 KB instead of 32 KB)
+    tile_gemm(gemm_, GemmForm::kNP, nq, nk, d_.D, sc, qu, d_.D, kt, kLdt, S, kBk, bd);
+    tile_gemm(gemm_r_, GemmForm::kNN, nq, nk, d_.R, sc, yt, d_.R, kt + d_.D * kLdt, kLdt, S, kBk);
     if (bd >= kNoBand) return bd;
     for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
@@ -528,7 +532,8 @@ class XlFused {
                      bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G, nkb = (d_.N + kBk - 1) / kBk;
     load_qu(b, h, q0, nq, w->qc.data());
-    rotated_y(b, h, q0, nq, w, w->qc.data() + D, D + d_.R);
+    float* yt = w->qc.data() + kBq * D;
+    rotated_y(b, h, q0, nq, w, yt, d_.R);
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = p_.causal ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
     float* m = w->ml.data();
@@ -541,17 +546,19 @@ class XlFused {
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
       const float* kt = w->kt.data();
-      if (panels) kt = panels + ((b * d_.Hkv + kh) * nkb + j0 / kBk) * (D + d_.R) * kLdt;
+      if (panels) kt = panels + ((b * d_.Hkv + kh) * nkb + j0 / kBk) * panel_size();
       else load_keys_t(b, kh, j0, nk, w, w->kt.data());
       const float* V = w->v.data();
       I ldv = D;
-      if (dir_v_) {
+      if (panels) {
+        V = kt + (D + d_.R) * kLdt;
+      } else if (dir_v_) {
         V = static_cast<const float*>(v_.data) + b * v_.strides[0] + j0 * v_.strides[1] + kh * v_.strides[2];
         ldv = nk == 1 ? D : v_.strides[1];
       } else {
         load_rows(v_, D, b, j0, nk, kh, w->v.data());
       }
-      const I bd = logits(q0, nq, j0, nk, w->qc.data(), kt, w);
+      const I bd = logits(q0, nq, j0, nk, w->qc.data(), yt, kt, w);
       if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
       online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
       const bool bad_v = careful_v && sanitize_rows(V, ldv, nk, D, w->sv.data());
@@ -630,8 +637,7 @@ class XlFused {
   int threads_ = 1;
   Simd simd_;
   TileGemmFn gemm_;    // the tile products' GEMM of dimension D (tile_gemm.h)
-  TileGemmFn gemm_r_;  // of dimension R: X̃
-  TileGemmFn gemm_c_;  // of dimension D + R: S
+  TileGemmFn gemm_r_;  // of dimension R: S's position term, X̃
   std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the angle table (build_table)
