@@ -39,9 +39,10 @@
 //   pass 1, per (b, h, query block): the forward above; kept [B, Hq, M]: lse, Dᵢ = dOᵢ·outᵢ
 //     (float), j*_i (int32), U_i (double).
 //   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races — its query
-//     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose dQ, QE and
-//     C take at most 4 MiB: 5376 rows at G = 1, D = 64, ncol = 64), each chunk on its own:
-//     QE [G, Mc, ncol] of its rows (tile products); the key blocks its rows see (causal: up to its last row)
+//     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose Q, dO, dQ,
+//     QE and C take at most 4 MiB: 3200 rows at G = 1, D = 64, ncol = 64), each chunk on its own:
+//     its Q and dO rows copied once (dense: the tiles' products read them as rows D floats apart)
+//     and QE [G, Mc, ncol] of its rows (tile products); the key blocks its rows see (causal: up to its last row)
 //     walked forward (ascending j), for each query head and query block of the chunk not wholly
 //     masked:
 //       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ;
@@ -68,8 +69,8 @@
 //   Cost over nope: pass 1 is a forward; pass 2 adds the elementwise work of unclamped tiles and
 //   three [M, D] × [D, ncol]-sized products per head; the chunks add a load of K, V and a store or
 //   add of dK, dV per chunk and key block seen, [N, D]-sized each, against the chunk's Mc/Bq tiles.
-//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the chunk's dQ,
-//   QE and C, 4·G·Mc·(D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its carries 12·G·Mc bytes, dE
+//   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the chunk's Q,
+//   dO, dQ, QE and C, 4·G·Mc·(3D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its carries 12·G·Mc bytes, dE
 //   [G, ncol, D] in float and [ncol, D] in double: none of it grows with M (a bfloat16 or float16
 //   dk, dv with M > Mc adds the low halves of its float sums, 2·N·D bytes each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
 //   one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
@@ -450,7 +451,7 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 
 constexpr float kPosInfF = std::numeric_limits<float>::infinity();
 
-// The backward's pass 2 walks each task's query rows in chunks whose dQ, QE and C take at most this
+// The backward's pass 2 walks each task's query rows in chunks whose Q, dO, dQ, QE and C take at most this
 // (one set per thread), so that its memory does not grow with M.
 constexpr I kChunkBytes = I{4} << 20;
 std::atomic<I> g_chunk_rows{0};  // cope_set_chunk_rows: > 0 overrides the chunk's rows per head
@@ -505,12 +506,13 @@ class SplitSum {
 
 // Per-thread scratch: tiles and per-row (lane) state of one query block.
 struct Scratch {
-  std::vector<float> q, k, v, at, dpt, o, dout, dk, dv, qe, qetop;
+  std::vector<float> q, qt, k, v, at, dpt, o, dout, dk, dv, qe, qetop;  // qt: the forward's Qᵀ [D, kLdt]
   std::vector<float> m, l, corr, ck, cr, tk, tr, uk, ur, lse, dd, dc, ctop;
   std::vector<double> carry;  // forward: each row's count of the keys passed
   std::vector<std::int32_t> js, rowbase;
   void init(I D, I ncol) {
     q.assign(ix(kBq * D), 0.f);
+    qt.assign(ix(D * kLdt), 0.f);
     k.assign(ix(kBk * D), 0.f);
     v.assign(ix(kBk * D), 0.f);
     at.assign(ix(kBk * kBq), 0.f);
@@ -548,6 +550,7 @@ class Cope {
   bool forward(const View& out, const View& lse) const {
     const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
     bool bad = false;
+    const std::vector<float> kv = key_rows();
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -562,7 +565,7 @@ class Cope {
         if (guard.failed()) continue;
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
-        forward_block(b, h, q0, nq, false, &w, l.data());
+        forward_block(b, h, q0, nq, false, &w, l.data(), kv.empty() ? nullptr : kv.data());
         for (I i = 0; i < nq; ++i)
           bad = bad || (sees_keys(q0 + i) && (!std::isfinite(l[ix(i)]) || !simd_.finite(&w.o[ix(i * d_.D)], ix(d_.D))));
         store_rows(out, d_.D, b, q0, nq, h, w.o.data());
@@ -587,6 +590,7 @@ class Cope {
     std::vector<double> U(ix(B * Hq * M));
     std::vector<std::int32_t> J(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+    const std::vector<float> kv = key_rows();
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -602,7 +606,7 @@ class Cope {
         if (guard.failed()) continue;
         const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-        forward_block(b, h, q0, nq, true, &w, l.data());
+        forward_block(b, h, q0, nq, true, &w, l.data(), kv.empty() ? nullptr : kv.data());
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -638,6 +642,7 @@ class Cope {
       // the chunk's dQ, QE and C [G, mc, ·] (Bq rows of padding: lanes past a block's end read and
       // add 0 there), its per-row carries (count from j*, dp prefix), the task's dE per query head
       std::vector<float> dqt, qe, C, dct, dEt;
+      std::vector<float> qd, dod;  // the chunk's Q and dO rows [G, mc, D], copied once per chunk
       std::vector<double> gc;
       std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
       // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
@@ -648,6 +653,8 @@ class Cope {
         w.init(D, nc);
         w.init_backward(D);
         dqt.resize(ix(G * mc * D));
+        qd.resize(ix(G * mc * D));
+        dod.resize(ix(G * mc * D));
         qe.resize(ix((G * mc + kBq) * nc));
         C.resize(qe.size());
         dct.resize(ix(G * mc));
@@ -676,12 +683,13 @@ class Cope {
           std::fill(C.begin(), C.end(), 0.f);
           std::fill(dct.begin(), dct.end(), 0.f);
           std::fill(gc.begin(), gc.end(), 0.0);
-          for (I g = 0; g < G; ++g)  // QE [mq, ncol] of each query head
+          for (I g = 0; g < G; ++g)  // Q, dO and QE [mq, ncol] of each query head
             for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
-              const I nq = std::min(kBq, c0 + mq - i0);
-              load_rows(q_, D, b, i0, nq, kh * G + g, w.q.data());
-              tile_gemm(gemm_, GemmForm::kNT, nq, cols(i0, nq), D, 1.f, w.q.data(), D, E_.data(), D,
-                        &qe[ix((g * mc + i0 - c0) * nc)], nc);
+              const I nq = std::min(kBq, c0 + mq - i0), gm = g * mc + i0 - c0;
+              load_rows(q_, D, b, i0, nq, kh * G + g, &qd[ix(gm * D)]);
+              load_rows(dout, D, b, i0, nq, kh * G + g, &dod[ix(gm * D)]);
+              tile_gemm(gemm_, GemmForm::kNT, nq, cols(i0, nq), D, 1.f, &qd[ix(gm * D)], D, E_.data(), D,
+                        &qe[ix(gm * nc)], nc);
             }
           // the keys the chunk's rows see (causal: up to its last row)
           const I jhi = causal_ ? std::clamp<I>(d_.q_off + c0 + mq - d_.k_off, 0, N) : N;
@@ -697,12 +705,10 @@ class Cope {
               for (I i0 = ilo; i0 < c0 + mq; i0 += kBq) {
                 const I nq = std::min(kBq, c0 + mq - i0), row = (b * Hq + h) * M + i0;
                 const I gm = g * mc + i0 - c0;  // the row in the chunk's arrays
-                load_rows(q_, D, b, i0, nq, h, w.q.data());
-                load_rows(dout, D, b, i0, nq, h, w.dout.data());
-                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, sc, w.k.data(), D, w.q.data(), D,
-                          w.at.data(), kBq);
-                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, 1.f, w.v.data(), D, w.dout.data(), D,
-                          w.dpt.data(), kBq);
+                const float* Q = &qd[ix(gm * D)];
+                const float* dO = &dod[ix(gm * D)];
+                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, sc, w.k.data(), D, Q, D, w.at.data(), kBq);
+                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, 1.f, w.v.data(), D, dO, D, w.dpt.data(), kBq);
                 std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
                 for (I i = 0; i < kBq; ++i) {
                   const bool real = i < nq;
@@ -751,10 +757,8 @@ class Cope {
                     dct[ix(gm + i)] = w.dc[ix(i)];
                   }
                 }
-                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, 1.f, w.at.data(), kBq, w.dout.data(), D,
-                          w.dv.data(), D);
-                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, sc, w.dpt.data(), kBq, w.q.data(), D,
-                          w.dk.data(), D);
+                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, 1.f, w.at.data(), kBq, dO, D, w.dv.data(), D);
+                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, sc, w.dpt.data(), kBq, Q, D, w.dk.data(), D);
                 tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, sc, w.dpt.data(), kBq, w.k.data(), D,
                           &dqt[ix(gm * D)], D);
               }
@@ -772,9 +776,7 @@ class Cope {
               tile_gemm(gemm_, GemmForm::kNN, nq, D, ncb, 1.f, Cb, nc, E_.data(), D,
                         &dqt[ix(gm * D)], D);
               if (!dtable.present()) continue;
-              load_rows(q_, D, b, i0, nq, h, w.q.data());
-              tile_gemm(gemm_, GemmForm::kTN, ncb, D, nq, 1.f, Cb, nc, w.q.data(), D,
-                        &dEt[ix(g * nc * D)], D);
+              tile_gemm(gemm_, GemmForm::kTN, ncb, D, nq, 1.f, Cb, nc, &qd[ix(gm * D)], D, &dEt[ix(g * nc * D)], D);
             }
             if (dq.present()) store_rows(dq, D, b, c0, mq, h, &dqt[ix(g * mc * D)]);
           }
@@ -810,12 +812,12 @@ class Cope {
   // Whether query row i sees any key (else its lse is −inf and its out 0 whatever the inputs).
   bool sees_keys(I i) const { return d_.N > 0 && (!causal_ || d_.q_off + i >= d_.k_off); }
 
-  // Query rows per head of a pass-2 chunk: the largest multiple of Bq (at least Bq) whose dQ, QE and
-  // C, 4·G·Mc·(D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
+  // Query rows per head of a pass-2 chunk: the largest multiple of Bq (at least Bq) whose Q, dO, dQ,
+  // QE and C, 4·G·Mc·(3D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
   I chunk_rows() const {
     const I set = g_chunk_rows.load(std::memory_order_relaxed);
     if (set > 0) return set;
-    const I row_bytes = 4 * d_.G * (d_.D + 2 * ncol_);
+    const I row_bytes = 4 * d_.G * (3 * d_.D + 2 * ncol_);
     return std::max<I>(kBq, kChunkBytes / row_bytes / kBq * kBq);
   }
 
@@ -828,15 +830,41 @@ class Cope {
     return std::min(ncol_, seen + 2);
   }
 
+  // K's rows [B, Hkv, N, D] then V's, float32 and dense, formed once per call for the forward's
+  // tiles (which read V's rows as a product's B, a row per step: rows Hkv·D floats apart share few
+  // L1 sets), where each key block has two or more readers and both take at most 32 MiB; else
+  // empty (each tile's rows copied).
+  std::vector<float> key_rows() const {
+    constexpr I kMaxBytes = I{32} << 20;
+    const I n = d_.B * d_.Hkv * d_.N * d_.D, readers = d_.G * ((d_.M + kBq - 1) / kBq);
+    std::vector<float> kv;
+    if (n == 0 || readers < 2 || 2 * n * 4 > kMaxBytes) return kv;
+    try {
+      kv.resize(ix(2 * n));
+    } catch (const std::bad_alloc&) {
+      return kv;
+    }
+    const I nkb = (d_.N + kBk - 1) / kBk, blocks = d_.B * d_.Hkv * nkb;
+#pragma omp parallel for num_threads(threads_) schedule(static) if (threads_ > 1)
+    for (I t = 0; t < blocks; ++t) {
+      const I kb = t % nkb, bk = t / nkb, j0 = kb * kBk, nk = std::min(kBk, d_.N - j0);
+      float* dst = &kv[ix((bk * d_.N + j0) * d_.D)];
+      load_rows(k_, d_.D, bk / d_.Hkv, j0, nk, bk % d_.Hkv, dst);
+      load_rows(v_, d_.D, bk / d_.Hkv, j0, nk, bk % d_.Hkv, dst + n);
+    }
+    return kv;
+  }
+
   // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq]; with track, leaves
   // each row's j* (the leftmost unclamped key; the walk's right end when there is none) in w->js
-  // and its count in w->uk + w->ur.
-  void forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse) const {
+  // and its count in w->uk + w->ur. kv: key_rows() or null.
+  void forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse, const float* kv) const {
     const I D = d_.D, kh = h / d_.G, nc = ncol_;
     load_rows(q_, D, b, q0, nq, h, w->q.data());
     tile_gemm(gemm_, GemmForm::kNT, nq, cols(q0, nq), D, 1.f, w->q.data(), D, E_.data(), D,
               w->qe.data(), nc);
     for (I i = 0; i < nq; ++i) w->qetop[ix(i)] = w->qe[ix(i * nc + nc - 1)];
+    tr_(w->q.data(), D, nq, D, w->qt.data(), kLdt);  // Qᵀ once for the key blocks' K·Qᵀ (kNP)
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = causal_ ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
     std::fill(w->m.begin(), w->m.end(), kNegInfF);
@@ -867,10 +895,17 @@ class Cope {
     t.corr = w->corr.data();
     for (I j0 = jhi > 0 ? (jhi - 1) / kBk * kBk : -1; j0 >= 0; j0 -= kBk) {
       const I nk = std::min(kBk, jhi - j0);
-      load_rows(k_, D, b, j0, nk, kh, w->k.data());
-      load_rows(v_, D, b, j0, nk, kh, w->v.data());
-      tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, static_cast<float>(d_.scale), w->k.data(), D,
-                w->q.data(), D, w->at.data(), kBq);
+      const float* K = w->k.data();
+      const float* V = w->v.data();
+      if (kv) {
+        K = kv + ((b * d_.Hkv + kh) * d_.N + j0) * D;
+        V = K + d_.B * d_.Hkv * d_.N * D;
+      } else {
+        load_rows(k_, D, b, j0, nk, kh, w->k.data());
+        load_rows(v_, D, b, j0, nk, kh, w->v.data());
+      }
+      tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, static_cast<float>(d_.scale), K, D, w->qt.data(), kLdt,
+                w->at.data(), kBq);
       bool sat = true;  // counts only grow leftwards: every key from here on is clamped
       for (I i = 0; i < nq && sat; ++i) sat = w->ck[ix(i)] >= top_;
       t.nk = nk;
@@ -887,7 +922,7 @@ class Cope {
         }
       for (I i = 0; i < nq; ++i)
         if (w->corr[ix(i)] != 1.f) simd_.scale(o + i * D, ix(D), w->corr[ix(i)]);
-      tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, 1.f, w->at.data(), kBq, w->v.data(), D, o, D);
+      tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, 1.f, w->at.data(), kBq, V, D, o, D);
     }
     online_softmax_finish(simd_, nq, w->m.data(), w->l.data(), o, D, lse);
     // a row that sees no key: out 0, lse −inf, whatever its q (a NaN there reaches its masked lanes'
@@ -906,6 +941,7 @@ class Cope {
   Simd simd_;
   cope_fast::Kernels kern_;
   attn_fast::TileGemmFn gemm_;  // the tile products (tile_gemm.h)
+  attn_fast::TileTransposeFn tr_ = attn_fast::tile_transpose_fn();
   I ncol_ = 1;
   float top_ = 0;
   std::vector<float> E_;  // [ncol, D]
