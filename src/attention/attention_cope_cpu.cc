@@ -74,7 +74,7 @@
 //   [G, ncol, D] in float and [ncol, D] in double: none of it grows with M (a bfloat16 or float16
 //   dk, dv with M > Mc adds the low halves of its float sums, 2·N·D bytes each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
 //   one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
-//   when the task kept all M rows), two threads 21.4 MiB (110.7 MiB before); forward 0.6 MiB.
+//   when the task kept all M rows), two threads 21.3 MiB; forward 3.0 MiB.
 //   Never an [M, N] buffer.
 //
 // ---- non-finite inputs --------------------------------------------------------------------------
