@@ -1233,6 +1233,26 @@ class Fused {
     return pan;
   }
 
+  // Q (rotated where it is) and dO of the G query heads of kv head kh, dense [G, M, D] each (Q's,
+  // then dO's), once per pass-2 call, where together they fit the dQ buffer's limit; else empty.
+  std::vector<float> dense_rows(const Bwd& bw, I b, I kh) const {
+    const I D = d_.D, G = d_.G, M = d_.M;
+    std::vector<float> dense;
+    if (2 * G * M * D * I{4} > dq_buffer_limit.load()) return dense;
+    try {
+      dense.resize(ix(2 * G * M * D));
+    } catch (const std::bad_alloc&) {
+      return dense;
+    }
+    for (I g = 0; g < G; ++g)
+      for (I i0 = 0; i0 < M; i0 += kBq) {
+        const I nq = std::min(kBq, M - i0), h = kh * G + g;
+        rows(q_, false, b, i0, nq, h, &dense[ix((g * M + i0) * D)], tq_, h);
+        rows(bw.dout, false, b, i0, nq, h, &dense[ix(((G + g) * M + i0) * D)], nullptr, 0);
+      }
+    return dense;
+  }
+
   // Pass 2 over key blocks [kb0, kb1) of (b, kv head kh), every query head of the group and every
   // query block that sees the key block: dK, dV of those keys stored; dQ added into acc; parameter
   // gradients added into gwu [G, npar] (when given).
@@ -1244,22 +1264,7 @@ class Fused {
     // dK̃ is needed for dk and for mixed's dfreqs. Mixed rotates the key block per query head (its
     // frequencies are per head): dK̃ of each head is rotated back on its own, then summed.
     const bool want_dk = bw.dk.present() || bw.freq;
-    // Q (rotated where it is) and dO of the G heads' rows, dense [G, M, D] each, formed once per
-    // call where together they fit the dQ buffer's limit (else copied tile by tile below)
-    std::vector<float> dense;
-    if (2 * G * M * D * I{4} <= dq_buffer_limit.load()) {
-      try {
-        dense.resize(ix(2 * G * M * D));
-      } catch (const std::bad_alloc&) {
-        dense.clear();
-      }
-      for (I g = 0; g < G && !dense.empty(); ++g)
-        for (I i0 = 0; i0 < M; i0 += kBq) {
-          const I nq = std::min(kBq, M - i0), h = kh * G + g;
-          rows(q_, false, b, i0, nq, h, &dense[ix((g * M + i0) * D)], tq_, h);
-          rows(bw.dout, false, b, i0, nq, h, &dense[ix(((G + g) * M + i0) * D)], nullptr, 0);
-        }
-    }
+    const std::vector<float> dense = dense_rows(bw, b, kh);  // else each tile's rows copied below
     for (I kb = kb0; kb < kb1; ++kb) {
       const I j0 = kb * kBk, nk = std::min(kBk, d_.N - j0), kp0 = d_.k_off + j0;
       // K, Q and dO are copied into dense rows (stride D) even where they could be read in place:

@@ -12,9 +12,9 @@
 //                                                           Ỹ₁ = Y₁ sin α − Y₀ cos α:
 //   Ỹ_i is Y_i rotated by its query's angles, C_j = (cos β, sin β) per pair [R] depends on its key
 //   alone, and the logits are tile products, S = scale·[Qu | Ỹ]·[K | C]ᵀ, Qu = Q + u_h, with no
-//   per-(i, j) sinusoid: scale·Qu·Kᵀ, then scale·Ỹ·Cᵀ added (two products of inner dimension D and R:
-//   a column strip of one [K | C]ᵀ of D + R = 128 rows would fill L1). p0 = k_off: β is ω times the key's index in the call, α ω times the
-//   query's distance from the first key. One table, shared by every head and batch, holds (cos, sin)
+//   per-(i, j) sinusoid: scale·Qu·Kᵀ, then scale·Ỹ·Cᵀ added (two products of inner dimension D and
+//   R: a column strip of one [K | C]ᵀ of D + R = 128 rows would fill L1). p0 = k_off: β is ω times
+//   the key's index in the call, α ω times the query's distance from the first key. One table, shared by every head and batch, holds (cos, sin)
 //   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
 //   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
 //   rounded to float once.
@@ -25,8 +25,8 @@
 //   rows transposed once per call, where that is kept, else transposed here) and V's rows, read from
 //   the panels of every key block formed once per call where they are kept (key_panels), S by
 //   tile_gemm's kNP and kNN forms; mask, online softmax, O += P·V as in attention_cpu.cc (without
-//   panels, K and V read in place where they are float32 with unit inner stride). A causal tile crossing the diagonal takes
-//   the band (tile_gemm.h) in S, the softmax and P·V.
+//   panels, K and V read in place where they are float32 with unit inner stride). A causal tile
+//   crossing the diagonal takes the band (tile_gemm.h) in S, the softmax and P·V.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
@@ -36,8 +36,8 @@
 //   transposed once per key block (S and dP as kNP products, tile_gemm.h); Qu, Ỹ and dO of the
 //   task's query rows formed once, each a dense [G·M, ·] array (where they fit kCacheMax, else per
 //   tile: the products read their rows D or R floats apart, never at a tensor's row stride, whose
-//   rows share few L1 sets); per query tile S and P recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ⊙ (dP − D);
-//   with c = scale·dS:
+//   rows share few L1 sets); per query tile S and P recomputed; dP = dO·Vᵀ; dV += Pᵀ·dO;
+//   dS = P ⊙ (dP − D); with c = scale·dS:
 //     dK += cᵀ·Qu;   dQc += c·K;   X̃ += c·C   (per row, over the key blocks; dQc in dq itself
 //   where dq is float32 with unit inner stride, else in a buffer), every product banded on a causal
 //   diagonal tile. C is fixed, so dK has no position term. The position term's gradients are linear
@@ -57,8 +57,8 @@
 //   kCacheMax (8 MiB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
 //   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
 //   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
-//   per thread Qu, Ỹ and dO of one task, G·M·(2D + R) floats, where that is at most kCacheMax (8 MiB); the
-//   forward's panels ([K | C]ᵀ and V per key block), up to 4·kCacheMax (32 MiB); per
+//   per thread Qu, Ỹ and dO of one task, G·M·(2D + R) floats, where that is at most kCacheMax
+//   (8 MiB); the forward's panels ([K | C]ᵀ and V per key block), up to 4·kCacheMax (32 MiB); per
 //   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
 //
 // ---- precision ----------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 
 // Per-thread scratch (Dc = D + R).
 struct Scratch {
-  std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: [Qu | Ỹ], Q + v_h, Y, [K | C], …
+  std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: Qu then Ỹ, Q + v_h, Y, K's rows, …
   std::vector<float> dp, dout, dk, dv, x, dw;     // backward
   std::vector<float> kt, vt;                      // [K | C]ᵀ [D + R, kLdt]; backward: Vᵀ [D, kLdt]
   std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
@@ -413,7 +413,7 @@ class XlFused {
     return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
   }
 
-  // Q rows [i0, i0 + nq) of head h: qc [nq, D] = Q + u_h (a tile's Qu, its Ỹ [nq, R] after it).
+  // Q rows [i0, i0 + nq) of head h: qc [nq, D] = Q + u_h (dense rows).
   void load_qu(I b, I h, I i0, I nq, float* qc) const {
     const I D = d_.D;
     load_rows(q_, D, b, i0, nq, h, qc);
