@@ -590,7 +590,7 @@ class Cope {
     std::vector<double> U(ix(B * Hq * M));
     std::vector<std::int32_t> J(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
-    const std::vector<float> kv = key_rows();
+    std::vector<float> kv = key_rows();  // released after pass 1
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -618,6 +618,7 @@ class Cope {
       }
     }
     guard.rethrow();
+    kv = std::vector<float>();
     for (I r = 0; r < B * Hq * M; ++r)  // a row that sees keys has a finite lse and D from finite inputs
       if (sees_keys(r % M) && (!std::isfinite(lse[ix(r)]) || !std::isfinite(Dv[ix(r)]))) return false;
     {  // the rows that see no key (a prefix) still enter dE = Cᵀ·Q with C = 0: 0·NaN from their q

@@ -1210,7 +1210,6 @@ class Fused {
     } catch (const std::bad_alloc&) {
       return {};  // the per-tile packing needs no more memory
     }
-    const TileTransposeFn tr = wide ? tile_transpose_fn() : nullptr;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
       float* tmp = wide ? &rows_k[ix(omp_get_thread_num() * kBk * d_.D)] : nullptr;
@@ -1221,7 +1220,7 @@ class Fused {
         if (wide) {
           float* dst = &pan.wide[ix(panel_at(b, kh, kb, wide_panel()))];
           attn_fast::load_rows(k_, D, b, j0, nk, kh, tmp);
-          tr(tmp, D, nk, D, dst, kLdt);
+          tr_(tmp, D, nk, D, dst, kLdt);
           attn_fast::load_rows(v_, D, b, j0, nk, kh, dst + D * kLdt);
         } else {
           attn_fast::Pair* dst = &pan.bf16[ix(panel_at(b, kh, kb, bf16_panel()))];
@@ -1276,8 +1275,8 @@ class Fused {
       // Kᵀ and Vᵀ once for the block's query tiles (kNP), not packed again by each kNT product
       const bool packed = gemm_ != nullptr;
       if (packed) {
-        if (!per_head_) transpose_rows(K, nk, D, w->kt.data());
-        transpose_rows(V, nk, D, w->vt.data());
+        if (!per_head_) tr_(K.p, K.ld, nk, D, w->kt.data(), kLdt);
+        tr_(V.p, V.ld, nk, D, w->vt.data(), kLdt);
       }
       std::fill(w->dk.begin(), w->dk.begin() + nk * D, 0.f);
       std::fill(w->dv.begin(), w->dv.begin() + nk * D, 0.f);
@@ -1289,7 +1288,7 @@ class Fused {
         float* dKt = w->dk.data();
         if (per_head_) {
           K = rows(k_, false, b, j0, nk, kh, w->k.data(), tk_, h);
-          if (packed) transpose_rows(K, nk, D, w->kt.data());
+          if (packed) tr_(K.p, K.ld, nk, D, w->kt.data(), kLdt);
           dKt = w->dkg.data();
           std::fill(dKt, dKt + nk * D, 0.f);
         }
@@ -1348,12 +1347,6 @@ class Fused {
       }
       if (bw.dv.present()) attn_fast::store_rows(bw.dv, D, b, j0, nk, kh, w->dv.data());
     }
-  }
-
-  // t [D, kLdt] = the n rows of X transposed (t[e·kLdt + j] = X[j, e]).
-  static void transpose_rows(const Tile& X, I n, I D, float* t) {
-    for (I j = 0; j < n; ++j)
-      for (I e = 0; e < D; ++e) t[e * kLdt + j] = X.p[j * X.ld + e];
   }
 
   // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key
@@ -1691,6 +1684,7 @@ class Fused {
   Simd simd_;
   Extra xs_;
   TileGemmFn gemm_;  // the tiles' small GEMM (D ≤ kTileGemmMaxD), else null: OpenBLAS
+  TileTransposeFn tr_ = tile_transpose_fn();  // Kᵀ, Vᵀ of key blocks (tile_gemm.h)
   const attn_fast::Bf16Ops* bf16_ = nullptr;  // the bfloat16-rate forward's products (bf16_rate())
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)

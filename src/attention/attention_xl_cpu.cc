@@ -132,7 +132,7 @@ constexpr I kCacheMax = I{1} << 21;
 std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
 // A third, the forward's [K | C]ᵀ and V of every key block (key_panels, B·Hkv·N·(2D + R) floats and
 // the row padding, once per call; else each block's transposed once per query block): up to
-// kPanelFactor·cache_limit floats (32 MiB: 27 MiB at L = 4096, Hkv = 8, D = R = 64).
+// kPanelFactor·cache_limit floats (32 MiB: 26 MiB at L = 4096, Hkv = 8, D = R = 64).
 constexpr I kPanelFactor = 4;
 
 class XlFused {
@@ -281,7 +281,7 @@ class XlFused {
           load_rows(v_, D, b, j0, nk, kh, w.v.data());
           const float* C = tk(j0);  // the keys' C [nk, R], rows of the table
           // [K | C]ᵀ and Vᵀ once for the block's query tiles (the kNP products S and dP)
-          keys_t(w.kc.data(), j0, nk, w.kt.data());
+          keys_t(w.kc.data(), D, j0, nk, w.kt.data());
           tr_(w.v.data(), D, nk, D, w.vt.data(), kLdt);
           std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
           std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
@@ -449,17 +449,16 @@ class XlFused {
     const I D = d_.D;
     if (dir_k_) {
       const float* K = static_cast<const float*>(k_.data) + b * k_.strides[0] + j0 * k_.strides[1] + kh * k_.strides[2];
-      tr_(K, k_.strides[1], nk, D, kt, kLdt);
+      keys_t(K, k_.strides[1], j0, nk, kt);
     } else {
       load_rows(k_, D, b, j0, nk, kh, w->kc.data());
-      tr_(w->kc.data(), D, nk, D, kt, kLdt);
+      keys_t(w->kc.data(), D, j0, nk, kt);
     }
-    c_t(j0, nk, kt + D * kLdt);
   }
 
-  // kt [D + R, kLdt] = [K | C]ᵀ of keys [j0, j0 + nk) from their rows K [nk, D].
-  void keys_t(const float* K, I j0, I nk, float* kt) const {
-    tr_(K, d_.D, nk, d_.D, kt, kLdt);
+  // kt [D + R, kLdt] = [K | C]ᵀ of keys [j0, j0 + nk) from their rows K (row stride ldk).
+  void keys_t(const float* K, I ldk, I j0, I nk, float* kt) const {
+    tr_(K, ldk, nk, d_.D, kt, kLdt);
     c_t(j0, nk, kt + d_.D * kLdt);
   }
 
