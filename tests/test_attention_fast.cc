@@ -708,6 +708,62 @@ TEST(FastAttentionDq, InPlaceEqualsBuffered) {
       }
 }
 
+// The bfloat16-rate backward (keys_rate: q, k, v and dout bfloat16, no rotary encoding): dq, dk, dv
+// and the parameter gradients within the bfloat16 tolerances, on the shapes above and on one whose
+// key blocks meet query ranges starting at an odd row (q_offset 1, M odd), at one thread and at two
+// (B·Hkv = 1: a unit split over its key blocks). Emulated on any AVX-512 CPU; VDPBF16PS, AMX where
+// this CPU has them.
+TEST_P(FastAttentionBf16Rate, BackwardMatchesReference) {
+  const auto& [var, mode] = GetParam();
+  attn_fast::bf16_set_mode(mode);
+  if (!attn_fast::bf16_ops()) GTEST_SKIP() << "this CPU lacks the instructions of this mode";
+  std::vector<NamedShape> all = shapes();
+  all.push_back({"odd_rows_gqa", {1, 299, 300, 4, 2, 64}});
+  for (const NamedShape& ns : all)
+    for (bool causal : {false, true}) {
+      if (ns.s.D == 130 || (var.enc == Encoding::kRope2d && ns.s.D < 4)) continue;
+      SCOPED_TRACE(std::string(ns.name) + (causal ? " causal" : " full"));
+      Problem pr(var, ns.s, causal, 300);
+      check_backward(pr, DType::kBF16, 400);
+    }
+  set_num_threads(2);
+  Problem pr(var, {1, 260, 261, 2, 1, 64}, true, 300);
+  check_backward(pr, DType::kBF16, 400);
+  set_num_threads(0);
+}
+
+// The emulated mode does take the backward's rate path: dq, dk and dv differ from the float32
+// products' (kOff), which the rate declined (bf16_rate = false) gives bit for bit, and so does t5's
+// rate past the dQ buffer's limit (pass 2's pairs not formed; pass 1 keeps the float32 products
+// where there are parameter gradients).
+TEST(FastAttentionBf16RatePath, EmulatedBackwardRoundsP) {
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kEmulated);
+  if (!attn_fast::bf16_ops()) {
+    attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+    GTEST_SKIP() << "this CPU has no AVX-512";
+  }
+  for (const Variant& var : variants()) {
+    if (var.name != "nope" && var.name != "t5_bidirectional" && var.name != "rope_interleaved") continue;
+    SCOPED_TRACE(var.name);
+    Problem pr(var, {1, 130, 130, 2, 1, 64}, true, 100);
+    std::vector<Vec> res[4];  // the rate, kOff, the rate declined, the rate past the buffer limit
+    for (int i = 0; i < 4; ++i) {
+      attn_fast::bf16_set_mode(i == 1 ? attn_fast::Bf16Mode::kOff : attn_fast::Bf16Mode::kEmulated);
+      pr.p.bf16_rate = i != 2;
+      DqBufferLimit limit(i == 3 ? 0 : -1);
+      res[i] = backward_fused(pr, DType::kBF16, true, 200);
+    }
+    for (int t = 0; t < 3; ++t) EXPECT_NE(res[0][ix(t)], res[1][ix(t)]) << "gradient " << t;
+    for (std::size_t t = 0; t < res[1].size(); ++t) {
+      EXPECT_EQ(res[2][t], res[1][t]) << "gradient " << t;
+      if (var.enc == Encoding::kT5) {
+        EXPECT_EQ(res[3][t], res[1][t]) << "gradient " << t;
+      }
+    }
+  }
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+}
+
 struct SplitCase {
   const char* name;
   Shape s;

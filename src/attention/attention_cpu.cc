@@ -25,7 +25,8 @@
 // row i matter) and skip the masked half: the tile holds −inf past each row's last key up to a
 // whole 16 (band_reach) and zeros beyond, so what a product still reads there is P = dS = 0. With
 // bfloat16 q, k, v on a CPU with AMX (or AVX512_BF16, AMD), the forward's products run on bfloat16
-// pairs instead (bf16_block, tile_gemm_bf16.h; docs/attention.md).
+// pairs instead (bf16_block, tile_gemm_bf16.h; docs/attention.md), and with a bfloat16 dout so do
+// the backward's (keys_rate; not rope2d mixed).
 //
 // Tile rows. A float32 view with unit inner stride (and a row stride sgemm accepts) is read in
 // place: the GEMM gets its pointer and row stride, no copy. Otherwise, and for q and k under a rotary
@@ -596,8 +597,11 @@ struct Scratch {
   std::vector<float> kt, vt;  // backward: Kᵀ, Vᵀ of the key block [D, kLdt] (the kNP products)
   std::vector<float> qs, ks, vs, dos;  // careful steps (non-finite inputs): sanitized copies
   // the bfloat16-rate forward (tile_gemm_bf16.h): Q [Bq, D/2], Kᵀ [D/2, kLdt] and P [Bq, Bk/2] as
-  // pairs; V [Bk/2, D] as row pairs
-  std::vector<attn_fast::Pair> qb, kb, pb, vb;
+  // pairs; V [Bk/2, D] as row pairs. Its backward (keys_rate): kb, pb as there, vb K's row pairs,
+  // vtb Vᵀ [D/2, kLdt], ib P or dS as row pairs [Bq/2, kLdt]; under a rotary encoding kft the
+  // rotated K̃ᵀ [D, kLdt] in float32 (the logits' kNP product)
+  std::vector<attn_fast::Pair> qb, kb, pb, vb, vtb, ib;
+  std::vector<float> kft;
   void init(I D) {
     q.resize(ix(kBq * D));
     k.resize(ix(kBk * D));
@@ -613,6 +617,12 @@ struct Scratch {
     kb.resize(ix(D / 2 * kLdt));
     pb.resize(ix(kBq * kBk / 2));
     vb.resize(ix(kBk / 2 * D));
+  }
+  void init_bf16_backward(I D) {
+    init_bf16(D);
+    vtb.resize(ix(D / 2 * kLdt));
+    ib.resize(ix(kBq / 2 * kLdt));
+    kft.resize(ix(D * kLdt));
   }
   void init_backward(I D) {
     dp.resize(ix(kBq * kBk));
@@ -762,11 +772,24 @@ class Fused {
     // the careful steps on every tile (attention_tiles.h): k or v not finite
     bw.careful = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
                  !all_finite(simd_, v_, threads_);
+    // the bfloat16 rate (keys_rate): the forward's conditions, dout bfloat16 too, not rope2d mixed
+    bw.rate = bf16_ && !bw.careful && !per_head_ && dout.dtype == DType::kBF16 && M > 1;
+    // rope2d mixed with dfreqs: the per-head sums [2, r/2] in gw; dQ̃ is then accumulated even
+    // when dq is not wanted.
+    bw.freq = per_head_ && g.freqs.present();
+    bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets
+              : bias_ == Bias::kLearned || p_.encoding == Encoding::kKerple ? 2
+              : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
+              : bw.freq              ? 2 * d_.rot.half
+                                     : 0;
+    // Pass 1 at the rate too, unless there are parameter gradients: they sum dS over whole rows, and
+    // Σ_j dS_ij = 0 needs D of the out pass 2's P gives (the float32 products' out)
+    const bool rate1 = bw.rate && bw.npar == 0;
     // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
     bw.lse.resize(ix(B * Hq * M));
     bw.Dv.resize(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq;
-    Panels panels = saved ? Panels{} : key_panels(false);  // released after pass 1
+    Panels panels = saved ? Panels{} : key_panels(rate1);  // released after pass 1
     attn_fast::RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -775,6 +798,7 @@ class Fused {
       guard.run([&] {
         w.init(D);
         w.init_backward(D);
+        if (rate1) w.init_bf16(D);
         l.resize(ix(kBq));
       });
 #pragma omp for schedule(dynamic, 1)
@@ -788,7 +812,7 @@ class Fused {
           const double* base = static_cast<const double*>(ls.data);
           for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
         } else {
-          forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful, false, &panels);
+          forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful, rate1, &panels);
         }
         const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
         for (I i = 0; i < nq; ++i) {
@@ -802,14 +826,6 @@ class Fused {
     panels = Panels{};
     // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
     // over the key blocks (see the file comment).
-    // rope2d mixed with dfreqs: the per-head sums [2, r/2] in gw; dQ̃ is then accumulated even
-    // when dq is not wanted.
-    bw.freq = per_head_ && g.freqs.present();
-    bw.npar = bias_ == Bias::kT5 ? p_.t5.num_buckets
-              : bias_ == Bias::kLearned || p_.encoding == Encoding::kKerple ? 2
-              : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
-              : bw.freq              ? 2 * d_.rot.half
-                                     : 0;
     const I npar = bw.npar;
     std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
     const I U = B * Hkv, T = threads_, whole = U - U % T, nkb = (N + kBk - 1) / kBk;
@@ -822,6 +838,7 @@ class Fused {
       guard.run([&] {
         w.init(D);
         w.init_backward(D);
+        if (bw.rate) w.init_bf16_backward(D);
         dqbuf.resize(need_dq && !dq_dir ? ix(G * M * D) : 0);
       });
 #pragma omp for schedule(dynamic, 1)
@@ -882,6 +899,7 @@ class Fused {
     I npar;                      // parameter gradients per head
     bool freq = false;           // rope2d mixed: dfreqs wanted (npar = r: θˣ then θʸ per pair)
     bool careful = false;        // k or v not finite: the careful steps on every tile
+    bool rate = false;           // pass 2's products at the bfloat16 rate where a unit allows (keys_rate)
   };
 
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
@@ -910,7 +928,7 @@ class Fused {
     if (future_only(h)) *ihi = std::clamp<I>(kp0 + nk - d_.q_off, 0, d_.M);
   }
 
-  // Whether the forward takes its products at the bfloat16 rate (where the CPU has it): q, k and v
+  // Whether the products may take the bfloat16 rate (where the CPU has it): q, k and v
   // bfloat16, even D within the tile GEMM's, k and v rows with unit inner stride (packed from the
   // input as they are).
   bool bf16_rate(const View& q, const View& k, const View& v) const {
@@ -1091,8 +1109,8 @@ class Fused {
   // Rows [q0, q0 + nq) of head h: o [nq, D] = softmax(logits)·V, lse [nq]. careful_v: P·V of the
   // sanitized V, its non-finite entries' terms added back (attention_tiles.h) — taken again with it
   // when a row of finite lse comes out non-finite (a NaN or ±inf in V).
-  // rate_ok: the bfloat16-rate products where the call has them (bf16_); the forward's own blocks only:
-  // the backward's D = rowsum(dO ⊙ out) needs the out of the float32 products, so that Σ_j dS_ij = 0.
+  // rate_ok: the bfloat16-rate products where the call has them (bf16_): the forward's blocks, and the
+  // backward's pass 1 where it has no parameter gradients (see backward()).
   // panels: key_panels() of the call, or null.
   void forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v = false,
                      bool rate_ok = false, const Panels* panels = nullptr) const {
@@ -1256,6 +1274,7 @@ class Fused {
   // query block that sees the key block: dK, dV of those keys stored; dQ added into acc; parameter
   // gradients added into gwu [G, npar] (when given).
   void keys(const Bwd& bw, I b, I kh, I kb0, I kb1, const Acc& acc, double* gwu, Scratch* w) const {
+    if (bw.rate && keys_rate(bw, b, kh, kb0, kb1, acc, gwu, w)) return;
     const I D = d_.D, G = d_.G, M = d_.M, Hq = d_.Hq;
     const float sc = static_cast<float>(d_.scale);
     float* S = w->s.data();
@@ -1349,6 +1368,138 @@ class Fused {
     }
   }
 
+  // The unit's Q (rotated, where it is) and dO as bfloat16 pairs for keys_rate (exact but for the
+  // rotation: both are bfloat16), each as rows [G, M, D/2] (the S and dP products' A) and transposed,
+  // pairs along the queries [G, D, ⌈M/2⌉] (dK's and dV's A; an odd M's last high half 0): Q's rows,
+  // dO's rows, Qᵀ, dOᵀ; under a rotary encoding *qf the rotated Q̃ in float32 [G, M, D] (the logits'
+  // A). False where they would pass the dQ buffer's limit, or where a row of the unit takes the
+  // careful steps (lse or D not finite: keys() has them).
+  bool rate_rows(const Bwd& bw, I b, I kh, Scratch* w, std::vector<attn_fast::Pair>* pr,
+                 std::vector<float>* qf) const {
+    const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, Mh = (M + 1) / 2;
+    for (I g = 0; g < G; ++g) {
+      const I at = (b * d_.Hq + kh * G + g) * M;
+      if (careful_rows(&bw.lse[ix(at)], &bw.Dv[ix(at)], M)) return false;
+    }
+    if ((2 * G * (M * D2 + D * Mh) + (tq_ ? G * M * D : 0)) * I{4} > dq_buffer_limit.load()) return false;
+    try {
+      pr->resize(ix(2 * G * (M * D2 + D * Mh)));
+      qf->resize(tq_ ? ix(G * M * D) : 0);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    for (int which = 0; which < 2; ++which) {
+      const View& x = which == 0 ? q_ : bw.dout;
+      attn_fast::Pair* rows_at = &(*pr)[ix(which * G * M * D2)];
+      attn_fast::Pair* cols_at = &(*pr)[ix(2 * G * M * D2 + which * G * D * Mh)];
+      for (I g = 0; g < G; ++g)
+        for (I i0 = 0; i0 < M; i0 += kBq) {
+          const I nq = std::min(kBq, M - i0), h = kh * G + g;
+          const bool rot = which == 0 && tq_;
+          const Tile X = rows(x, false, b, i0, nq, h, rot ? &(*qf)[ix((g * M + i0) * D)] : w->q.data(),
+                              rot ? tq_ : nullptr, h);
+          attn_fast::Pair* r = rows_at + (g * M + i0) * D2;
+          bf16_->round_rows(X.p, X.ld, nq, D, r, D2);
+          for (I i = 0; i < nq; ++i)  // element (i, e) to the half (i0 + i) % 2 of pair (e, (i0 + i) / 2)
+            for (I e = 0; e < D; ++e) {
+              const attn_fast::Pair half = (r[i * D2 + e / 2] >> (16 * (e % 2))) & 0xffffu;
+              cols_at[(g * D + e) * Mh + (i0 + i) / 2] |= half << (16 * ((i0 + i) % 2));
+            }
+        }
+    }
+    return true;
+  }
+
+  // keys() at the bfloat16 rate (bw.rate): S, dP, dV, dK and dQ as products of bfloat16 pairs
+  // (tile_gemm_bf16.h); P and scale·dS rounded to bfloat16 for their products, the softmax and dS
+  // itself float32 as in keys(). Under a rotary encoding S stays the float32 product of the rotated
+  // rows (as in the forward), and dK̃, dQ̃ read Q̃, K̃ rounded to bfloat16. dKᵀ and dVᵀ [D, nk] are
+  // summed (their A is Qᵀ or dOᵀ, the B the tile's P or dS as pairs of query rows) and transposed
+  // once per key block. A query range starts at an even row, so that its pairs are whole (a row
+  // before the range sees no key: P = dS = 0). False, nothing done, where rate_rows() declines.
+  bool keys_rate(const Bwd& bw, I b, I kh, I kb0, I kb1, const Acc& acc, double* gwu, Scratch* w) const {
+    std::vector<attn_fast::Pair> pr;
+    std::vector<float> qf;
+    if (!rate_rows(bw, b, kh, w, &pr, &qf)) return false;
+    using attn_fast::Bf16Form;
+    const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, Mh = (M + 1) / 2, Hq = d_.Hq;
+    const attn_fast::Pair *qr = pr.data(), *dor = qr + G * M * D2, *qt = dor + G * M * D2, *dot = qt + G * D * Mh;
+    const float sc = static_cast<float>(d_.scale);
+    float *S = w->s.data(), *dP = w->dp.data(), *dKt = w->kt.data(), *dVt = w->vt.data();
+    const auto* pb16 = reinterpret_cast<const std::uint16_t*>(w->pb.data());  // P or dS rounded, [Bq, Bk]
+    for (I kb = kb0; kb < kb1; ++kb) {
+      const I j0 = kb * kBk, nk = std::min(kBk, d_.N - j0), kp0 = d_.k_off + j0;
+      Tile K{nullptr, D};
+      if (tq_) {  // K̃ᵀ in float32 for the logits, K̃ rounded to bfloat16 as row pairs for dQ
+        K = rows(k_, false, b, j0, nk, kh, w->k.data(), tk_, kh * G);
+        tr_(K.p, K.ld, nk, D, w->kft.data(), kLdt);
+        bf16_->round_rows(K.p, K.ld, nk, D, w->pb.data(), D2);
+        bf16_->interleave_rows(pb16, D, nk, D, w->vb.data(), D);
+      } else {
+        pack_keys(b, kh, j0, nk, w->kb.data());                                                // Kᵀ
+        bf16_->interleave_rows(row_at(k_, b, j0, kh), k_.strides[1], nk, D, w->vb.data(), D);  // K
+      }
+      bf16_->transpose_pairs(row_at(v_, b, j0, kh), v_.strides[1], nk, D2, w->vtb.data(), kLdt);  // Vᵀ
+      for (I e = 0; e < D; ++e) {
+        std::fill(dKt + e * kLdt, dKt + e * kLdt + nk, 0.f);
+        std::fill(dVt + e * kLdt, dVt + e * kLdt + nk, 0.f);
+      }
+      for (I g = 0; g < G; ++g) {
+        const I h = kh * G + g;
+        I ilo, ihi;
+        query_range(h, kp0, nk, &ilo, &ihi);
+        double* gwh = gwu ? gwu + g * bw.npar : nullptr;
+        for (I i0 = ilo - ilo % 2; i0 < ihi; i0 += kBq) {
+          const I nq = std::min(kBq, ihi - i0), nqh = (nq + 1) / 2, base = kp0 - (d_.q_off + i0);
+          const I bd = band(h, base);
+          if (tq_) {
+            logits(h, i0, nq, j0, nk, Tile{&qf[ix((g * M + i0) * D)], D}, K, w, w->kft.data());
+          } else {
+            bf16_->gemm(Bf16Form::kScores, nq, nk, D2, sc, qr + (g * M + i0) * D2, D2, w->kb.data(), kLdt, S, kBk,
+                        bd);
+            finish_logits(h, i0, nq, nk, base, bd, S, w->diag.data());
+          }
+          xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
+          const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
+          bf16_->gemm(Bf16Form::kScores, nq, nk, D2, 1.f, dor + (g * M + i0) * D2, D2, w->vtb.data(), kLdt, dP,
+                      kBk, bd);
+          if (bw.dv.present()) {  // dVᵀ += dOᵀ·P
+            bf16_->round_rows(S, kBk, nq, nk, w->pb.data(), kBk / 2);
+            bf16_->interleave_rows(pb16, kBk, nq, nk, w->ib.data(), kLdt);
+            bf16_->gemm(Bf16Form::kValues, D, nk, nqh, 1.f, dot + g * D * Mh + i0 / 2, Mh, w->ib.data(), kLdt, dVt,
+                        kLdt, attn_fast::kNoBand);
+          }
+          for (I i = 0; i < nq; ++i) {
+            const I n = std::clamp<I>(i + bd + 1, 0, nk);
+            simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
+          }
+          if (gwh && bias_ == Bias::kFire) fire_tile(h, i0, base, nq, nk, nullptr, S, gwh);
+          else if (gwh && bias_ != Bias::kNone) param_grads(h, base, nq, nk, S, w->diag.data(), gwh);
+          for (I i = 0; i < nq; ++i) simd_.scale(S + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)), sc);
+          bf16_->round_rows(S, kBk, nq, nk, w->pb.data(), kBk / 2);  // scale·dS
+          if (bw.dk.present()) {  // dKᵀ += Qᵀ·(scale·dS)
+            bf16_->interleave_rows(pb16, kBk, nq, nk, w->ib.data(), kLdt);
+            bf16_->gemm(Bf16Form::kValues, D, nk, nqh, 1.f, qt + g * D * Mh + i0 / 2, Mh, w->ib.data(), kLdt, dKt,
+                        kLdt, attn_fast::kNoBand);
+          }
+          if (acc.p)  // dQ += (scale·dS)·K
+            bf16_->gemm(Bf16Form::kValues, nq, D, (nk + 1) / 2, 1.f, w->pb.data(), kBk / 2, w->vb.data(), D,
+                        acc.row(g, i0), acc.ld, bd);
+        }
+      }
+      if (bw.dk.present()) {
+        tr_(dKt, kLdt, D, nk, w->dk.data(), D);
+        if (tk_) rotate(w->dk.data(), nk, D, *tk_, b, kh * G, j0, true);
+        attn_fast::store_rows(bw.dk, D, b, j0, nk, kh, w->dk.data());
+      }
+      if (bw.dv.present()) {
+        tr_(dVt, kLdt, D, nk, w->dv.data(), D);
+        attn_fast::store_rows(bw.dv, D, b, j0, nk, kh, w->dv.data());
+      }
+    }
+    return true;
+  }
+
   // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key
   // block meets, over the group's heads, plus a share for loading the block).
   std::vector<I> key_cuts(I kh, I T) const {
@@ -1420,6 +1571,7 @@ class Fused {
       guard.run([&] {
         w.init(D);
         w.init_backward(D);
+        if (bw.rate) w.init_bf16_backward(D);
       });
 #pragma omp for schedule(dynamic, 1)
       for (I p = 0; p < T; ++p) {
@@ -1685,7 +1837,7 @@ class Fused {
   Extra xs_;
   TileGemmFn gemm_;  // the tiles' small GEMM (D ≤ kTileGemmMaxD), else null: OpenBLAS
   TileTransposeFn tr_ = tile_transpose_fn();  // Kᵀ, Vᵀ of key blocks (tile_gemm.h)
-  const attn_fast::Bf16Ops* bf16_ = nullptr;  // the bfloat16-rate forward's products (bf16_rate())
+  const attn_fast::Bf16Ops* bf16_ = nullptr;  // the bfloat16-rate products (bf16_rate())
   bool dir_q_ = false, dir_k_ = false, dir_v_ = false;  // read in place (see direct())
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool interleaved_ = true, nonsym_ = false;
