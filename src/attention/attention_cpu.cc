@@ -1416,7 +1416,8 @@ class Fused {
   // rows (as in the forward), and dK̃, dQ̃ read Q̃, K̃ rounded to bfloat16. dKᵀ and dVᵀ [D, nk] are
   // summed (their A is Qᵀ or dOᵀ, the B the tile's P or dS as pairs of query rows) and transposed
   // once per key block. A query range starts at an even row, so that its pairs are whole (a row
-  // before the range sees no key: P = dS = 0). False, nothing done, where rate_rows() declines.
+  // before the range sees no key: P = dS = 0; dQ skips it). False, nothing done, where rate_rows()
+  // declines.
   bool keys_rate(const Bwd& bw, I b, I kh, I kb0, I kb1, const Acc& acc, double* gwu, Scratch* w) const {
     std::vector<attn_fast::Pair> pr;
     std::vector<float> qf;
@@ -1482,9 +1483,11 @@ class Fused {
             bf16_->gemm(Bf16Form::kValues, D, nk, nqh, 1.f, qt + g * D * Mh + i0 / 2, Mh, w->ib.data(), kLdt, dKt,
                         kLdt, attn_fast::kNoBand);
           }
-          if (acc.p)  // dQ += (scale·dS)·K
-            bf16_->gemm(Bf16Form::kValues, nq, D, (nk + 1) / 2, 1.f, w->pb.data(), kBk / 2, w->vb.data(), D,
-                        acc.row(g, i0), acc.ld, bd);
+          if (acc.p) {  // dQ += (scale·dS)·K, not on a row before the range (acc may not hold it)
+            const I skip = i0 < ilo ? 1 : 0;
+            bf16_->gemm(Bf16Form::kValues, nq - skip, D, (nk + 1) / 2, 1.f, w->pb.data() + skip * kBk / 2, kBk / 2,
+                        w->vb.data(), D, acc.row(g, i0 + skip), acc.ld, band(h, base - skip));
+          }
         }
       }
       if (bw.dk.present()) {
