@@ -57,7 +57,7 @@ struct Case {
   std::string kernel, encoding, shape;
   DType dtype;
   std::string unit = "GB/s";
-  std::string path;  // attention: "fused" / "reference"; decode rows: "decode"
+  std::string path;  // attention: attention_path(); decode rows: "decode"
   std::function<Bound(int threads)> setup;
   // Attention other than nope: nope's case of the same kernel, shape and dtype, timed in the same
   // rounds as this one for vs_nope.
@@ -108,7 +108,8 @@ std::shared_ptr<AttnProblem> make_attention_saved(Encoding enc, I L, DType dt, i
 double attention_flops(I L, bool backward);
 // The encodings the attention takes: the registry's, but for the absolute ones.
 std::vector<const EncodingInfo*> attention_encodings();
-// "fused" or "reference": which path a causal call of enc in dt takes.
+// "fused" or "reference": which path a causal call of enc in dt takes; "fused+amx" or
+// "fused+vdpbf16" where bfloat16 takes the tile products on bfloat16 pairs on this CPU (which ones).
 std::string attention_path(Encoding enc, DType dt);
 // Forward and backward per encoding at L = 1024 and 4096, against the sgemm baseline.
 std::vector<Case> attention_cases();
