@@ -7,7 +7,6 @@
 #include <tuple>
 
 #include "attention/attention_fused.h"
-#include "attention/tile_gemm_bf16.h"
 #include "bench/bench_cases.h"
 #include "posenc/rotary.h"
 
@@ -218,8 +217,8 @@ std::string attention_path(Encoding enc, DType dt) {
   p.encoding = enc;
   p.causal = true;
   if (!fused::supports(p, dt)) return "reference";
-  if (dt != DType::kBF16 || enc == Encoding::kXL || enc == Encoding::kCope || !attn_fast::bf16_ops()) return "fused";
-  return attn_fast::cpu_has_amx_bf16() ? "fused+amx" : "fused+vdpbf16";  // as bf16_ops() chooses by default
+  const std::string pairs = dt == DType::kBF16 ? fused::bf16_products(p) : "";
+  return pairs.empty() ? "fused" : "fused+" + pairs;
 }
 
 namespace {

@@ -1370,13 +1370,13 @@ class Fused {
 
   // The unit's Q (rotated, where it is) and dO as bfloat16 pairs for keys_rate (exact but for the
   // rotation: both are bfloat16), each as rows [G, M, D/2] (the S and dP products' A) and transposed,
-  // pairs along the queries [G, D, ⌈M/2⌉] (dK's and dV's A; an odd M's last high half 0): Q's rows,
-  // dO's rows, Qᵀ, dOᵀ; under a rotary encoding *qf the rotated Q̃ in float32 [G, M, D] (the logits'
-  // A). False where they would pass the dQ buffer's limit, or where a row of the unit takes the
-  // careful steps (lse or D not finite: keys() has them).
+  // pairs along the queries [G, D, Mh] (dK's and dV's A; Mh = rate_ld(): ⌈M/2⌉ rounded up to 16,
+  // zeros past M): Q's rows, dO's rows, Qᵀ, dOᵀ; under a rotary encoding *qf the rotated Q̃ in
+  // float32 [G, M, D] (the logits' A). False where they would pass the dQ buffer's limit, or where a
+  // row of the unit takes the careful steps (lse or D not finite: keys() has them).
   bool rate_rows(const Bwd& bw, I b, I kh, Scratch* w, std::vector<attn_fast::Pair>* pr,
                  std::vector<float>* qf) const {
-    const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, Mh = (M + 1) / 2;
+    const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, Mh = rate_ld();
     for (I g = 0; g < G; ++g) {
       const I at = (b * d_.Hq + kh * G + g) * M;
       if (careful_rows(&bw.lse[ix(at)], &bw.Dv[ix(at)], M)) return false;
@@ -1400,15 +1400,17 @@ class Fused {
                               rot ? tq_ : nullptr, h);
           attn_fast::Pair* r = rows_at + (g * M + i0) * D2;
           bf16_->round_rows(X.p, X.ld, nq, D, r, D2);
-          for (I i = 0; i < nq; ++i)  // element (i, e) to the half (i0 + i) % 2 of pair (e, (i0 + i) / 2)
-            for (I e = 0; e < D; ++e) {
-              const attn_fast::Pair half = (r[i * D2 + e / 2] >> (16 * (e % 2))) & 0xffffu;
-              cols_at[(g * D + e) * Mh + (i0 + i) / 2] |= half << (16 * ((i0 + i) % 2));
-            }
+          // rows paired [nq/2, D], then transposed: the pairs' (e, (i0 + i) / 2) entries; i0 is even
+          bf16_->interleave_rows(reinterpret_cast<const std::uint16_t*>(r), D, nq, D, w->ib.data(), D);
+          bf16_->transpose_pairs(reinterpret_cast<const std::uint16_t*>(w->ib.data()), 2 * D, (nq + 1) / 2, D,
+                                 cols_at + g * D * Mh + i0 / 2, Mh);
         }
     }
     return true;
   }
+  // The row stride of rate_rows()' transposed pairs: ⌈M/2⌉ rounded up to 16 (transpose_pairs writes
+  // whole 16s of columns).
+  I rate_ld() const { return ((d_.M + 1) / 2 + 15) / 16 * 16; }
 
   // keys() at the bfloat16 rate (bw.rate): S, dP, dV, dK and dQ as products of bfloat16 pairs
   // (tile_gemm_bf16.h); P and scale·dS rounded to bfloat16 for their products, the softmax and dS
@@ -1423,7 +1425,7 @@ class Fused {
     std::vector<float> qf;
     if (!rate_rows(bw, b, kh, w, &pr, &qf)) return false;
     using attn_fast::Bf16Form;
-    const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, Mh = (M + 1) / 2, Hq = d_.Hq;
+    const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, Mh = rate_ld(), Hq = d_.Hq;
     const attn_fast::Pair *qr = pr.data(), *dor = qr + G * M * D2, *qt = dor + G * M * D2, *dot = qt + G * D * Mh;
     const float sc = static_cast<float>(d_.scale);
     float *S = w->s.data(), *dP = w->dp.data(), *dKt = w->kt.data(), *dVt = w->vt.data();
@@ -1938,6 +1940,13 @@ bool supports(const AttentionParams& p, DType qkv) {
     default: return false;
   }
   return fast::fast_dtype(qkv);
+}
+
+std::string bf16_products(const AttentionParams& p) {
+  if (!supports(p, DType::kBF16) || p.encoding == Encoding::kXL || p.encoding == Encoding::kCope || !p.bf16_rate ||
+      !attn_fast::bf16_ops())
+    return "";
+  return attn_fast::cpu_has_amx_bf16() ? "amx" : "vdpbf16";  // as bf16_ops() chooses by default
 }
 
 void set_dq_buffer_limit(std::int64_t bytes) {
