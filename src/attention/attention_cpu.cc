@@ -125,9 +125,6 @@ struct Extra {
                    bool interleaved, bool inverse);
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
   void (*sum_diag)(const float* dS, I nq, I nk, I ld, float* diag);
-  // S = exp(S − lse) on row i's first band_reach(i, band, nk) entries (attention_tiles.h; the rest
-  // hold zeros), 0 on a row whose lse is −inf
-  void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse, I band);
   void (*affine_add)(float* y, const float* x, I n, float a, float g);  // y += a + g·x (fire)
   // fire, a tile off the diagonal whose segments lie in [lo, hi] (FireSpan below)
   void (*fire_span)(float* S, I nq, I nk, I ld, const float* ps0, I base, bool before, const I* th0, I nb,
@@ -201,7 +198,6 @@ HWY_INLINE float ExpSub(float* HWY_RESTRICT x, std::size_t n, float mx) {
   }
   return kSum ? hn::GetLane(hn::SumOfLanes(d, s)) : 0.f;
 }
-float ExpSubSum(float* HWY_RESTRICT x, std::size_t n, float mx) { return ExpSub<true>(x, n, mx); }
 
 HWY_INLINE void ZeroRow(float* HWY_RESTRICT x, std::size_t n) {
   const hn::ScalableTag<float> d;
@@ -209,6 +205,18 @@ HWY_INLINE void ZeroRow(float* HWY_RESTRICT x, std::size_t n) {
   std::size_t i = 0;
   for (; i + L <= n; i += L) hn::StoreU(hn::Zero(d), d, x + i);
   for (; i < n; ++i) x[i] = 0.f;
+}
+
+// P = exp(S − lse) over rows (0 for a row whose lse is −inf; attn_fast::nan_row for a NaN row, lse
+// NaN), row stride ld.
+void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT lse, I band) {
+  for (I i = 0; i < nq; ++i) {
+    float* Si = S + i * ld;
+    const I n = attn_fast::band_reach(i, band, nk);
+    if (lse[i] == -HUGE_VALF) ZeroRow(Si, ix(n));
+    else if (std::isnan(lse[i])) attn_fast::nan_row(Si, n);
+    else ExpSub<false>(Si, ix(n), lse[i]);
+  }
 }
 
 void ScaleRow(float* HWY_RESTRICT x, std::size_t n, float c) {
@@ -317,7 +325,7 @@ bool AllFiniteRows(const float* HWY_RESTRICT x, std::size_t n, std::size_t rows,
 bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) { return AllFiniteRows(x, n, 1, n); }
 
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&ExpSubSum, &ScaleRow, &AddTo,    &DsRow,        &Dot,
+  return attn_fast::Simd{&ExpRows, &ScaleRow, &AddTo,    &DsRow,        &Dot,
                          &SoftmaxStep, &AllFinite, &AllFiniteRows, &BelowInf};
 }
 
@@ -406,18 +414,6 @@ void SumDiag(const float* HWY_RESTRICT dS, I nq, I nk, I ld, float* HWY_RESTRICT
   for (I i = 0; i < nq; ++i) AddTo(diag + (nq - 1 - i), dS + i * ld, ix(nk));
 }
 
-// P = exp(S − lse) over rows (0 for a row whose lse is −inf; attn_fast::nan_row for a NaN row, lse
-// NaN), row stride ld.
-void ExpRows(float* HWY_RESTRICT S, I nq, I nk, I ld, const float* HWY_RESTRICT lse, I band) {
-  for (I i = 0; i < nq; ++i) {
-    float* Si = S + i * ld;
-    const I n = attn_fast::band_reach(i, band, nk);
-    if (lse[i] == -HUGE_VALF) ZeroRow(Si, ix(n));
-    else if (std::isnan(lse[i])) attn_fast::nan_row(Si, n);
-    else ExpSub<false>(Si, ix(n), lse[i]);
-  }
-}
-
 // y[j] += a + g·x[j] (a FIRE run: one linear piece of the MLP over a slice of the ψ table).
 HWY_INLINE void AffineAddRun(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, I n, float a, float g) {
   const hn::ScalableTag<float> d;
@@ -476,7 +472,7 @@ void Moments(const float* HWY_RESTRICT w, const float* HWY_RESTRICT x, const flo
 }
 
 Extra GetExtra() {
-  return Extra{&TrigRows, &RotRows, &AddDiag, &SumDiag, &ExpRows, &AffineAdd, &FireSpan, &Moments};
+  return Extra{&TrigRows, &RotRows, &AddDiag, &SumDiag, &AffineAdd, &FireSpan, &Moments};
 }
 
 }  // namespace HWY_NAMESPACE
@@ -1321,7 +1317,7 @@ class Fused {
           // banded (tile_gemm.h): P and dS are formed on each row's visible keys only, the masked
           // ones keeping logits' zeros; dP's masked entries may stay unset
           const I bd = band(h, kp0 - (d_.q_off + i0));
-          xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
+          simd_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
           if (packed)
             tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO.p, dO.ld, w->vt.data(), kLdt, dP, kBk, bd);
@@ -1462,7 +1458,7 @@ class Fused {
                         bd);
             finish_logits(h, i0, nq, nk, base, bd, S, w->diag.data());
           }
-          xs_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
+          simd_.exp_rows(S, nq, nk, kBk, &bw.lse[ix((b * Hq + h) * M + i0)], bd);  // P
           const float* Di = &bw.Dv[ix((b * Hq + h) * M + i0)];
           bf16_->gemm(Bf16Form::kScores, nq, nk, D2, 1.f, dor + (g * M + i0) * D2, D2, w->vtb.data(), kLdt, dP,
                       kBk, bd);

@@ -72,7 +72,9 @@ class RegionGuard {
 
 // Row helpers of one SIMD target.
 struct Simd {
-  float (*exp_sub_sum)(float* x, std::size_t n, float m);  // x = exp(x − m); returns Σ x
+  // S = exp(S − lse) on row i's first band_reach(i, band, nk) entries (the rest hold zeros), 0 on a
+  // row whose lse is −inf, nan_row on a row whose lse is NaN; row stride ld
+  void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse, I band);
   void (*scale)(float* x, std::size_t n, float c);         // x *= c
   void (*add_to)(float* y, const float* x, std::size_t n);  // y += x
   void (*ds_row)(float* p, const float* dp, std::size_t n, float di);  // p = p·(dp − di)
