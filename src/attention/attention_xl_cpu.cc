@@ -96,7 +96,7 @@ using namespace attn_fast;  // NOLINT: the shared tile machinery
 // Per-thread scratch (Dc = D + R).
 struct Scratch {
   std::vector<float> qc, qv, y, kc, v, s, o, ml;  // forward: Qu then Ỹ, Q + v_h, Y, K's rows, …
-  std::vector<float> dp, dout, dk, dv, x, dw;     // backward
+  std::vector<float> dp, dout, dk, dv, x, dw, bs;  // backward (bs: a block's sums, finish_rows)
   std::vector<float> kt, vt;                      // [K | C]ᵀ [D + R, kLdt]; backward: Vᵀ [D, kLdt]
   std::vector<float> sq, sk, sv, sd;              // careful steps: sanitized Qu, [K | C], V, dO
   void init(I D, I R) {
@@ -118,6 +118,7 @@ struct Scratch {
     dv.resize(ix(kBk * D));
     x.resize(ix(kBq * R));
     dw.resize(ix(D * R));
+    bs.resize(ix(D + R));
     sq.resize(ix(kBq * D));
     sk.resize(ix(kBk * (D + R)));
     sd.resize(ix(kBq * D));
@@ -134,6 +135,8 @@ std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
 // the row padding, once per call; else each block's transposed once per query block): up to
 // kPanelFactor·cache_limit floats (32 MiB: 26 MiB at L = 4096, Hkv = 8, D = R = 64).
 constexpr I kPanelFactor = 4;
+// Rows per block of a causal diagonal tile's position term (logits).
+constexpr I kBandRows = 24;
 
 class XlFused {
  public:
@@ -261,8 +264,8 @@ class XlFused {
           for (I gi = 0; gi < G; ++gi)
             for (I i0 = 0; i0 < M; i0 += kBq) {
               const I nq = std::min(kBq, M - i0);
-              load_qu(b, kh * G + gi, i0, nq, &qall[ix((gi * M + i0) * D)]);
-              rotated_y(b, kh * G + gi, i0, nq, &w, &qall[ix(G * M * D + (gi * M + i0) * R)], R);
+              load_q(b, kh * G + gi, i0, nq, &w, &qall[ix((gi * M + i0) * D)],
+                     &qall[ix(G * M * D + (gi * M + i0) * R)]);
               load_rows(dout, D, b, i0, nq, kh * G + gi, &qall[ix(G * M * Dc + (gi * M + i0) * D)]);
             }
         // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
@@ -294,8 +297,7 @@ class XlFused {
               float* qc = q_all ? &qall[ix((gi * M + i0) * D)] : w.qc.data();
               float* yt = q_all ? &qall[ix(G * M * D + (gi * M + i0) * R)] : w.qc.data() + kBq * D;
               if (!q_all) {
-                load_qu(b, h, i0, nq, qc);
-                rotated_y(b, h, i0, nq, &w, yt, R);
+                load_q(b, h, i0, nq, &w, qc, yt);
               }
               // dO [nq, D], copied even where it could be read in place: dV's product reads it a
               // row per step, and rows at the tensor's stride (Hq·D floats) share few L1 sets
@@ -309,13 +311,7 @@ class XlFused {
               const I bd = logits(i0, nq, j0, nk, qc, yt, w.kt.data(), &w);
               const float* L = &lse[ix((b * Hq + h) * M + i0)];
               const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
-              for (I i = 0; i < nq; ++i) {
-                float* Si = S + i * kBk;
-                const I n = band_reach(i, bd, nk);
-                if (L[i] == kNegInfF) std::fill(Si, Si + n, 0.f);
-                else if (std::isnan(L[i])) nan_row(Si, n);  // a NaN row (attention_tiles.h)
-                else simd_.exp_sub_sum(Si, ix(n), L[i]);
-              }
+              simd_.exp_rows(S, nq, nk, kBk, L, bd);  // P
               tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, ldo, w.vt.data(), kLdt, dP, kBk, bd);
               // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
               // entries' terms added back into dV; dS 0 where P is
@@ -413,28 +409,25 @@ class XlFused {
     return x.shape[0] == 1 || x.strides[0] >= (x.shape[1] - 1) * x.strides[1] + row;
   }
 
-  // Q rows [i0, i0 + nq) of head h: qc [nq, D] = Q + u_h (dense rows).
-  void load_qu(I b, I h, I i0, I nq, float* qc) const {
-    const I D = d_.D;
-    load_rows(q_, D, b, i0, nq, h, qc);
-    for (I i = 0; i < nq; ++i) simd_.add_to(qc + i * D, &u_[ix(h * D)], ix(D));
-  }
-
-  // Ỹ of Q rows [i0, i0 + nq) of head h into dst (row stride ld): Y = (Q + v_h)·W_h, each pair
-  // rotated by its row's angle (Ỹ₀ = Y₀ sin α + Y₁ cos α, Ỹ₁ = Y₁ sin α − Y₀ cos α). Q + v_h is
-  // left in w->qv.
-  void rotated_y(I b, I h, I i0, I nq, Scratch* w, float* dst, I ld) const {
+  // Q rows [i0, i0 + nq) of head h, read once: qc [nq, D] = Q + u_h, and yt [nq, R] = Ỹ, Y = (Q + v_h)·W_h
+  // with each pair rotated by its row's angle (Ỹ₀ = Y₀ sin α + Y₁ cos α, Ỹ₁ = Y₁ sin α − Y₀ cos α).
+  // Q + v_h is left in w->qv.
+  void load_q(I b, I h, I i0, I nq, Scratch* w, float* qc, float* yt) const {
     const I D = d_.D, R = d_.R;
     float* qv = w->qv.data();
     float* y = w->y.data();
     load_rows(q_, D, b, i0, nq, h, qv);
-    for (I i = 0; i < nq; ++i) simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
+    for (I i = 0; i < nq; ++i) {
+      copy_row(qc + i * D, qv + i * D, D);
+      simd_.add_to(qc + i * D, &u_[ix(h * D)], ix(D));
+      simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(R), int(D), 1.f, qv, int(D),
                 &w_[ix(h * D * R)], int(R), 0.f, y, int(R));
     for (I i = 0; i < nq; ++i) {
       const float* t = tq(i0 + i);
       const float* yi = y + i * R;
-      float* o = dst + i * ld;
+      float* o = yt + i * R;
       for (I c = 0; c < R; c += 2) {
         o[c] = yi[c] * t[c + 1] + yi[c + 1] * t[c];
         o[c + 1] = yi[c + 1] * t[c + 1] - yi[c] * t[c];
@@ -513,8 +506,18 @@ class XlFused {
     // two products of inner dimension D and R rather than one of D + R: a 64-column strip of the
     // panel then fits L1 (at D = R = 64, 16 KB instead of 32 KB)
     tile_gemm(gemm_, GemmForm::kNP, nq, nk, d_.D, sc, qu, d_.D, kt, kLdt, S, kBk, bd);
-    tile_gemm(gemm_r_, GemmForm::kNN, nq, nk, d_.R, sc, yt, d_.R, kt + d_.D * kLdt, kLdt, S, kBk);
-    if (bd >= kNoBand) return bd;
+    const float* ct = kt + d_.D * kLdt;
+    if (bd >= kNoBand) {
+      tile_gemm(gemm_r_, GemmForm::kNN, nq, nk, d_.R, sc, yt, d_.R, ct, kLdt, S, kBk);
+      return bd;
+    }
+    // banded: the position term in blocks of kBandRows rows, each over the keys its last row sees
+    // (rounded up to a vector of 16; the masking below overwrites what lies past a row's keys)
+    for (I r0 = 0; r0 < nq; r0 += kBandRows) {
+      const I nr = std::min(kBandRows, nq - r0);
+      const I nc = std::min(nk, (std::clamp<I>(r0 + nr - base, 0, nk) + 15) / 16 * 16);
+      if (nc > 0) tile_gemm(gemm_r_, GemmForm::kNN, nr, nc, d_.R, sc, yt + r0 * d_.R, d_.R, ct, kLdt, S + r0 * kBk, kBk);
+    }
     for (I i = 0; i < nq; ++i) {  // causal: row i sees keys j ≤ i − base
       float* Si = S + i * kBk;
       const I jh = std::clamp<I>(i - base + 1, 0, nk), reach = std::max(jh, band_reach(i, bd, nk));
@@ -530,9 +533,8 @@ class XlFused {
   void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, const float* panels,
                      bool careful_v = false) const {
     const I D = d_.D, kh = h / d_.G, nkb = (d_.N + kBk - 1) / kBk;
-    load_qu(b, h, q0, nq, w->qc.data());
     float* yt = w->qc.data() + kBq * D;
-    rotated_y(b, h, q0, nq, w, yt, d_.R);
+    load_q(b, h, q0, nq, w, w->qc.data(), yt);
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = p_.causal ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
     float* m = w->ml.data();
@@ -572,7 +574,7 @@ class XlFused {
   // The end of pass 2 for head h: qa (row stride ld) holds dQc of its M rows, xt [M, R] X̃. X = X̃
   // rotated back (X₀ = X̃₀ sin α − X̃₁ cos α, X₁ = X̃₀ cos α + X̃₁ sin α); qa += X·W_hᵀ (dQ), stored
   // into dq when given; into gph (du [D], Σ X [R], dW [D, R]) Σ_i dQc_i, Σ_i X_i and (Q + v_h)ᵀ·X,
-  // Q + v_h sanitized.
+  // Q + v_h sanitized: each summed in float over a block of kBq rows, the blocks in double.
   void finish_rows(I b, I h, float* qa, I ld, const float* xt_all, Scratch* w, double* gph,
                    const View& dq) const {
     const I D = d_.D, R = d_.R;
@@ -582,9 +584,11 @@ class XlFused {
     double* dW = gph + D + R;
     float* X = w->x.data();
     float* qv = w->qv.data();
+    float* bs = w->bs.data();  // the block's Σ dQc_i [D] and Σ X_i [R] in float
     for (I i0 = 0; i0 < d_.M; i0 += kBq) {
       const I nq = std::min(kBq, d_.M - i0);
       float* A = qa + i0 * ld;
+      std::fill(bs, bs + D + R, 0.f);
       for (I i = 0; i < nq; ++i) {
         const float* xt = xt_all + (i0 + i) * R;
         const float* t = tq(i0 + i);
@@ -593,16 +597,18 @@ class XlFused {
           xi[c] = xt[c] * t[c + 1] - xt[c + 1] * t[c];
           xi[c + 1] = xt[c] * t[c] + xt[c + 1] * t[c + 1];
         }
-        for (I c = 0; c < R; ++c) xs[c] += xi[c];
-        for (I e = 0; e < D; ++e) du[e] += A[i * ld + e];
+        simd_.add_to(bs, A + i * ld, ix(D));
+        simd_.add_to(bs + D, xi, ix(R));
       }
+      for (I e = 0; e < D; ++e) du[e] += bs[e];
+      for (I c = 0; c < R; ++c) xs[c] += bs[D + c];
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R), Wh,
                   int(R), 1.f, A, int(ld));
       if (dq.present())
         for (I i = 0; i < nq; ++i) store_row(dq, D, b, i0 + i, h, A + i * ld);
       load_rows(q_, D, b, i0, nq, h, qv);
       for (I i = 0; i < nq; ++i) simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
-      sanitize_rows(qv, D, nq, D, qv);
+      if (!simd_.finite_rows(qv, ix(D), ix(nq), ix(D))) sanitize_rows(qv, D, nq, D, qv);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(D), int(R), int(nq), 1.f, qv, int(D), X,
                   int(R), 0.f, w->dw.data(), int(R));
       for (I e = 0; e < D * R; ++e) dW[e] += w->dw[ix(e)];
