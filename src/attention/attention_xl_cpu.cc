@@ -26,7 +26,8 @@
 //   the panels of every key block formed once per call where they are kept (key_panels), S by
 //   tile_gemm's kNP and kNN forms; mask, online softmax, O += P·V as in attention_cpu.cc (without
 //   panels, K and V read in place where they are float32 with unit inner stride). A causal tile
-//   crossing the diagonal takes the band (tile_gemm.h) in S, the softmax and P·V.
+//   crossing the diagonal takes the band (tile_gemm.h) in S, the softmax and P·V; S's position term
+//   there runs in blocks of kBandRows rows, each over the keys its rows see.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
