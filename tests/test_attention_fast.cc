@@ -453,6 +453,28 @@ TEST(FastAttentionBf16RatePath, EmulatedModeRoundsP) {
   EXPECT_EQ(res[2], res[1]);
 }
 
+// fused::bf16_products (the bench's path column) names the kernels of the mode bf16_ops() follows,
+// and "" where a call keeps the float32 products: mode kOff, bf16_rate = false, xl and cope.
+TEST(FastAttentionBf16RatePath, ProductsNameTheModesKernels) {
+  AttentionParams p;
+  const std::pair<attn_fast::Bf16Mode, const char*> modes[] = {
+      {attn_fast::Bf16Mode::kEmulated, "emulated"}, {attn_fast::Bf16Mode::kVdpbf16, "vdpbf16"},
+      {attn_fast::Bf16Mode::kAmx, "amx"}, {attn_fast::Bf16Mode::kOff, ""}};
+  for (const auto& [mode, name] : modes) {
+    attn_fast::bf16_set_mode(mode);
+    const std::string want = attn_fast::bf16_ops() ? name : "";  // "" where this CPU lacks the kernel
+    for (Encoding e : {Encoding::kNope, Encoding::kRope, Encoding::kXL, Encoding::kCope}) {
+      p.encoding = e;
+      p.bf16_rate = true;
+      const bool own = e == Encoding::kXL || e == Encoding::kCope;
+      EXPECT_EQ(fused::bf16_products(p), own ? "" : want) << name << " " << static_cast<int>(e);
+      p.bf16_rate = false;
+      EXPECT_EQ(fused::bf16_products(p), "") << name;
+    }
+  }
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+}
+
 // The C ABI's and Python's key vocabulary sets bf16_rate from text.
 TEST(FastAttentionBf16RatePath, KeyFromText) {
   AttentionParams p;
@@ -598,8 +620,8 @@ TEST(FastAttentionTargets, EveryTargetMatchesReferenceAtSmallHeadDims) {
 // The softmax's exponential (ExpSoftmax, core/simd-inl.h, through the tile helper S = e^(S − lse)
 // and the tile's online step) on every SIMD target against e^x in double: within 2.5·10⁻⁷ relative
 // (2 ulp) on [−86, 0.5] and beyond the row max, 0 at −∞ and below −86 (where e^x < 5·10⁻³⁸), a row
-// of lse −∞ all 0; row lengths that end in a vector tail. The online step over two tiles of a banded row set against the
-// same softmax in double: m, l and the rescaled o.
+// of lse −∞ all 0; row lengths that end in a vector tail. The online step over two tiles of a
+// banded row set against the same softmax in double: m, l and the rescaled o.
 TEST(FastAttentionTargets, SoftmaxExponentialOnEveryTarget) {
   std::vector<float> xs;
   for (int i = 0; i <= 86 * 1024; ++i) xs.push_back(-static_cast<float>(i) / 1024.f);  // 0 .. −86

@@ -1939,10 +1939,12 @@ bool supports(const AttentionParams& p, DType qkv) {
 }
 
 std::string bf16_products(const AttentionParams& p) {
-  if (!supports(p, DType::kBF16) || p.encoding == Encoding::kXL || p.encoding == Encoding::kCope || !p.bf16_rate ||
-      !attn_fast::bf16_ops())
+  // xl and cope run kernels of their own (run_forward), which keep the float32 products
+  const attn_fast::Bf16Ops* ops = attn_fast::bf16_ops();
+  if (!ops || !p.bf16_rate || !supports(p, DType::kBF16) || p.encoding == Encoding::kXL ||
+      p.encoding == Encoding::kCope)
     return "";
-  return attn_fast::cpu_has_amx_bf16() ? "amx" : "vdpbf16";  // as bf16_ops() chooses by default
+  return ops->name;
 }
 
 void set_dq_buffer_limit(std::int64_t bytes) {

@@ -15,8 +15,8 @@ namespace posenc::fused {
 // Whether the fused kernels cover this encoding and q/k/v dtype.
 bool supports(const AttentionParams& p, DType qkv);
 
-// Which products on bfloat16 pairs a bfloat16 call of this encoding takes on this CPU by default:
-// "amx", "vdpbf16", or "" (the float32 products; xl and cope always).
+// Which products on bfloat16 pairs a bfloat16 call of this encoding takes on this CPU (in the mode
+// bf16_ops() follows): "amx", "vdpbf16", "emulated", or "" (the float32 products; xl and cope always).
 std::string bf16_products(const AttentionParams& p);
 
 // The encodings the fused kernels cover, as a list for messages ("nope, rope, ...").

@@ -208,10 +208,11 @@ POSENC_AMX_TARGET void Gemm(Bf16Form form, I M, I N, I P, float alpha, const Pai
 
 namespace {
 
-constexpr Bf16Ops kAmx{amx::Gemm, native::RoundRows, native::TransposePairs, native::InterleaveRows};
-constexpr Bf16Ops kNative{native::Gemm, native::RoundRows, native::TransposePairs, native::InterleaveRows};
+constexpr Bf16Ops kAmx{amx::Gemm, native::RoundRows, native::TransposePairs, native::InterleaveRows, "amx"};
+constexpr Bf16Ops kNative{native::Gemm, native::RoundRows, native::TransposePairs, native::InterleaveRows,
+                          "vdpbf16"};
 constexpr Bf16Ops kEmulated{emulated::Gemm, emulated::RoundRows, emulated::TransposePairs,
-                            emulated::InterleaveRows};
+                            emulated::InterleaveRows, "emulated"};
 
 // AVX-512 F, DQ, BW and VL, with the OS saving the opmask and all 32 zmm registers.
 bool cpu_has_avx512() {

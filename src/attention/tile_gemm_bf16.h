@@ -34,6 +34,7 @@ struct Bf16Ops {
   // (x[2p, e], x[2p + 1, e]) for p < ⌈n/2⌉, e < K (an odd n's missing row as 0).
   void (*interleave_rows)(const std::uint16_t* x, std::int64_t ld, std::int64_t n, std::int64_t K, Pair* out,
                           std::int64_t ldo);
+  const char* name;  // "amx", "vdpbf16" or "emulated"
 };
 
 // kAuto: AMX where the CPU has AMX-BF16, else VDPBF16PS on AMD CPUs with AVX512_BF16 (expected at
