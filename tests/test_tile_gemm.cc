@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -311,6 +312,25 @@ TEST(TileGemm, WideBlocksEqualNarrowBitForBitOnEveryTarget) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// The default blocks follow their rule (tile_gemm.h), read here from /proc/cpuinfo rather than
+// CPUID: wide on Intel and on AMD family 26 (Zen 5) or later, narrow elsewhere.
+TEST(TileGemm, DefaultBlocksFollowTheVendorAndFamily) {
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line, vendor;
+  int family = -1;
+  while (std::getline(in, line) && (vendor.empty() || family < 0)) {
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(colon + 2);
+    if (line.rfind("cpu family", 0) == 0) family = std::stoi(line.substr(colon + 1));
+  }
+  if (vendor.empty() || family < 0) GTEST_SKIP() << "/proc/cpuinfo names no x86 vendor and family";
+  const bool wide = vendor == "GenuineIntel" || (vendor == "AuthenticAMD" && family >= 26);
+  EXPECT_EQ(attn_fast::default_tile_blocks(), wide ? attn_fast::TileBlocks::kWide : attn_fast::TileBlocks::kNarrow)
+      << vendor << " family " << family;
 }
 
 // The transpose equals the plain one, element for element, on every target: sizes with and without

@@ -26,6 +26,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
+#endif
+
 #include "attention/tile_gemm.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -59,7 +63,9 @@ constexpr I kWideM = 128;
 // 32 vector registers (24 accumulators, 4 of B and a broadcast). Measured (one thread, Intel Xeon
 // Cascade Lake guest, attention nope L = 2048 and 4096, H = 8, D = 64, causal, medians of the thread
 // CPU time over 7–11 rounds alternating with the narrow blocks): forward 9–15% and backward 13–17%
-// less time than the narrow blocks.
+// less time than the narrow blocks. On an AMD EPYC Zen 5 (family 1Ah, 512-bit FMA datapath; `posenc
+// bench` nope, two runs of 3 rounds, alternating): forward 122 → 136–141 GFLOP/s, backward 104–107 →
+// 115–116. Zen 4 (512-bit ops as two 256-bit halves) keeps the narrow blocks (wide not measured there).
 constexpr bool kHasWide = HWY_MAX_BYTES >= 64;
 
 // Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.
@@ -285,7 +291,11 @@ attn_fast::TileTransposeFn attn_fast::tile_transpose_fn() { return HWY_DYNAMIC_D
 
 attn_fast::TileBlocks attn_fast::default_tile_blocks() {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  return __builtin_cpu_is("intel") ? TileBlocks::kWide : TileBlocks::kNarrow;
+  if (__builtin_cpu_is("intel")) return TileBlocks::kWide;
+  unsigned a = 0, b = 0, c = 0, d = 0;  // AMD: the family from CPUID leaf 1 (base + extended)
+  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return TileBlocks::kNarrow;
+  const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+  return family >= 0x1A ? TileBlocks::kWide : TileBlocks::kNarrow;  // Zen 5 and later: see kHasWide
 #else
   return TileBlocks::kNarrow;
 #endif
