@@ -37,8 +37,8 @@ struct Bf16Ops {
   const char* name;  // "amx", "vdpbf16" or "emulated"
 };
 
-// kAuto: AMX where the CPU has AMX-BF16, else VDPBF16PS on AMD CPUs with AVX512_BF16 (expected at
-// twice their float32 multiply-add rate; not measured), else none: on an Intel CPU with AMX the
+// kAuto: AMX where the CPU has AMX-BF16, else VDPBF16PS on AMD CPUs with AVX512_BF16 (on Zen 5,
+// ~1.55× the float32 attention forward and backward), else none: on an Intel CPU with AMX the
 // VDPBF16PS kernel measured slower than the float32 products (docs/performance.md).
 // kOff: none. kAmx, kVdpbf16: that kernel where the CPU has it, else none. kEmulated: the VDPBF16PS
 // kernels with each pair product as two float32 multiply-adds (any AVX-512 CPU), for tests.
