@@ -289,16 +289,25 @@ HWY_EXPORT(GetTileTranspose);
 attn_fast::TileGemmFn attn_fast::tile_gemm_fn(TileBlocks blocks) { return HWY_DYNAMIC_DISPATCH(GetTileGemm)(blocks); }
 attn_fast::TileTransposeFn attn_fast::tile_transpose_fn() { return HWY_DYNAMIC_DISPATCH(GetTileTranspose)(); }
 
-attn_fast::TileBlocks attn_fast::default_tile_blocks() {
+namespace {
+attn_fast::TileBlocks blocks_for_cpu() {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  if (__builtin_cpu_is("intel")) return TileBlocks::kWide;
+  if (__builtin_cpu_is("intel")) return attn_fast::TileBlocks::kWide;
   unsigned a = 0, b = 0, c = 0, d = 0;  // AMD: the family from CPUID leaf 1 (base + extended)
-  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return TileBlocks::kNarrow;
+  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return attn_fast::TileBlocks::kNarrow;
   const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-  return family >= 0x1A ? TileBlocks::kWide : TileBlocks::kNarrow;  // Zen 5 and later: see kHasWide
+  // Zen 5 and later: see kHasWide
+  return family >= 0x1A ? attn_fast::TileBlocks::kWide : attn_fast::TileBlocks::kNarrow;
 #else
-  return TileBlocks::kNarrow;
+  return attn_fast::TileBlocks::kNarrow;
 #endif
+}
+}  // namespace
+
+// Once per process: CPUID traps to the hypervisor in a VM, and the model calls tile_gemm_fn() per product.
+attn_fast::TileBlocks attn_fast::default_tile_blocks() {
+  static const TileBlocks blocks = blocks_for_cpu();
+  return blocks;
 }
 }  // namespace posenc
 #endif

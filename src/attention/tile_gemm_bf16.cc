@@ -276,7 +276,7 @@ bool cpu_has_amx_bf16() {
 
 const Bf16Ops* bf16_ops() {
 #if POSENC_HAVE_BF16_KERNELS
-  static const bool amd = __builtin_cpu_is("amd");  // as default_tile_blocks() asks (tile_gemm.cc)
+  static const bool amd = __builtin_cpu_is("amd");
   switch (mode.load(std::memory_order_relaxed)) {
     case Bf16Mode::kAuto:
       if (cpu_has_amx_bf16()) return &kAmx;
