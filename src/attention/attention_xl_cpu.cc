@@ -14,13 +14,15 @@
 //   alone, and the logits are tile products, S = scale·[Qu | Ỹ]·[K | C]ᵀ, Qu = Q + u_h, with no
 //   per-(i, j) sinusoid: scale·Qu·Kᵀ, then scale·Ỹ·Cᵀ added (two products of inner dimension D and
 //   R: a column strip of one [K | C]ᵀ of D + R = 128 rows would fill L1). p0 = k_off: β is ω times
-//   the key's index in the call, α ω times the query's distance from the first key. One table, shared by every head and batch, holds (cos, sin)
-//   of ω·p per pair for those positions p (one run covering queries and keys when they lie near one
-//   another, else the two runs), from angles formed in double (as the reference's sinusoid) and
-//   rounded to float once.
+//   the key's index in the call, α ω times the query's distance from the first key. One table,
+//   shared by every head and batch, holds (cos, sin) of ω·p per pair for those positions p (one run
+//   covering queries and keys when they lie near one another, else the two runs), in double and
+//   rounded to float once: per block of kTableStep positions, the first one's by std::cos and
+//   std::sin, the others' by the angle-addition identities from a table of ω·t, t < kTableStep (a
+//   relative difference of ~1e-16 from calling them per position).
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
-//   Qu [Bq, D] and Ỹ [Bq, R] once per task (Y by cblas_sgemm, then rotated); per key block not wholly
+//   Qu [Bq, D] and Ỹ [Bq, R] once per task (Y by the tile GEMM, then rotated); per key block not wholly
 //   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
 //   rows transposed once per call, where that is kept, else transposed here) and V's rows, read from
 //   the panels of every key block formed once per call where they are kept (key_panels), S by
@@ -54,26 +56,25 @@
 //
 // ---- memory (extra to inputs and outputs) --------------------------------------------------------------
 //   the table: R floats per position of the queries and keys, at most (M + N)·R (self-attention at
-//   L = 65536, R = 64: L·R, 16.8 MB), and its keys' rows transposed, N·R, where that is at most
-//   kCacheMax (8 MiB); per thread O((Bq + Bk)·(D + R) + Bq·Bk) floats (≈ 0.3 MB at
-//   D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread X̃ of one task, G·M·R floats
-//   (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats, where it is not summed in dq;
-//   per thread Qu, Ỹ and dO of one task, G·M·(2D + R) floats, where that is at most kCacheMax
-//   (8 MiB); the forward's panels ([K | C]ᵀ and V per key block), up to 4·kCacheMax (32 MiB); per
-//   (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R).
+//   L = 65536, R = 64: L·R, 16.8 MB), and its keys' rows transposed, N·R (the backward, and a
+//   forward without panels), where that is at most kCacheMax (8 MiB); per thread O((Bq + Bk)·(D +
+//   R) + Bq·Bk) floats (≈ 0.3 MB at D = R = 64); backward: lse and D, 2·B·Hq·M floats; per thread
+//   X̃ of one task, G·M·R floats (16.8 MB at M = 65536, R = 64, G = 1), and dQc, G·M·D floats,
+//   where it is not summed in dq; per thread Qu, Ỹ and dO of one task, G·M·(2D + R) floats, where
+//   that is at most kCacheMax (8 MiB); the forward's panels ([K | C]ᵀ and V per key block), up to
+//   4·kCacheMax (32 MiB); per (b, h) the gradients of u, v, W in double, B·Hq·(D + R + D·R); W_hᵀ,
+//   Hq·D·R floats.
 //
 // ---- precision ----------------------------------------------------------------------------------------
 //   Products and accumulations in float32: the tile products by tile_gemm() as in attention_cpu.cc
-//   (tile_gemm.h: the Highway small GEMM while the dimension, D, R or D + R, is ≤ kTileGemmMaxD,
-//   else OpenBLAS), Y and the once-per-row ones (X·W_hᵀ, dW_h) by OpenBLAS's sgemm; sin and cos of
-//   double angles rounded to float (error ≤ 6e-8 each, plus the angle's own, see README), the
-//   rotations in float; lse carried in float32 in the backward; dQc and X̃ summed over the key blocks
-//   in float32 (as dQ in attention_cpu.cc); the parameter gradients across blocks and the batch in
-//   double. The reference rounds the angle ωδ once; this kernel rounds α and β: where a query lies
-//   far from the first key (|qp − k_off| ≫ 2^20), the two roundings differ by about ulp(ω·|qp − k_off|),
-//   the size of the reference's own angle error at such a distance.
-#include <cblas.h>
-
+//   (tile_gemm.h: the Highway small GEMM while the dimension, D or R, is ≤ kTileGemmMaxD, else
+//   OpenBLAS), Y and the once-per-row ones (X·W_hᵀ, dW_h) too (the small GEMM where D and R both
+//   are); sin and cos in double rounded to float (error ≤ 6e-8 each, plus the angle's own, see
+//   README), the rotations in float; lse carried in float32 in the backward; dQc and X̃ summed over
+//   the key blocks in float32 (as dQ in attention_cpu.cc); the parameter gradients across blocks
+//   and the batch in double. The reference rounds the angle ωδ once; this kernel rounds α and β:
+//   where a query lies far from the first key (|qp − k_off| ≫ 2^20), the two roundings differ by
+//   about ulp(ω·|qp − k_off|), the size of the reference's own angle error at such a distance.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -138,29 +139,36 @@ std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
 constexpr I kPanelFactor = 4;
 // Rows per block of a causal diagonal tile's position term (logits).
 constexpr I kBandRows = 24;
+// Rows of the angle table formed from one pair of sin and cos calls per frequency (build_table).
+constexpr I kTableStep = 32;
 
 class XlFused {
  public:
   XlFused(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
           const EncodingTensors& t, int threads)
       : p_(p), d_(d), q_(q), k_(k), v_(v), threads_(threads), simd_(simd()),
-        gemm_(tile_gemm_for(d.D)), gemm_r_(tile_gemm_for(d.R)) {
+        gemm_(tile_gemm_for(d.D)), gemm_r_(tile_gemm_for(d.R)),
+        gemm_w_(gemm_ && gemm_r_ ? tile_gemm_fn() : nullptr) {
     const std::vector<double> u = to_doubles(t.u), vb = to_doubles(t.v), w = to_doubles(t.rel_proj);
     u_.assign(u.begin(), u.end());
     vb_.assign(vb.begin(), vb.end());
     w_.assign(w.begin(), w.end());
+    wt_.resize(w_.size());  // W_hᵀ per head
+    for (I h = 0; h < d.Hq; ++h)
+      for (I e = 0; e < d.D; ++e)
+        for (I c = 0; c < d.R; ++c) wt_[ix((h * d.R + c) * d.D + e)] = w_[ix((h * d.D + e) * d.R + c)];
     w64_ = w;
     build_table();
-    transpose_keys();
     cf_ = careful_forward(simd_, d, k, threads);
     dir_k_ = direct(k);
     dir_v_ = direct(v);
   }
 
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
-  void forward(const View& out, const View& lse) const {
+  void forward(const View& out, const View& lse) {
     const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
     const std::unique_ptr<float[]> panels = key_panels();
+    if (!panels) transpose_keys();  // the key blocks' Cᵀ, else transposed from the table per query block
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -192,7 +200,8 @@ class XlFused {
   // saved_out and saved_lse, pass 1 reads them instead of running the forward.
   void backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const EncodingGrads& g, const View* saved_out = nullptr,
-                const View* saved_lse = nullptr) const {
+                const View* saved_lse = nullptr) {
+    transpose_keys();  // for pass 2's key blocks, and pass 1's panels
     const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R;
     // the careful steps on every tile (attention_tiles.h): k or v not finite
     const bool careful_all = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
@@ -365,16 +374,37 @@ class XlFused {
     tab_.assign(ix((n0 + n1) * R), 0.f);
     std::vector<double> inv(ix(R / 2));
     for (I c = 0; c < R / 2; ++c) inv[ix(c)] = sinusoid::inv_freq(c, R, xl::kBase);
-    const I rows = n0 + n1;
-    const int threads = rows * R < fast::kParallelMin ? 1 : threads_;
+    // (cos, sin) of t·ω for t < kTableStep, [t, pair]
+    const I P = R / 2;
+    std::vector<double> step(ix(2 * kTableStep * P));
+    for (I t = 0; t < kTableStep; ++t)
+      for (I c = 0; c < P; ++c) {
+        step[ix(2 * (t * P + c))] = std::cos(static_cast<double>(t) * inv[ix(c)]);
+        step[ix(2 * (t * P + c) + 1)] = std::sin(static_cast<double>(t) * inv[ix(c)]);
+      }
+    // blocks of kTableStep rows within one run
+    const I nb0 = (n0 + kTableStep - 1) / kTableStep, nb = nb0 + (n1 + kTableStep - 1) / kTableStep;
+    std::vector<double> bases(ix(nb * 2 * P));  // per block, (cos, sin) of ω·pos0 of its first row
+    const int threads = (n0 + n1) * R < fast::kParallelMin ? 1 : threads_;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (I r = 0; r < rows; ++r) {
-      const double pos = static_cast<double>(r < n0 ? start0 + r : start1 + (r - n0));
-      float* row = &tab_[ix(r * R)];
-      for (I c = 0; c < R / 2; ++c) {
-        const double a = pos * inv[ix(c)];
-        row[2 * c] = static_cast<float>(std::cos(a));
-        row[2 * c + 1] = static_cast<float>(std::sin(a));
+    for (I blk = 0; blk < nb; ++blk) {
+      const bool first = blk < nb0;
+      const I r0 = first ? blk * kTableStep : n0 + (blk - nb0) * kTableStep;
+      const I nr = std::min(kTableStep, first ? n0 - r0 : n0 + n1 - r0);
+      const double pos0 = static_cast<double>(first ? start0 + r0 : start1 + (r0 - n0));
+      double* base = &bases[ix(blk * 2 * P)];
+      for (I c = 0; c < P; ++c) {
+        base[2 * c] = std::cos(pos0 * inv[ix(c)]);
+        base[2 * c + 1] = std::sin(pos0 * inv[ix(c)]);
+      }
+      for (I t = 0; t < nr; ++t) {  // ω·(pos0 + t) by the angle-addition identities
+        float* row = &tab_[ix((r0 + t) * R)];
+        const double* st = &step[ix(2 * t * P)];
+        for (I c = 0; c < P; ++c) {
+          const double cb = base[2 * c], sb = base[2 * c + 1], ct = st[2 * c], sn = st[2 * c + 1];
+          row[2 * c] = static_cast<float>(cb * ct - sb * sn);
+          row[2 * c + 1] = static_cast<float>(sb * ct + cb * sn);
+        }
       }
     }
   }
@@ -423,8 +453,7 @@ class XlFused {
       simd_.add_to(qc + i * D, &u_[ix(h * D)], ix(D));
       simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(R), int(D), 1.f, qv, int(D),
-                &w_[ix(h * D * R)], int(R), 0.f, y, int(R));
+    tile_gemm(gemm_w_, GemmForm::kNP, nq, R, D, 1.f, qv, D, &w_[ix(h * D * R)], R, y, R);
     for (I i = 0; i < nq; ++i) {
       const float* t = tq(i0 + i);
       const float* yi = y + i * R;
@@ -579,7 +608,7 @@ class XlFused {
   void finish_rows(I b, I h, float* qa, I ld, const float* xt_all, Scratch* w, double* gph,
                    const View& dq) const {
     const I D = d_.D, R = d_.R;
-    const float* Wh = &w_[ix(h * D * R)];
+    const float* Wt = &wt_[ix(h * R * D)];
     double* du = gph;
     double* xs = gph + D;
     double* dW = gph + D + R;
@@ -603,15 +632,14 @@ class XlFused {
       }
       for (I e = 0; e < D; ++e) du[e] += bs[e];
       for (I c = 0; c < R; ++c) xs[c] += bs[D + c];
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(D), int(R), 1.f, X, int(R), Wh,
-                  int(R), 1.f, A, int(ld));
+      tile_gemm(gemm_w_, GemmForm::kNN, nq, D, R, 1.f, X, R, Wt, D, A, ld);
       if (dq.present())
         for (I i = 0; i < nq; ++i) store_row(dq, D, b, i0 + i, h, A + i * ld);
       load_rows(q_, D, b, i0, nq, h, qv);
       for (I i = 0; i < nq; ++i) simd_.add_to(qv + i * D, &vb_[ix(h * D)], ix(D));
       if (!simd_.finite_rows(qv, ix(D), ix(nq), ix(D))) sanitize_rows(qv, D, nq, D, qv);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(D), int(R), int(nq), 1.f, qv, int(D), X,
-                  int(R), 0.f, w->dw.data(), int(R));
+      std::fill(w->dw.begin(), w->dw.end(), 0.f);
+      tile_gemm(gemm_w_, GemmForm::kTN, D, R, nq, 1.f, qv, D, X, R, w->dw.data(), R);
       for (I e = 0; e < D * R; ++e) dW[e] += w->dw[ix(e)];
     }
   }
@@ -644,7 +672,8 @@ class XlFused {
   Simd simd_;
   TileGemmFn gemm_;    // the tile products' GEMM of dimension D (tile_gemm.h)
   TileGemmFn gemm_r_;  // of dimension R: S's position term, X̃
-  std::vector<float> u_, vb_, w_;  // u, v [Hq, D]; W [Hq, D, R] as float
+  TileGemmFn gemm_w_;  // the products with W_h (Y, X·W_hᵀ, dW_h), of dimensions D and R
+  std::vector<float> u_, vb_, w_, wt_;  // u, v [Hq, D]; W [Hq, D, R] as float; Wᵀ [Hq, R, D]
   std::vector<double> w64_;         // W as given, for dv = W·Σ X in double
   std::vector<float> tab_;          // the angle table (build_table)
   std::vector<float> ct_;           // the keys' C transposed, [R, N], or empty (transpose_keys)
@@ -662,7 +691,7 @@ void xl_set_cache_limit(std::int64_t floats) { cache_limit.store(floats < 0 ? kC
 
 Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                   const View& v, const EncodingTensors& t, const View& out, const View& lse) {
-  const XlFused f(p, d, q, k, v, t, threads_for(d));
+  XlFused f(p, d, q, k, v, t, threads_for(d));
   f.forward(out, lse);
   return Status::Ok();
 }
@@ -671,7 +700,7 @@ Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q,
                    const View& v, const EncodingTensors& t, const View& dout, const View& dq,
                    const View& dk, const View& dv, const EncodingGrads& g, const View* saved_out,
                    const View* saved_lse) {
-  const XlFused f(p, d, q, k, v, t, threads_for(d));
+  XlFused f(p, d, q, k, v, t, threads_for(d));
   f.backward(dout, dq, dk, dv, g, saved_out, saved_lse);
   return Status::Ok();
 }
