@@ -29,7 +29,9 @@
 //   tile_gemm's kNP and kNN forms; mask, online softmax, O += P·V as in attention_cpu.cc (without
 //   panels, K and V read in place where they are float32 with unit inner stride). A causal tile
 //   crossing the diagonal takes the band (tile_gemm.h) in S, the softmax and P·V; S's position term
-//   there runs in blocks of kBandRows rows, each over the keys its rows see.
+//   there runs in blocks of kBandRows rows, each over the keys its rows see. A call of G·M ≤ Bq rows
+//   whose first query sees every key (no band: a decode step) runs a task per (b, kv head) instead,
+//   the G heads' rows stacked in one tile, so a key block is read and transposed once per group.
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
@@ -164,10 +166,16 @@ class XlFused {
     dir_v_ = direct(v);
   }
 
-  // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64.
+  // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64. A
+  // short call (a decode step) whose tiles need no band runs a task per (b, kv head), its G heads'
+  // rows stacked in one tile, so each key block is transposed and read once for the group.
   void forward(const View& out, const View& lse) {
-    const I nqb = (d_.M + kBq - 1) / kBq, per = d_.B * d_.Hq, tasks = per * nqb;
-    const std::unique_ptr<float[]> panels = key_panels();
+    const I G = d_.G, M = d_.M;
+    const bool all_see_all = !p_.causal || d_.q_off >= d_.k_off + d_.N - 1;  // no band in any tile
+    const bool grouped = G > 1 && G * M <= kBq && all_see_all;
+    const I nqb = (M + kBq - 1) / kBq, per = d_.B * d_.Hq;
+    const I tasks = grouped ? d_.B * d_.Hkv : per * nqb;
+    const std::unique_ptr<float[]> panels = grouped ? nullptr : key_panels();
     if (!panels) transpose_keys();  // the key blocks' Cᵀ, else transposed from the table per query block
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
@@ -182,14 +190,16 @@ class XlFused {
       for (I task = 0; task < tasks; ++task) {
         if (guard.failed()) continue;
         // Later query blocks (more keys when causal) first.
-        const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
-        const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
-        forward_block(b, h, q0, nq, &w, l.data(), panels.get());
-        store_rows(out, d_.D, b, q0, nq, h, w.o.data());
-        if (lse.present()) {
+        const I qb = grouped ? 0 : nqb - 1 - task / per, bh = task % per;
+        const I b = grouped ? task / d_.Hkv : bh / d_.Hq, h = grouped ? task % d_.Hkv * G : bh % d_.Hq;
+        const I nh = grouped ? G : 1, q0 = qb * kBq, nq = std::min(kBq, M - q0);
+        forward_block(b, h, nh, q0, nq, &w, l.data(), panels.get());
+        for (I g = 0; g < nh; ++g) {
+          store_rows(out, d_.D, b, q0, nq, h + g, w.o.data() + g * nq * d_.D);
+          if (!lse.present()) continue;
           double* base = static_cast<double*>(lse.data);
           for (I i = 0; i < nq; ++i)
-            base[b * lse.strides[0] + h * lse.strides[1] + (q0 + i) * lse.strides[2]] = l[ix(i)];
+            base[b * lse.strides[0] + (h + g) * lse.strides[1] + (q0 + i) * lse.strides[2]] = l[ix(g * nq + i)];
         }
       }
     }
@@ -232,7 +242,7 @@ class XlFused {
           for (I i = 0; i < nq; ++i)
             l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
         } else {
-          forward_block(b, h, q0, nq, &w, l.data(), panels.get(), careful_all);
+          forward_block(b, h, 1, q0, nq, &w, l.data(), panels.get(), careful_all);
         }
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
@@ -557,22 +567,23 @@ class XlFused {
     return bd;
   }
 
-  // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq].
+  // Rows [q0, q0 + nq) of heads h … h + nh − 1 (of one kv group; nh > 1 only where no tile needs a
+  // band): w->o [nh·nq, D] = softmax(logits)·V, lse [nh·nq], head by head.
   // careful_v: P·V of the sanitized V, its non-finite entries' terms added back (attention_tiles.h) —
   // taken again with it when a row of finite lse comes out non-finite (a NaN or ±inf in V).
-  void forward_block(I b, I h, I q0, I nq, Scratch* w, double* lse, const float* panels,
+  void forward_block(I b, I h, I nh, I q0, I nq, Scratch* w, double* lse, const float* panels,
                      bool careful_v = false) const {
-    const I D = d_.D, kh = h / d_.G, nkb = (d_.N + kBk - 1) / kBk;
+    const I D = d_.D, R = d_.R, kh = h / d_.G, nkb = (d_.N + kBk - 1) / kBk, rows = nh * nq;
     float* yt = w->qc.data() + kBq * D;
-    load_q(b, h, q0, nq, w, w->qc.data(), yt);
+    for (I g = 0; g < nh; ++g) load_q(b, h + g, q0, nq, w, w->qc.data() + g * nq * D, yt + g * nq * R);
     const I qp_max = d_.q_off + q0 + nq - 1;
     const I jhi = p_.causal ? std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N) : d_.N;
     float* m = w->ml.data();
     float* l = m + kBq;
     float* o = w->o.data();
-    std::fill(m, m + nq, kNegInfF);
-    std::fill(l, l + nq, 0.f);
-    std::fill(o, o + nq * D, 0.f);
+    std::fill(m, m + rows, kNegInfF);
+    std::fill(l, l + rows, 0.f);
+    std::fill(o, o + rows * D, 0.f);
     float* S = w->s.data();
     for (I j0 = 0; j0 < jhi; j0 += kBk) {
       const I nk = std::min(kBk, jhi - j0);
@@ -589,16 +600,16 @@ class XlFused {
       } else {
         load_rows(v_, D, b, j0, nk, kh, w->v.data());
       }
-      const I bd = logits(q0, nq, j0, nk, w->qc.data(), yt, kt, w);
-      if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);  // careful steps (attention_tiles.h)
-      online_softmax_step(simd_, S, nq, nk, m, l, o, D, bd);
+      const I bd = logits(q0, rows, j0, nk, w->qc.data(), yt, kt, w);
+      if (cf_.rows) mark_nan_rows(simd_, S, rows, nk, bd, m);  // careful steps (attention_tiles.h)
+      online_softmax_step(simd_, S, rows, nk, m, l, o, D, bd);
       const bool bad_v = careful_v && sanitize_rows(V, ldv, nk, D, w->sv.data());
-      if (bad_v) tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, w->sv.data(), D, o, D, bd);
-      else tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, 1.f, S, kBk, V, ldv, o, D, bd);
-      if (bad_v) add_back_pv(S, nq, V, ldv, nk, D, o, D);
+      if (bad_v) tile_gemm(gemm_, GemmForm::kNN, rows, D, nk, 1.f, S, kBk, w->sv.data(), D, o, D, bd);
+      else tile_gemm(gemm_, GemmForm::kNN, rows, D, nk, 1.f, S, kBk, V, ldv, o, D, bd);
+      if (bad_v) add_back_pv(S, rows, V, ldv, nk, D, o, D);
     }
-    online_softmax_finish(simd_, nq, m, l, o, D, lse);
-    if (!careful_v && !outputs_finite(simd_, o, nq, D, lse)) forward_block(b, h, q0, nq, w, lse, panels, true);
+    online_softmax_finish(simd_, rows, m, l, o, D, lse);
+    if (!careful_v && !outputs_finite(simd_, o, rows, D, lse)) forward_block(b, h, nh, q0, nq, w, lse, panels, true);
   }
 
   // The end of pass 2 for head h: qa (row stride ld) holds dQc of its M rows, xt [M, R] X̃. X = X̃
