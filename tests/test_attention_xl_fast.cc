@@ -53,6 +53,7 @@ std::vector<Shape> shapes() {
       {"L19_gqa", 1, 19, 19, 4, 2, 64, 64},
       {"L130_d6", 1, 130, 130, 2, 1, 6, 8},
       {"decode", 1, 1, 130, 4, 2, 64, 64},
+      {"mqa_decode", 1, 1, 70, 5, 1, 8, 8},  // a kv group of 5 heads in one tile
       {"M_lt_N_d130", 1, 19, 130, 2, 2, 130, 2},
       {"M_gt_N", 1, 130, 19, 2, 1, 6, 8},  // default q_off = N − M < 0: early causal rows see nothing
       {"offsets", 2, 19, 37, 2, 1, 6, 8, I{960}, I{955}},
@@ -221,6 +222,27 @@ TEST(FastAttentionXL, UncachedPathsMatchReference) {
 }
 
 // Two threads compute exactly what one does (tasks partition the work; sums run in a fixed order).
+// A decode step stacks a kv group's heads in a tile, cut into parts where there are more threads than
+// groups: each head's row is the same however its group is cut.
+TEST(FastAttentionXL, DecodeStepSameHoweverTheGroupIsCut) {
+  // 7 heads · 5000 keys: past fast::kParallelMin, so the threads are used (parts of 7; 4 + 3; 3 + 3 + 1; 1 each)
+  Problem pr({"mqa", 1, 1, 5000, 7, 1, 16, 8}, true, DType::kF32, DType::kF64, 1400);
+  const EncodingTensors t = pr.tensors();
+  std::vector<Vec> res;
+  for (int threads : {1, 2, 3, 7}) {
+    set_num_threads(threads);
+    Tensor out(DType::kF32, pr.qshape());
+    Vec lse(7);
+    ASSERT_TRUE(fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(),
+                                         View::contiguous(lse.data(), DType::kF64, {1, 7, 1}))
+                    .ok());
+    res.push_back(out.values());
+    res.push_back(lse);
+  }
+  set_num_threads(0);
+  for (std::size_t i = 2; i < res.size(); ++i) EXPECT_EQ(res[i % 2], res[i]) << "run " << i / 2;
+}
+
 TEST(FastAttentionXL, TwoThreadsEqualOne) {
   Problem pr({"two", 2, 200, 200, 4, 2, 64, 64}, false, DType::kF32, DType::kF64, 800);
   const EncodingTensors t = pr.tensors();

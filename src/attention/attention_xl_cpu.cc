@@ -8,18 +8,16 @@
 //   With W_h folded into the query side, Y_i = (q_i + v_h)·W_h [R], the position term is Y_i·s(δ). Each
 //   pair of s is (sin ωδ, cos ωδ); with α_i = ω·(qp_i − p0) and β_j = ω·(kp_j − p0), ωδ = α − β, and
 //   the angle-difference identities give, pair by pair,
-//     Y₀ sin(α − β) + Y₁ cos(α − β) = Ỹ₀ cos β + Ỹ₁ sin β,   Ỹ₀ = Y₀ sin α + Y₁ cos α,
-//                                                           Ỹ₁ = Y₁ sin α − Y₀ cos α:
-//   Ỹ_i is Y_i rotated by its query's angles, C_j = (cos β, sin β) per pair [R] depends on its key
-//   alone, and the logits are tile products, S = scale·[Qu | Ỹ]·[K | C]ᵀ, Qu = Q + u_h, with no
-//   per-(i, j) sinusoid: scale·Qu·Kᵀ, then scale·Ỹ·Cᵀ added (two products of inner dimension D and
-//   R: a column strip of one [K | C]ᵀ of D + R = 128 rows would fill L1). p0 = k_off: β is ω times
-//   the key's index in the call, α ω times the query's distance from the first key. One table,
-//   shared by every head and batch, holds (cos, sin) of ω·p per pair for those positions p (one run
-//   covering queries and keys when they lie near one another, else the two runs), in double and
-//   rounded to float once: per block of kTableStep positions, the first one's by std::cos and
-//   std::sin, the others' by the angle-addition identities from a table of ω·t, t < kTableStep (a
-//   relative difference of ~1e-16 from calling them per position).
+//     Y₀ sin(α − β) + Y₁ cos(α − β) = Ỹ₀ sin β + Ỹ₁ cos β,   Ỹ₀ = Y₁ sin α − Y₀ cos α,
+//                                                           Ỹ₁ = Y₀ sin α + Y₁ cos α:
+//   Ỹ_i is Y_i rotated by its query's angles, C_j = s(β_j/ω) = (sin β, cos β) per pair [R] depends
+//   on its key alone, and the logits are tile products, S = scale·[Qu | Ỹ]·[K | C]ᵀ, Qu = Q + u_h,
+//   with no per-(i, j) sinusoid: scale·Qu·Kᵀ, then scale·Ỹ·Cᵀ added (two products of inner
+//   dimension D and R: a column strip of one [K | C]ᵀ of D + R = 128 rows would fill L1). p0 =
+//   k_off: β is ω times the key's index in the call, α ω times the query's distance from the first
+//   key. One table, shared by every head and batch, holds s(p) for those positions p (one run
+//   covering queries and keys when they lie near one another, else the two runs): the rows of
+//   sinusoidal_table (posenc/absolute.h), the sinusoidal encoding's fast path.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   Qu [Bq, D] and Ỹ [Bq, R] once per task (Y by the tile GEMM, then rotated); per key block not wholly
@@ -31,7 +29,8 @@
 //   crossing the diagonal takes the band (tile_gemm.h) in S, the softmax and P·V; S's position term
 //   there runs in blocks of kBandRows rows, each over the keys its rows see. A call of G·M ≤ Bq rows
 //   whose first query sees every key (no band: a decode step) runs a task per (b, kv head) instead,
-//   the G heads' rows stacked in one tile, so a key block is read and transposed once per group.
+//   the G heads' rows stacked in one tile, so a key block is read and transposed once per group (per
+//   part of it, where the groups are fewer than the threads).
 //
 // ---- backward (FlashAttention-2, recompute) -----------------------------------------------------------
 //   pass 1, per (b, h, query block): the forward gives lse (or the caller's out and lse are read:
@@ -71,12 +70,13 @@
 //   Products and accumulations in float32: the tile products by tile_gemm() as in attention_cpu.cc
 //   (tile_gemm.h: the Highway small GEMM while the dimension, D or R, is ≤ kTileGemmMaxD, else
 //   OpenBLAS), Y and the once-per-row ones (X·W_hᵀ, dW_h) too (the small GEMM where D and R both
-//   are); sin and cos in double rounded to float (error ≤ 6e-8 each, plus the angle's own, see
-//   README), the rotations in float; lse carried in float32 in the backward; dQc and X̃ summed over
-//   the key blocks in float32 (as dQ in attention_cpu.cc); the parameter gradients across blocks
-//   and the batch in double. The reference rounds the angle ωδ once; this kernel rounds α and β:
-//   where a query lies far from the first key (|qp − k_off| ≫ 2^20), the two roundings differ by
-//   about ulp(ω·|qp − k_off|), the size of the reference's own angle error at such a distance.
+//   are); sin and cos by sinusoidal_table (angles in double; within 3e-7 of sin and cos of the
+//   rounded angle, the bounds stated in sinusoidal_cpu.cc), the rotations in float; lse carried in
+//   float32 in the backward; dQc and X̃ summed over the key blocks in float32 (as dQ in
+//   attention_cpu.cc); the parameter gradients across blocks and the batch in double. The reference
+//   rounds the angle ωδ once; this kernel rounds α and β: where a query lies far from the first key
+//   (|qp − k_off| ≫ 2^20), the two roundings differ by about ulp(ω·|qp − k_off|), the size of the
+//   reference's own angle error at such a distance.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -84,11 +84,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "attention/attention_fused.h"
 #include "attention/attention_tiles.h"
 #include "attention/tile_gemm.h"
+#include "posenc/absolute.h"
 #include "enc/bias/xl/xl_math.h"
 
 namespace posenc::fused {
@@ -141,8 +143,6 @@ std::atomic<I> cache_limit{kCacheMax};  // xl_set_cache_limit()
 constexpr I kPanelFactor = 4;
 // Rows per block of a causal diagonal tile's position term (logits).
 constexpr I kBandRows = 24;
-// Rows of the angle table formed from one pair of sin and cos calls per frequency (build_table).
-constexpr I kTableStep = 32;
 
 class XlFused {
  public:
@@ -156,25 +156,29 @@ class XlFused {
     vb_.assign(vb.begin(), vb.end());
     w_.assign(w.begin(), w.end());
     wt_.resize(w_.size());  // W_hᵀ per head
-    for (I h = 0; h < d.Hq; ++h)
-      for (I e = 0; e < d.D; ++e)
-        for (I c = 0; c < d.R; ++c) wt_[ix((h * d.R + c) * d.D + e)] = w_[ix((h * d.D + e) * d.R + c)];
+    for (I h = 0; h < d.Hq; ++h) tr_(&w_[ix(h * d.D * d.R)], d.R, d.D, d.R, &wt_[ix(h * d.R * d.D)], d.D);
     w64_ = w;
-    build_table();
+    table_ = build_table();
     cf_ = careful_forward(simd_, d, k, threads);
     dir_k_ = direct(k);
     dir_v_ = direct(v);
   }
 
+  // The angle table's Status: the calls below need it ok.
+  const Status& status() const { return table_; }
+
   // Forward over every (b, h, query block); out [B, M, Hq, D], lse optional [B, Hq, M] float64. A
-  // short call (a decode step) whose tiles need no band runs a task per (b, kv head), its G heads'
-  // rows stacked in one tile, so each key block is transposed and read once for the group.
+  // short call (a decode step) whose tiles need no band runs a task per (b, kv head, part of its G
+  // heads), the part's rows stacked in one tile, so each key block is transposed and read once per
+  // part: one part per group, or more where B·Hkv tasks would leave threads idle.
   void forward(const View& out, const View& lse) {
-    const I G = d_.G, M = d_.M;
+    const I G = d_.G, M = d_.M, groups = d_.B * d_.Hkv;
     const bool all_see_all = !p_.causal || d_.q_off >= d_.k_off + d_.N - 1;  // no band in any tile
     const bool grouped = G > 1 && G * M <= kBq && all_see_all;
+    const I parts = std::min(G, (I{threads_} + groups - 1) / groups), hp = (G + parts - 1) / parts;
+    const I np = (G + hp - 1) / hp;  // parts of hp heads (the last may be shorter)
     const I nqb = (M + kBq - 1) / kBq, per = d_.B * d_.Hq;
-    const I tasks = grouped ? d_.B * d_.Hkv : per * nqb;
+    const I tasks = grouped ? groups * np : per * nqb;
     const std::unique_ptr<float[]> panels = grouped ? nullptr : key_panels();
     if (!panels) transpose_keys();  // the key blocks' Cᵀ, else transposed from the table per query block
     RegionGuard guard;
@@ -190,9 +194,18 @@ class XlFused {
       for (I task = 0; task < tasks; ++task) {
         if (guard.failed()) continue;
         // Later query blocks (more keys when causal) first.
-        const I qb = grouped ? 0 : nqb - 1 - task / per, bh = task % per;
-        const I b = grouped ? task / d_.Hkv : bh / d_.Hq, h = grouped ? task % d_.Hkv * G : bh % d_.Hq;
-        const I nh = grouped ? G : 1, q0 = qb * kBq, nq = std::min(kBq, M - q0);
+        I b, h, nh = 1, qb = 0;
+        if (grouped) {  // task = (b·Hkv + kv head)·(parts of hp heads) + part
+          const I bk = task / np, part = task % np;
+          b = bk / d_.Hkv;
+          h = (bk % d_.Hkv) * G + part * hp;
+          nh = std::min(hp, G - part * hp);
+        } else {
+          qb = nqb - 1 - task / per;
+          b = task % per / d_.Hq;
+          h = task % per % d_.Hq;
+        }
+        const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         forward_block(b, h, nh, q0, nq, &w, l.data(), panels.get());
         for (I g = 0; g < nh; ++g) {
           store_rows(out, d_.D, b, q0, nq, h + g, w.o.data() + g * nq * d_.D);
@@ -370,11 +383,11 @@ class XlFused {
   }
 
  private:
-  // The angle table tab_ [rows, R]: per pair (cos ω·p, sin ω·p) for the positions p relative to
-  // k_off of the queries, q_off − k_off + i, and of the keys, j. One run of positions covers both
-  // where it is no longer than M + N rows (queries near their keys), else the queries' M rows come
-  // first and the keys' N rows after them.
-  void build_table() {
+  // The angle table tab_ [rows, R]: s(p) = per pair (sin ω·p, cos ω·p), sinusoidal_table's rows, for
+  // the positions p relative to k_off of the queries, q_off − k_off + i, and of the keys, j. One run
+  // of positions covers both where it is no longer than M + N rows (queries near their keys), else
+  // the queries' M rows come first and the keys' N rows after them.
+  Status build_table() {
     const I M = d_.M, N = d_.N, R = d_.R, dq = d_.q_off - d_.k_off;
     const I lo = std::min<I>(0, dq), hi = std::max<I>(N, dq + M);
     I start0 = dq, n0 = M, start1 = 0, n1 = N;  // rows [0, n0) from start0, then n1 from start1
@@ -382,41 +395,13 @@ class XlFused {
     qrow_ = dq - start0;
     krow_ = n1 > 0 ? n0 : -start0;
     tab_.assign(ix((n0 + n1) * R), 0.f);
-    std::vector<double> inv(ix(R / 2));
-    for (I c = 0; c < R / 2; ++c) inv[ix(c)] = sinusoid::inv_freq(c, R, xl::kBase);
-    // (cos, sin) of t·ω for t < kTableStep, [t, pair]
-    const I P = R / 2;
-    std::vector<double> step(ix(2 * kTableStep * P));
-    for (I t = 0; t < kTableStep; ++t)
-      for (I c = 0; c < P; ++c) {
-        step[ix(2 * (t * P + c))] = std::cos(static_cast<double>(t) * inv[ix(c)]);
-        step[ix(2 * (t * P + c) + 1)] = std::sin(static_cast<double>(t) * inv[ix(c)]);
-      }
-    // blocks of kTableStep rows within one run
-    const I nb0 = (n0 + kTableStep - 1) / kTableStep, nb = nb0 + (n1 + kTableStep - 1) / kTableStep;
-    std::vector<double> bases(ix(nb * 2 * P));  // per block, (cos, sin) of ω·pos0 of its first row
-    const int threads = (n0 + n1) * R < fast::kParallelMin ? 1 : threads_;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (I blk = 0; blk < nb; ++blk) {
-      const bool first = blk < nb0;
-      const I r0 = first ? blk * kTableStep : n0 + (blk - nb0) * kTableStep;
-      const I nr = std::min(kTableStep, first ? n0 - r0 : n0 + n1 - r0);
-      const double pos0 = static_cast<double>(first ? start0 + r0 : start1 + (r0 - n0));
-      double* base = &bases[ix(blk * 2 * P)];
-      for (I c = 0; c < P; ++c) {
-        base[2 * c] = std::cos(pos0 * inv[ix(c)]);
-        base[2 * c + 1] = std::sin(pos0 * inv[ix(c)]);
-      }
-      for (I t = 0; t < nr; ++t) {  // ω·(pos0 + t) by the angle-addition identities
-        float* row = &tab_[ix((r0 + t) * R)];
-        const double* st = &step[ix(2 * t * P)];
-        for (I c = 0; c < P; ++c) {
-          const double cb = base[2 * c], sb = base[2 * c + 1], ct = st[2 * c], sn = st[2 * c + 1];
-          row[2 * c] = static_cast<float>(cb * ct - sb * sn);
-          row[2 * c + 1] = static_cast<float>(sb * ct + cb * sn);
-        }
-      }
+    const SinusoidalParams sp{xl::kBase};
+    for (const auto& [start, n, at] : {std::tuple<I, I, I>{start0, n0, 0}, {start1, n1, n0}}) {
+      if (n == 0) continue;
+      const Positions pos{View{}, start};
+      POSENC_RETURN_IF_ERROR(sinusoidal_table(sp, pos, View::contiguous(&tab_[ix(at * R)], DType::kF32, {n, R})));
     }
+    return Status::Ok();
   }
 
   // After the table: ct_ [R, N] = the keys' rows transposed (Cᵀ, read a key block at a time), where
@@ -468,9 +453,9 @@ class XlFused {
       const float* t = tq(i0 + i);
       const float* yi = y + i * R;
       float* o = yt + i * R;
-      for (I c = 0; c < R; c += 2) {
-        o[c] = yi[c] * t[c + 1] + yi[c + 1] * t[c];
-        o[c + 1] = yi[c + 1] * t[c + 1] - yi[c] * t[c];
+      for (I c = 0; c < R; c += 2) {  // t = (sin α, cos α)
+        o[c] = yi[c + 1] * t[c] - yi[c] * t[c + 1];
+        o[c + 1] = yi[c] * t[c] + yi[c + 1] * t[c + 1];
       }
     }
   }
@@ -634,9 +619,9 @@ class XlFused {
         const float* xt = xt_all + (i0 + i) * R;
         const float* t = tq(i0 + i);
         float* xi = X + i * R;
-        for (I c = 0; c < R; c += 2) {
-          xi[c] = xt[c] * t[c + 1] - xt[c + 1] * t[c];
-          xi[c + 1] = xt[c] * t[c] + xt[c + 1] * t[c + 1];
+        for (I c = 0; c < R; c += 2) {  // t = (sin α, cos α)
+          xi[c] = xt[c + 1] * t[c] - xt[c] * t[c + 1];
+          xi[c + 1] = xt[c + 1] * t[c + 1] + xt[c] * t[c];
         }
         simd_.add_to(bs, A + i * ld, ix(D));
         simd_.add_to(bs + D, xi, ix(R));
@@ -689,6 +674,7 @@ class XlFused {
   std::vector<float> tab_;          // the angle table (build_table)
   std::vector<float> ct_;           // the keys' C transposed, [R, N], or empty (transpose_keys)
   I qrow_ = 0, krow_ = 0;           // its rows of query 0 and key 0
+  Status table_;       // build_table()'s
   CarefulForward cf_;  // how the forward finds NaN rows (attention_tiles.h)
   bool dir_k_ = false, dir_v_ = false;  // the forward reads K's and V's rows in place (direct())
   TileTransposeFn tr_ = tile_transpose_fn();
@@ -703,6 +689,7 @@ void xl_set_cache_limit(std::int64_t floats) { cache_limit.store(floats < 0 ? kC
 Status xl_forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k,
                   const View& v, const EncodingTensors& t, const View& out, const View& lse) {
   XlFused f(p, d, q, k, v, t, threads_for(d));
+  POSENC_RETURN_IF_ERROR(f.status());
   f.forward(out, lse);
   return Status::Ok();
 }
@@ -712,6 +699,7 @@ Status xl_backward(const AttentionParams& p, const attn::Dims& d, const View& q,
                    const View& dk, const View& dv, const EncodingGrads& g, const View* saved_out,
                    const View* saved_lse) {
   XlFused f(p, d, q, k, v, t, threads_for(d));
+  POSENC_RETURN_IF_ERROR(f.status());
   f.backward(dout, dq, dk, dv, g, saved_out, saved_lse);
   return Status::Ok();
 }
