@@ -48,6 +48,26 @@ TEST(RequireFinite, NamesTheArgumentTheValueAndItsIndex) {
   }
 }
 
+// Contiguous float32 / float64 views are scanned by their bits, eight words at a time: a bad value at
+// any place (in the eight-word body or the tail) is found, the largest finite values are not bad.
+TEST(RequireFinite, ContiguousScanFindsEveryPlace) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::nan(""), inf, -inf})
+    for (std::size_t at = 0; at < 37; ++at) {
+      std::vector<double> d(37, -std::numeric_limits<double>::max());
+      std::vector<float> f(37, std::numeric_limits<float>::max());
+      d[at] = bad;
+      f[at] = static_cast<float>(bad);
+      const std::string where = " at [" + std::to_string(at) + "]";
+      EXPECT_NE(what_of(require_finite("w", V(d, {37}))).find(where), std::string::npos) << at;
+      EXPECT_NE(what_of(require_finite("w", V(f, {37}))).find(where), std::string::npos) << at;
+      d[at] = std::numeric_limits<double>::denorm_min();
+      f[at] = -std::numeric_limits<float>::max();
+      EXPECT_TRUE(require_finite("w", V(d, {37})).ok()) << at;
+      EXPECT_TRUE(require_finite("w", V(f, {37})).ok()) << at;
+    }
+}
+
 TEST(RequireFinite, FollowsStridesAndHalfTypes) {
   // A transposed view of a [3, 2] buffer: view element [i, j] is buffer [j, i].
   std::vector<double> buf = {1, 2, 3, 4, std::nan(""), 6};  // buffer [2, 0] is NaN
