@@ -13,7 +13,8 @@ namespace {
 // The encodings of the decode rows: those the decode kernel takes (rope with keys_rotated).
 const std::vector<Encoding>& decode_encodings() {
   static const std::vector<Encoding> e = {Encoding::kNope, Encoding::kRope, Encoding::kAlibi, Encoding::kT5,
-                                          Encoding::kKerple, Encoding::kSandwich, Encoding::kFire};
+                                          Encoding::kKerple, Encoding::kSandwich, Encoding::kFire, Encoding::kXL,
+                                          Encoding::kCope};
   return e;
 }
 
@@ -70,6 +71,12 @@ Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
     a->small.reserve(8);
     if (enc == Encoding::kT5) a->t.weights = small({kT5Buckets, Hq}, -0.5, 0.001);
     if (enc == Encoding::kKerple) a->t.r1 = small({Hq}, 0.25, 0.04), a->t.r2 = small({Hq}, 0.05, 0.02);
+    if (enc == Encoding::kXL) {  // the sinusoid as wide as a head
+      a->t.u = small({Hq, D}, -0.2, 0.0001);
+      a->t.v = small({Hq, D}, 0.1, -0.0001);
+      a->t.rel_proj = small({Hq, D, D}, -0.05, 1e-7);
+    }
+    if (enc == Encoding::kCope) a->t.table = small({kCopeNpos, D}, -0.3, 0.0001);
     if (enc == Encoding::kFire) {
       FireTensors& f = a->t.fire;
       f.w1 = small({kFireWidth}, -1.0, 0.06);

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_decode.h"
 #include "attention/attention_fused.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
@@ -423,17 +424,18 @@ TEST(FastCope, LongSequenceNeedsNoLxLBuffer) {
   set_num_threads(0);
 }
 
-// The dispatcher: large enough problems run the fused kernel (bit for bit), small ones the
-// reference.
+// The dispatcher: large enough problems run the fused kernel (bit for bit), calls of M ≤ 16 queries
+// the decode kernel, other small ones the reference.
 TEST(FastCope, PublicEntryPointsPickTheKernelOrTheReference) {
-  for (I L : {I{4}, I{200}}) {
+  for (I L : {I{4}, I{20}, I{200}}) {
     Problem pr({1, L, L, 1, 1, 16}, true, 8, DType::kF32, DType::kF32, 1400);
     const EncodingTensors t = pr.tensors();
     Tensor a(DType::kF32, pr.q.shape), b(DType::kF32, pr.q.shape);
     const View qv = pr.q.view(), kv = pr.k.view(), vv = pr.v.view();
     ASSERT_TRUE(attention_forward(pr.p, qv, kv, vv, t, a.view()).ok());
-    const Status st = L == 4 ? reference::attention_forward(pr.p, qv, kv, vv, t, b.view())
-                             : fused::attention_forward(pr.p, qv, kv, vv, t, b.view());
+    const Status st = L == 4    ? decode::attention_forward(pr.p, qv, kv, vv, t, b.view())
+                      : L == 20 ? reference::attention_forward(pr.p, qv, kv, vv, t, b.view())
+                                : fused::attention_forward(pr.p, qv, kv, vv, t, b.view());
     ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(a.values(), b.values()) << "L = " << L;
   }

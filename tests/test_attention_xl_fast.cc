@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_decode.h"
 #include "attention/attention_fused.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
@@ -350,17 +351,18 @@ TEST(FastAttentionXL, LongSequenceNeedsNoLxLBuffer) {
   for (I e = 0; e < D; ++e) EXPECT_FLOAT_EQ(static_cast<float>(out.values()[ix(e)]), pr.v.f[ix(e)]);
 }
 
-// The dispatcher runs the fused kernel for a large enough xl problem (bit for bit), and the
-// reference for a small one.
+// The dispatcher runs the fused kernel for a large enough xl problem (bit for bit), the decode
+// kernel for one of M ≤ 16 queries, and the reference for a small one of more queries.
 TEST(FastAttentionXL, PublicEntryPointsPickTheKernelOrTheReference) {
-  for (I L : {I{4}, I{200}}) {
+  for (I L : {I{4}, I{20}, I{200}}) {
     Problem pr({"dispatch", 1, L, L, 2, 1, 64, 8}, true, DType::kF32, DType::kF64, 1000);
     const EncodingTensors t = pr.tensors();
     Tensor a(DType::kF32, pr.qshape()), b(DType::kF32, pr.qshape());
     ASSERT_TRUE(attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, a.view()).ok());
     const Status st =
-        L == 4 ? reference::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, b.view())
-               : fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, b.view());
+        L == 4    ? decode::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, b.view())
+        : L == 20 ? reference::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, b.view())
+                  : fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, b.view());
     ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(a.values(), b.values()) << "L = " << L;
   }

@@ -17,6 +17,11 @@
 //     bucket is constant beyond); KERPLE and Sandwich from per-distance tables in double kept across
 //     calls (kerple_table, sandwich_table: a decode step meets the last step's distances and one
 //     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
+//   xl: Q = scale·(q + u_h), and + Ỹ_r·s(j) per key j = kp − k_off, Ỹ_r = scale·(q + v_h)·W_h with
+//     each (sin, cos) pair rotated by the query's angles (prepare_xl; the identities of
+//     attention_xl_cpu.cc); per block, every kv head's rows at once, a tile product (tile_gemm.h)
+//     against the rows of a task's table of the keys' sinusoids (sinusoidal_table, xl_table_keys
+//     rows at a time);
 //   online softmax per row (running max m, sum l, o rescaled), o += P·V (V converted in registers,
 //   shared by the rows that share their keys).
 // Every K and V row is read from memory once per call, whatever G and M.
@@ -29,7 +34,7 @@
 // Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
 // output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
 // steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
-// Memory: per thread O(nb·R + Hkv·R·D) floats; the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
+// Memory: per thread O(nb·R + Hkv·R·D) floats (xl: + (Hkv·R + X)·(X + xl_table_keys)); the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
 // the kept tables Hq·(largest distance) floats (KERPLE) and one float per distance (Sandwich).
 #include <algorithm>
 #include <cmath>
@@ -40,6 +45,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "attention/attention_decode.h"
 #include "attention/attention_decode_task.h"
@@ -51,6 +57,8 @@
 #include "enc/bias/kerple/kerple_math.h"
 #include "enc/bias/sandwich/sandwich_math.h"
 #include "enc/bias/t5/t5_math.h"
+#include "enc/bias/xl/xl_math.h"
+#include "enc/contextual/cope/cope_math.h"
 #include "enc/rotary/rotary_plan.h"
 #include "posenc/threads.h"
 
@@ -208,9 +216,94 @@ void prepare_bias(const AttentionParams& p, const attn::Dims& d, const EncodingT
   }
 }
 
+// What xl and cope add to a call, prepared once: xl's u, v [Hq, D] in double and W [Hq, D, X] in
+// float (read in place where it is a contiguous float32 tensor: a decode step reads it once); cope's
+// table E [npos, D] in float.
+struct PosData {
+  I X = 0;                  // xl: the sinusoid's dimension (0: not xl)
+  std::vector<double> u, v;
+  std::vector<float> own;   // W converted, where it is not read in place
+  const float* w = nullptr;
+  I npos = 0, ncol = 0;     // cope: table rows (0: not cope), the rows a count reaches
+  std::vector<float> e;
+  attn_fast::TileGemmFn gemm = nullptr;  // the product's: tile_gemm_for(X) (xl), (D) (cope)
+  attn_fast::TileTransposeFn tr = nullptr;  // xl: tile_transpose_fn()
+  std::optional<attn_fast::BlasOneThread> one;  // where that is OpenBLAS: one thread in each task
+
+  PosData(const AttentionParams& p, const attn::Dims& d, const EncodingTensors& t) {
+    if (p.encoding == Encoding::kXL) {
+      X = d.R;
+      u = to_doubles(t.u);
+      v = to_doubles(t.v);
+      gemm = attn_fast::tile_gemm_for(X);
+      tr = attn_fast::tile_transpose_fn();
+      if (t.rel_proj.dtype == DType::kF32 && t.rel_proj.is_contiguous()) {
+        w = static_cast<const float*>(t.rel_proj.data);
+      } else {
+        const std::vector<double> x = to_doubles(t.rel_proj);
+        own.assign(x.begin(), x.end());
+        w = own.data();
+      }
+    } else if (p.encoding == Encoding::kCope) {
+      npos = d.npos;
+      ncol = cope::rows_reached(npos, d.N);
+      const std::vector<double> x = to_doubles(t.table);
+      e.assign(x.begin(), x.begin() + ncol * d.D);
+      gemm = attn_fast::tile_gemm_for(d.D);
+    } else {
+      return;
+    }
+    if (!gemm) one.emplace();
+  }
+};
+
+// xl's query rows of (b, kh) from x [M, G, D] (q, in double): Q = scale·(q + u_h) and Ỹ (columns of
+// Ỹᵀ [X, Hkv·R]): Y =
+// (q + v_h)·W_h (a float tile product, as the tile kernel's), each (sin, cos) pair rotated by the
+// query's angles α = ω·(qp − k_off) and scaled, so that Ỹ·s(j) = scale·Y·s(qp − kp) for key j = kp −
+// k_off (the angle-difference identities; docs/attention.md).
+void prepare_xl(const attn::Dims& d, const PosData& xl, I kh, const std::vector<double>& x, float* Q, float* Yt) {
+  const I ldy = d.Hkv * d.G * d.M;  // Ỹ is kept transposed, [X, Hkv·R]: Yt points at (kh·R)'s column
+  const I M = d.M, G = d.G, D = d.D, X = d.R;
+  std::vector<float> qv(ix(M * D)), y(ix(M * X));
+  std::vector<double> s(ix(M * X));
+  for (I i = 0; i < M; ++i)
+    for (I c = 0; c < X; ++c)
+      s[ix(i * X + c)] = sinusoid::value(static_cast<double>(d.q_off + i - d.k_off), c, X, xl::kBase);
+  for (I g = 0; g < G; ++g) {
+    const I h = kh * G + g;
+    for (I i = 0; i < M; ++i)
+      for (I e = 0; e < D; ++e) {
+        const double xe = x[ix((i * G + g) * D + e)];
+        Q[(g * M + i) * D + e] = static_cast<float>(d.scale * (xe + xl.u[ix(h * D + e)]));
+        qv[ix(i * D + e)] = static_cast<float>(xe + xl.v[ix(h * D + e)]);
+      }
+    attn_fast::tile_gemm(xl.gemm, attn_fast::GemmForm::kNP, M, X, D, 1.f, qv.data(), D, xl.w + h * D * X, X, y.data(), X);
+    for (I i = 0; i < M; ++i)
+      for (I c = 0; c < X; c += 2) {  // s = (sin α, cos α)
+        const double y0 = y[ix(i * X + c)], y1 = y[ix(i * X + c + 1)];
+        const double sa = s[ix(i * X + c)], ca = s[ix(i * X + c + 1)];
+        float* o = Yt + c * ldy + g * M + i;
+        o[0] = static_cast<float>(d.scale * (y1 * sa - y0 * ca));
+        o[ldy] = static_cast<float>(d.scale * (y0 * sa + y1 * ca));
+      }
+  }
+}
+
+// cope's qe [R, ncol] of (b, kh) from x [M, G, D] (q, in double): q_i·e_c at row g·M + i (q
+// unscaled; a float tile product, as the tile kernel's).
+void prepare_cope(const attn::Dims& d, const PosData& pd, const std::vector<double>& x, float* qe) {
+  const I M = d.M, G = d.G, D = d.D;
+  std::vector<float> qf(ix(G * M * D));
+  for (I i = 0; i < M; ++i)
+    for (I g = 0; g < G; ++g)
+      for (I e = 0; e < D; ++e) qf[ix((g * M + i) * D + e)] = static_cast<float>(x[ix((i * G + g) * D + e)]);
+  attn_fast::tile_gemm(pd.gemm, attn_fast::GemmForm::kNT, G * M, pd.ncol, D, 1.f, qf.data(), D, pd.e.data(), D, qe, pd.ncol);
+}
+
 // Q [R, D] of (b, kh): q_i of head kh·G + g, rotated (rotary encodings; in double, as the reference)
-// and scaled, at row g·M + i.
-void prepare_q(const attn::Dims& d, const View& q, I b, I kh, float* Q) {
+// and scaled, at row g·M + i; xl: its Q and Ỹ (prepare_xl); cope: qe [R, ncol] (prepare_cope).
+void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd, float* Q, float* Yt, float* qe) {
   const I M = d.M, G = d.G, D = d.D;
   std::vector<double> x(ix(M * G * D));  // [1, M, G, D]
   for (I i = 0; i < M; ++i)
@@ -222,6 +315,8 @@ void prepare_q(const attn::Dims& d, const View& q, I b, I kh, float* Q) {
     const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
     rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1);
   }
+  if (pd.X) return prepare_xl(d, pd, kh, x, Q, Yt);
+  if (pd.npos) prepare_cope(d, pd, x, qe);
   for (I i = 0; i < M; ++i)
     for (I g = 0; g < G; ++g)
       for (I e = 0; e < D; ++e) Q[(g * M + i) * D + e] = static_cast<float>(d.scale * x[ix((i * G + g) * D + e)]);
@@ -233,7 +328,7 @@ bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const 
   if (d.M < 1 || d.M > kMaxQueries || d.N < 1) return false;
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kAlibi: case Encoding::kT5: case Encoding::kKerple:
-    case Encoding::kSandwich: case Encoding::kFire:
+    case Encoding::kSandwich: case Encoding::kFire: case Encoding::kXL: case Encoding::kCope:
       break;
     case Encoding::kRope: case Encoding::kXpos: case Encoding::kMrope: case Encoding::kRope2d:
       if (!p.keys_rotated) return false;  // (rope2d mixed with keys_rotated is refused in validation)
@@ -255,6 +350,8 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   const I B = d.B, M = d.M, N = d.N, G = d.G, D = d.D, Hkv = d.Hkv, R = G * M;
   BiasData bd;
   prepare_bias(p, d, t, threads, &bd);
+  const PosData pd(p, d, t);
+  const I X = pd.X, ncol = pd.ncol;
   // visible keys per row r = g·M + i (and head): causal / nonsymmetric ALiBi's halves
   std::vector<I> lo(ix(Hkv * R)), hi(ix(Hkv * R));
   const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;
@@ -274,7 +371,6 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   std::atomic<bool> bad{false};
   const std::size_t esz = dtype_size(q.dtype);
   const int th = static_cast<int>(std::min<I>(threads, tasks));
-  const I nb = decode_impl::block_keys(Hkv, D);
   // a task's finished rows (o normalised in place) into out and lse
   const auto store = [&](I b, I kh, I r, float mr, float lr, float* o) {
     const I h = kh * G + r / M, i = r % M;
@@ -295,17 +391,21 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
-    std::vector<float> scratch(ix(nb * R + R)), Q(ix(HR * D)), mine(P > 1 ? 0 : ix(per));
+    std::vector<float> scratch(ix(decode_impl::scratch_floats(Hkv, D, R, X))), Q(ix(HR * D)), Yt(ix(HR * X));
+    std::vector<float> qe(ix(HR * ncol)), mine(P > 1 ? 0 : ix(per));
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {
       if (bad.load(std::memory_order_relaxed)) continue;
       const I b = task / P, part = task % P;
-      for (I kh = 0; kh < Hkv; ++kh) prepare_q(d, q, b, kh, &Q[ix(kh * R * D)]);
-      const decode_impl::Task tk{D, G, M, d.Hq, Hkv, q.dtype, Q.data(),
-                                 static_cast<const char*>(k.data) + ix(b * k.strides[0]) * esz,
-                                 static_cast<const char*>(v.data) + ix(b * v.strides[0]) * esz,
-                                 k.strides[1], k.strides[2], v.strides[1], v.strides[2],
-                                 N * part / P, N * (part + 1) / P, lo.data(), hi.data(), d.q_off, d.k_off, &bd.b};
+      for (I kh = 0; kh < Hkv; ++kh)
+        prepare_q(d, q, b, kh, pd, &Q[ix(kh * R * D)], Yt.data() + kh * R, qe.data() + kh * R * ncol);
+      decode_impl::Task tk{D, G, M, d.Hq, Hkv, q.dtype, Q.data(),
+                           static_cast<const char*>(k.data) + ix(b * k.strides[0]) * esz,
+                           static_cast<const char*>(v.data) + ix(b * v.strides[0]) * esz,
+                           k.strides[1], k.strides[2], v.strides[1], v.strides[2],
+                           N * part / P, N * (part + 1) / P, lo.data(), hi.data(), d.q_off, d.k_off, &bd.b};
+      tk.X = X, tk.yt = Yt.data(), tk.gemm = pd.gemm, tk.tr = pd.tr;
+      tk.npos = pd.npos, tk.ncol = ncol, tk.qe = qe.data();
       float* res = P > 1 ? &parts[ix(task * per)] : mine.data();
       if (!decode_impl::run_task(tk, scratch.data(), res, res + HR, res + 2 * HR)) {
         bad = true;

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "attention/attention_decode_task.h"
+#include "enc/bias/xl/xl_math.h"
+#include "enc/contextual/cope/cope_math.h"
+#include "posenc/absolute.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/attention_decode_task.cc"
@@ -179,6 +182,46 @@ HWY_INLINE float ExpSubSum(float* HWY_RESTRICT x, I n, float mx) {
   return r;
 }
 
+// cope, one row: S[j] += z_j for j = n − 1 … 0, the row's keys right to left, count carrying the
+// gates Σ σ(a) of the keys right of them (cope_math.h, in double as the reference): S holds the
+// logits a = scale·q·k; qe [ncol] = q·e_c. Once the count reaches npos − 1 every key to its left
+// takes z = qe[npos − 1] (clamped: no gates needed).
+void CopeRow(const float* HWY_RESTRICT qe, I npos, I ncol, float* HWY_RESTRICT S, I n, double* count) {
+  const double top = static_cast<double>(npos - 1);
+  double c = *count;
+  I j = n;
+  while (j > 0 && c < top) {
+    --j;
+    c += cope::gate(static_cast<double>(S[j]));
+    if (!(c < top)) {  // clamped from here (NaN too: the logit's check below gives up)
+      ++j;
+      break;
+    }
+    const double f = std::floor(c), w = c - f;
+    const I lo = static_cast<I>(f);
+    const double z = w > 0 ? (1 - w) * qe[lo] + w * qe[lo + 1] : qe[lo];
+    S[j] = static_cast<float>(static_cast<double>(S[j]) + z);
+  }
+  *count = c;
+  if (!(c < top)) {
+    const hn::ScalableTag<float> d;
+    const I L = static_cast<I>(hn::Lanes(d));
+    const float zt = npos - 1 < ncol ? qe[npos - 1] : NAN;  // (a NaN count: the row gives up)
+    I x = 0;
+    for (; x + L <= j; x += L) hn::StoreU(hn::Add(hn::LoadU(d, S + x), hn::Set(d, zt)), d, S + x);
+    for (; x < j; ++x) S[x] += zt;
+  }
+}
+
+// y[0, n) += x[0, n).
+HWY_INLINE void AddRow(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, I n) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  I j = 0;
+  for (; j + L <= n; j += L) hn::StoreU(hn::Add(hn::LoadU(d, y + j), hn::LoadU(d, x + j)), d, y + j);
+  for (; j < n; ++j) y[j] += x[j];
+}
+
 HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
@@ -231,10 +274,44 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
   }
 }
 
+// cope, for a task with keys right of its own: each row's count of those keys, Σ σ(a) over [j1, hi),
+// walked left to right a block at a time until every row's sum has reached npos − 1 (its exact value
+// no longer matters: the row is clamped on all of the task's keys) or the keys end. Dense gates reach
+// it within ~2·npos keys; sparse ones may read every key to the right. The sum runs in another order
+// than the reference's right-to-left one: the counts differ by double rounding.
+template <class T>
+void CopeCarry(const decode_impl::Task& t, float* S, double* count) {
+  const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
+  const double top = static_cast<double>(t.npos - 1);
+  const T* K = static_cast<const T*>(t.k);
+  I end = t.j1;
+  for (I r = 0; r < H * R; ++r) end = std::max(end, t.hi[r]);
+  Ahead none(t, sizeof(T));  // never started: prefetches nothing
+  for (I c0 = t.j1; c0 < end; c0 += nb) {
+    const I c1 = std::min(end, c0 + nb);
+    bool open = false;  // a row still below top with keys beyond this block
+    for (I x = 0; x < H * R; ++x) {
+      double& c = count[x];
+      const I ra = std::max(c0, t.lo[x]), re = std::min(c1, t.hi[x]);
+      if (!(c < top)) continue;
+      if (ra < re) {
+        LogitRows<1>(t.q + x * D, D, K + (x / R) * t.khs + ra * t.kld, t.kld, re - ra, D, S, nb, none);
+        for (I j = 0; j < re - ra; ++j) c += cope::gate(static_cast<double>(S[j]));
+      }
+      open = open || (c < top && t.hi[x] > c1);
+    }
+    if (!open) break;
+  }
+}
+
 // One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
-// (unnormalised). scratch: block_keys(Hkv, D)·R + R floats. Returns false at a NaN or +inf logit.
-// Per block of keys and per kv head: the logits of its R rows, straight from the K rows; bias and
-// online softmax per row; o += P·V straight from the V rows. The rows (g, i), (g + 1, i), … of one
+// (unnormalised). scratch: scratch_floats(Hkv, D, R, X) floats. Returns false at a NaN or +inf logit
+// (or where xl's sinusoid table could not be formed).
+// Per block of keys and per kv head: the logits of its R rows, straight from the K rows (xl: plus the
+// position terms, every kv head's rows at once in a tile product C·Ỹᵀ of a table of the keys'
+// sinusoids C, then transposed, both formed xl_table_keys keys at a time); bias and
+// online softmax per row (cope: the position term first, CopeRow, with key blocks walked from the
+// last); o += P·V straight from the V rows. The rows (g, i), (g + 1, i), … of one
 // query i share their keys (but nonsymmetric ALiBi's halves): kRows at a time share each K and V load.
 template <class T>
 bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0) {
@@ -242,20 +319,40 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
   float* S = scratch;        // [R, nb]
   float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
+  const I X = t.X, nt = decode_impl::xl_table_keys(nb);
+  float* ctab = act + R;     // xl: [nt, X], the sinusoids of keys [t0, t1)
+  float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
+  float* Sxt = Sx + H * R * nt;  // xl: [nt, H·R], the same as the product gives them
+  I t0 = 0, t1 = 0;
   const T* K = static_cast<const T*>(t.k);
   const T* V = static_cast<const T*>(t.v);
   std::fill(m0, m0 + H * R, -HUGE_VALF);
   std::fill(l0, l0 + H * R, 0.f);
   std::fill(o0, o0 + H * R * D, 0.f);
+  const bool rev = t.npos > 0;  // cope: a row's count runs from its last key
+  std::vector<double> count(rev ? static_cast<std::size_t>(H * R) : 0, 0.0);  // cope: Σ g of the keys walked, per row
+  if (rev) CopeCarry<T>(t, S, count.data());
   Ahead ahead(t, sizeof(T));
-  for (I c0 = t.j0; c0 < t.j1; c0 += nb) {
-    const I c1 = std::min(t.j1, c0 + nb);
+  const I blocks = (t.j1 - t.j0 + nb - 1) / nb;
+  for (I bi = 0; bi < blocks; ++bi) {
+    const I c0 = t.j0 + (rev ? blocks - 1 - bi : bi) * nb, c1 = std::min(t.j1, c0 + nb);
     I a = c1, e = c0;  // the keys some row of some head sees
     for (I r = 0; r < H * R; ++r)
       if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r])
         a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
     if (a >= e) continue;
-    ahead.Start(c1, std::min(t.j1, c1 + nb), H * ((e - a + 3) / 4));
+    if (X) {  // key j's sinusoid is s(j), its position relative to k_off (Ỹ's α likewise)
+      if (e > t1) {  // the next nt keys' sinusoids and position terms
+        t0 = c0, t1 = std::min(t.j1, c0 + nt);
+        const Positions pos{View{}, t0};
+        if (!sinusoidal_table(SinusoidalParams{xl::kBase}, pos, View::contiguous(ctab, DType::kF32, {t1 - t0, X})).ok())
+          return false;
+        attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, t.yt, H * R, Sxt, H * R);
+        t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
+      }
+    }
+    if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, H * ((e - a + 3) / 4));
+    else ahead.Start(c1, std::min(t.j1, c1 + nb), H * ((e - a + 3) / 4));
     for (I kh = 0; kh < H; ++kh) {
       const I* lo = t.lo + kh * R;
       const I* hi = t.hi + kh * R;
@@ -296,6 +393,8 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
         const I g = r / t.M, i = r % t.M, h = kh * t.G + g, qp = t.q_off + i;
         float* Sr = S + r * nb + (ra - a);
         const I n = re - ra;
+        if (X) AddRow(Sx + (kh * R + r) * nt + (ra - t0), Sr, n);
+        if (rev) CopeRow(t.qe + (kh * R + r) * t.ncol, t.npos, t.ncol, Sr, n, count.data() + kh * R + r);
         if (bk != BiasKind::kNone && bk != BiasKind::kFire) AddBias(*t.bias, h, i, qp, t.k_off + ra, Sr, n);
         float rm;
         if (!RowMaxBelowInf(Sr, n, &rm)) return false;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/tile_gemm.h"
 #include "posenc/view.h"
 
 #define POSENC_ATTENTION_DECODE_TYPES
@@ -13,6 +14,14 @@ using I = std::int64_t;
 // Keys per block: 32768 K values over every kv head (64 KiB of 16-bit K, as much V); the next
 // block's K and V rows are prefetched while a block is worked on.
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
+// xl: keys per refill of a task's sinusoid table (at least a block's).
+inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
+// A task's scratch, in floats: S [R, nb], a flag per row; xl: the keys' sinusoids [nt, X] and their
+// position terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
+inline I scratch_floats(I Hkv, I D, I R, I X) {
+  const I nb = block_keys(Hkv, D);
+  return nb * R + R + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+}
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
 
@@ -50,12 +59,19 @@ struct Task {
   const I* hi;
   I q_off, k_off;
   const Bias* bias;
+  I X = 0;                    // xl: the sinusoid's dimension (0: not xl)
+  const float* yt = nullptr;    // xl: Ỹᵀ [X, Hkv·R], each row's Ỹ a column (attention_decode.cc)
+  attn_fast::TileGemmFn gemm = nullptr;  // xl: tile_gemm_for(X)
+  attn_fast::TileTransposeFn tr = nullptr;  // xl: tile_transpose_fn()
+  I npos = 0;                   // cope: table rows (0: not cope); keys are walked from the last
+  I ncol = 0;                   // cope: the columns of qe, min(npos, N + 1)
+  const float* qe = nullptr;    // cope: [Hkv, R, ncol], q·e_c of each row (q unscaled)
 };
 }  // namespace posenc::decode_impl
 
 namespace posenc::decode_impl {
 // Runs task t (the best target of this CPU, chosen per call): m, l [Hkv, R] and o [Hkv, R, D] of its
-// keys (o unnormalised), scratch of block_keys(Hkv, D)·R + R floats, R = G·M. Returns
-// false at a NaN or +inf logit.
+// keys (o unnormalised), scratch of scratch_floats(Hkv, D, R, X) floats, R = G·M. Returns false at
+// a NaN or +inf logit.
 bool run_task(const Task& t, float* scratch, float* m, float* l, float* o);
 }  // namespace posenc::decode_impl
