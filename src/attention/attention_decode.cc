@@ -19,9 +19,12 @@
 //     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
 //   xl: Q = scale·(q + u_h), and + Ỹ_r·s(j) per key j = kp − k_off, Ỹ_r = scale·(q + v_h)·W_h with
 //     each (sin, cos) pair rotated by the query's angles (prepare_xl; the identities of
-//     attention_xl_cpu.cc); per block, every kv head's rows at once, a tile product (tile_gemm.h)
-//     against the rows of a task's table of the keys' sinusoids (sinusoidal_table, xl_table_keys
-//     rows at a time);
+//     attention_xl_cpu.cc); per xl_table_keys keys, every kv head's rows at once, a tile product
+//     C·Ỹᵀ (tile_gemm.h) of a table of the keys' sinusoids C (sinusoidal_table), transposed;
+//   cope (blocks walked from the last, a row's count carried across them in double): + z, the
+//     interpolation of qe = q·E [R, ncol] (a tile product) at the row's count of gates σ(a) from
+//     this key to its last; a row whose count reached npos − 1 adds qe[npos − 1] to every key left
+//     of it without gates; a key part first counts the gates of the keys right of it (CopeCarry);
 //   online softmax per row (running max m, sum l, o rescaled), o += P·V (V converted in registers,
 //   shared by the rows that share their keys).
 // Every K and V row is read from memory once per call, whatever G and M.
@@ -34,7 +37,8 @@
 // Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
 // output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
 // steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
-// Memory: per thread O(nb·R + Hkv·R·D) floats (xl: + (Hkv·R + X)·(X + xl_table_keys)); the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
+// Memory: per thread O(nb·R + Hkv·R·D) floats (xl: + nt·(X + 2·Hkv·R) + Hkv·R·X, nt = xl_table_keys;
+// cope: + Hkv·R·ncol); the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
 // the kept tables Hq·(largest distance) floats (KERPLE) and one float per distance (Sandwich).
 #include <algorithm>
 #include <cmath>
