@@ -20,6 +20,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include "attention/attention_decode_kernels-inl.h"
+#include "enc/contextual/cope/cope_simd-inl.h"
 #include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -182,25 +183,42 @@ HWY_INLINE float ExpSubSum(float* HWY_RESTRICT x, I n, float mx) {
   return r;
 }
 
+// g[0, n) = σ(a[0, n)) (CopeSigmoid, in float).
+HWY_INLINE void Gates(const float* HWY_RESTRICT a, float* HWY_RESTRICT g, I n) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  I j = 0;
+  for (; j + L <= n; j += L) hn::StoreU(CopeSigmoid(d, hn::LoadU(d, a + j)), d, g + j);
+  if (j == n) return;
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::copy(a + j, a + n, buf);
+  hn::Store(CopeSigmoid(d, hn::Load(d, buf)), d, buf);
+  std::copy(buf, buf + (n - j), g + j);
+}
+
 // cope, one row: S[j] += z_j for j = n − 1 … 0, the row's keys right to left, count carrying the
-// gates Σ σ(a) of the keys right of them (cope_math.h, in double as the reference): S holds the
-// logits a = scale·q·k; qe [ncol] = q·e_c. Once the count reaches npos − 1 every key to its left
-// takes z = qe[npos − 1] (clamped: no gates needed).
-void CopeRow(const float* HWY_RESTRICT qe, I npos, I ncol, float* HWY_RESTRICT S, I n, double* count) {
+// gates Σ σ(a) of the keys right of them (cope_math.h; gates in float, summed in double): S holds
+// the logits a = scale·q·k; qe [ncol] = q·e_c; g: n floats of scratch. Once the count reaches
+// npos − 1 every key to its left takes z = qe[npos − 1] (clamped: no gates needed).
+void CopeRow(const float* HWY_RESTRICT qe, I npos, I ncol, float* HWY_RESTRICT S, I n, double* count,
+             float* HWY_RESTRICT g) {
   const double top = static_cast<double>(npos - 1);
   double c = *count;
   I j = n;
-  while (j > 0 && c < top) {
-    --j;
-    c += cope::gate(static_cast<double>(S[j]));
-    if (!(c < top)) {  // clamped from here (NaN too: the logit's check below gives up)
-      ++j;
-      break;
+  if (c < top) {
+    Gates(S, g, n);
+    while (j > 0) {
+      --j;
+      c += static_cast<double>(g[j]);
+      if (!(c < top)) {  // clamped from here (NaN too: the logit's check below gives up)
+        ++j;
+        break;
+      }
+      const I lo = static_cast<I>(c);  // ⌊c⌋: c ≥ 0
+      const double w = c - static_cast<double>(lo);
+      const double z = w > 0 ? (1 - w) * qe[lo] + w * qe[lo + 1] : qe[lo];
+      S[j] = static_cast<float>(static_cast<double>(S[j]) + z);
     }
-    const double f = std::floor(c), w = c - f;
-    const I lo = static_cast<I>(f);
-    const double z = w > 0 ? (1 - w) * qe[lo] + w * qe[lo + 1] : qe[lo];
-    S[j] = static_cast<float>(static_cast<double>(S[j]) + z);
   }
   *count = c;
   if (!(c < top)) {
@@ -274,13 +292,14 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
   }
 }
 
-// cope, for a task with keys right of its own: each row's count of those keys, Σ σ(a) over [j1, hi),
+// cope, for a task with keys right of its own: each row's count of those keys, Σ σ(a) over [j1, hi)
+// (S, g: nb floats of scratch each),
 // walked left to right a block at a time until every row's sum has reached npos − 1 (its exact value
 // no longer matters: the row is clamped on all of the task's keys) or the keys end. Dense gates reach
 // it within ~2·npos keys; sparse ones may read every key to the right. The sum runs in another order
 // than the reference's right-to-left one: the counts differ by double rounding.
 template <class T>
-void CopeCarry(const decode_impl::Task& t, float* S, double* count) {
+void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
   const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
   const double top = static_cast<double>(t.npos - 1);
   const T* K = static_cast<const T*>(t.k);
@@ -296,7 +315,8 @@ void CopeCarry(const decode_impl::Task& t, float* S, double* count) {
       if (!(c < top)) continue;
       if (ra < re) {
         LogitRows<1>(t.q + x * D, D, K + (x / R) * t.khs + ra * t.kld, t.kld, re - ra, D, S, nb, none);
-        for (I j = 0; j < re - ra; ++j) c += cope::gate(static_cast<double>(S[j]));
+        Gates(S, g, re - ra);
+        for (I j = 0; j < re - ra; ++j) c += static_cast<double>(g[j]);
       }
       open = open || (c < top && t.hi[x] > c1);
     }
@@ -319,8 +339,9 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
   float* S = scratch;        // [R, nb]
   float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
+  float* gb = act + R;       // cope: [nb], a row's gates
   const I X = t.X, nt = decode_impl::xl_table_keys(nb);
-  float* ctab = act + R;     // xl: [nt, X], the sinusoids of keys [t0, t1)
+  float* ctab = gb + nb;     // xl: [nt, X], the sinusoids of keys [t0, t1)
   float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
   float* Sxt = Sx + H * R * nt;  // xl: [nt, H·R], the same as the product gives them
   I t0 = 0, t1 = 0;
@@ -331,7 +352,7 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   std::fill(o0, o0 + H * R * D, 0.f);
   const bool rev = t.npos > 0;  // cope: a row's count runs from its last key
   std::vector<double> count(rev ? static_cast<std::size_t>(H * R) : 0, 0.0);  // cope: Σ g of the keys walked, per row
-  if (rev) CopeCarry<T>(t, S, count.data());
+  if (rev) CopeCarry<T>(t, S, gb, count.data());
   Ahead ahead(t, sizeof(T));
   const I blocks = (t.j1 - t.j0 + nb - 1) / nb;
   for (I bi = 0; bi < blocks; ++bi) {
@@ -394,7 +415,7 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
         float* Sr = S + r * nb + (ra - a);
         const I n = re - ra;
         if (X) AddRow(Sx + (kh * R + r) * nt + (ra - t0), Sr, n);
-        if (rev) CopeRow(t.qe + (kh * R + r) * t.ncol, t.npos, t.ncol, Sr, n, count.data() + kh * R + r);
+        if (rev) CopeRow(t.qe + (kh * R + r) * t.ncol, t.npos, t.ncol, Sr, n, count.data() + kh * R + r, gb);
         if (bk != BiasKind::kNone && bk != BiasKind::kFire) AddBias(*t.bias, h, i, qp, t.k_off + ra, Sr, n);
         float rm;
         if (!RowMaxBelowInf(Sr, n, &rm)) return false;

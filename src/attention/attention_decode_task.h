@@ -16,11 +16,11 @@ using I = std::int64_t;
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
 // xl: keys per refill of a task's sinusoid table (at least a block's).
 inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
-// A task's scratch, in floats: S [R, nb], a flag per row; xl: the keys' sinusoids [nt, X] and their
-// position terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
+// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope); xl: the keys'
+// sinusoids [nt, X] and their position terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
 inline I scratch_floats(I Hkv, I D, I R, I X) {
   const I nb = block_keys(Hkv, D);
-  return nb * R + R + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+  return nb * R + R + nb + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
 }
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
