@@ -142,11 +142,11 @@ double amax(const Vec& x) {
 
 // The decode kernel (at `threads`) against the reference on one shape.
 void check(const Variant& var, DType dt, I M, I Hq, I Hkv, bool causal, I N, int threads, std::uint64_t seed,
-           I D = 40) {
-  SCOPED_TRACE(var.name + " " + dtype_name(dt) + " M=" + std::to_string(M) + " Hq=" + std::to_string(Hq) +
-               " Hkv=" + std::to_string(Hkv) + (causal ? " causal" : "") + " threads=" + std::to_string(threads));
+           I D = 40, I B = 1) {
+  SCOPED_TRACE(var.name + " " + dtype_name(dt) + " B=" + std::to_string(B) + " M=" + std::to_string(M) +
+               " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + (causal ? " causal" : "") +
+               " threads=" + std::to_string(threads));
   Problem pr(var, Hq, D, causal, seed);
-  const I B = 1;
   Tensor q(dt, randn(ix(B * M * Hq * D), seed + 11), {B, M, Hq, D});
   Tensor k(dt, randn(ix(B * N * Hkv * D), seed + 12), {B, N, Hkv, D});
   Tensor v(dt, randn(ix(B * N * Hkv * D), seed + 13), {B, N, Hkv, D});
@@ -207,6 +207,16 @@ TEST(DecodeShapes, HeadGroupsAndWideHeads) {
       for (auto [Hq, Hkv] : {std::pair<I, I>{2, 2}, {6, 2}, {6, 1}})
         for (I M : {1, 5})
           for (bool causal : {false, true}) check(var, dt, M, Hq, Hkv, causal, 601, 1, seed += 20, 150);
+}
+
+// Several batch rows: a task per row (B ≥ threads) or per part of a row's keys (3 rows at 4
+// threads: 2 parts each), each row's queries, xl's rotated rows and cope's counts its own.
+TEST(DecodeShapes, BatchRows) {
+  std::uint64_t seed = 1300;
+  for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"xl", Encoding::kXL},
+                             Variant{"cope", Encoding::kCope}, Variant{"cope_wide", Encoding::kCope}})
+    for (DType dt : {DType::kF32, DType::kBF16})
+      for (int threads : {1, 2, 4}) check(var, dt, 2, 4, 2, true, 601, threads, seed += 20, 40, 3);
 }
 
 // keys_rotated: a cache rotated by rope_forward at the keys' positions, with q rotated by the call,
