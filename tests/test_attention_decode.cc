@@ -5,8 +5,8 @@
 // keys of a row and never clamped) × float32, bfloat16,
 // float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
 // (not a multiple of the kernel's key blocks; two key parts at two threads when Hkv = 1) × 1 and
-// 2 threads; head groups G = 1, 3, 6 and D = 150 on nope and nonsymmetric ALiBi; every SIMD target on
-// one case per encoding and dtype; keys_rotated against rotating the
+// 2 threads; head groups G = 1, 3, 6 and D = 150 on nope and nonsymmetric ALiBi; three batch rows on
+// nope, xl and cope; every SIMD target on one case per encoding and dtype; keys_rotated against rotating the
 // cache with rope_forward, its refusals and its text key; the dispatcher's routing; non-finite inputs left to the tile kernel.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
