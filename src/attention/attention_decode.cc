@@ -402,7 +402,8 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
       if (bad.load(std::memory_order_relaxed)) continue;
       const I b = task / P, part = task % P;
       for (I kh = 0; kh < Hkv; ++kh)
-        prepare_q(d, q, b, kh, pd, &Q[ix(kh * R * D)], Yt.data() + kh * R, qe.data() + kh * R * ncol);
+        prepare_q(d, q, b, kh, pd, &Q[ix(kh * R * D)], X ? Yt.data() + kh * R : nullptr,
+                  ncol ? qe.data() + kh * R * ncol : nullptr);
       decode_impl::Task tk{D, G, M, d.Hq, Hkv, q.dtype, Q.data(),
                            static_cast<const char*>(k.data) + ix(b * k.strides[0]) * esz,
                            static_cast<const char*>(v.data) + ix(b * v.strides[0]) * esz,

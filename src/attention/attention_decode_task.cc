@@ -343,7 +343,7 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   const I X = t.X, nt = decode_impl::xl_table_keys(nb);
   float* ctab = gb + nb;     // xl: [nt, X], the sinusoids of keys [t0, t1)
   float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
-  float* Sxt = Sx + H * R * nt;  // xl: [nt, H·R], the same as the product gives them
+  float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [nt, H·R], the same as the product gives them
   I t0 = 0, t1 = 0;
   const T* K = static_cast<const T*>(t.k);
   const T* V = static_cast<const T*>(t.v);
