@@ -285,11 +285,11 @@ void prepare_xl(const attn::Dims& d, const PosData& xl, I kh, const std::vector<
     attn_fast::tile_gemm(xl.gemm, attn_fast::GemmForm::kNP, M, X, D, 1.f, qv.data(), D, xl.w + h * D * X, X, y.data(), X);
     for (I i = 0; i < M; ++i)
       for (I c = 0; c < X; c += 2) {  // s = (sin α, cos α)
-        const double y0 = y[ix(i * X + c)], y1 = y[ix(i * X + c + 1)];
-        const double sa = s[ix(i * X + c)], ca = s[ix(i * X + c + 1)];
+        double t0, t1;
+        xl::to_key_frame<double>(y[ix(i * X + c)], y[ix(i * X + c + 1)], s[ix(i * X + c)], s[ix(i * X + c + 1)], &t0, &t1);
         float* o = Yt + c * ldy + g * M + i;
-        o[0] = static_cast<float>(d.scale * (y1 * sa - y0 * ca));
-        o[ldy] = static_cast<float>(d.scale * (y0 * sa + y1 * ca));
+        o[0] = static_cast<float>(d.scale * t0);
+        o[ldy] = static_cast<float>(d.scale * t1);
       }
   }
 }

@@ -10,7 +10,6 @@
 
 #include "attention/attention_decode_task.h"
 #include "enc/bias/xl/xl_math.h"
-#include "enc/contextual/cope/cope_math.h"
 #include "posenc/absolute.h"
 
 #undef HWY_TARGET_INCLUDE

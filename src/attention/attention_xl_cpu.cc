@@ -453,10 +453,8 @@ class XlFused {
       const float* t = tq(i0 + i);
       const float* yi = y + i * R;
       float* o = yt + i * R;
-      for (I c = 0; c < R; c += 2) {  // t = (sin α, cos α)
-        o[c] = yi[c + 1] * t[c] - yi[c] * t[c + 1];
-        o[c + 1] = yi[c] * t[c] + yi[c + 1] * t[c + 1];
-      }
+      for (I c = 0; c < R; c += 2)  // t = (sin α, cos α)
+        xl::to_key_frame(yi[c], yi[c + 1], t[c], t[c + 1], &o[c], &o[c + 1]);
     }
   }
 

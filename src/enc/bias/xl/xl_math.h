@@ -30,4 +30,14 @@ inline void project(const double* W, const double* s, std::int64_t D, std::int64
   }
 }
 
+// One (sin, cos) pair of Y = (q + v)·W turned to the key's frame: with (sa, ca) = (sin α, cos α) of
+// the query's angle, Y₀ sin(α − β) + Y₁ cos(α − β) = t₀ sin β + t₁ cos β for every key angle β
+// (the angle-difference identities), so the position term is a dot product with the key's own
+// sinusoid. The fused and decode kernels form their query rows with it (attention_xl_cpu.cc).
+template <class T>
+inline void to_key_frame(T y0, T y1, T sa, T ca, T* t0, T* t1) {
+  *t0 = y1 * sa - y0 * ca;
+  *t1 = y0 * sa + y1 * ca;
+}
+
 }  // namespace posenc::xl
