@@ -294,8 +294,8 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
 // cope, for a task with keys right of its own: each row's count of those keys, Σ σ(a) over [j1, hi)
 // (S, g: nb floats of scratch each),
 // walked left to right a block at a time until every row's sum has reached npos − 1 (its exact value
-// no longer matters: the row is clamped on all of the task's keys) or the keys end. Dense gates reach
-// it within ~2·npos keys; sparse ones may read every key to the right. The sum runs in another order
+// no longer matters: the row is clamped on all of the task's keys) or the keys end. Gates averaging ½
+// reach it within about 2·npos keys; sparse ones may read every key to the right. The sum runs in another order
 // than the reference's right-to-left one: the counts differ by double rounding.
 template <class T>
 void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
