@@ -10,11 +10,12 @@
 namespace posenc::bench_impl {
 namespace {
 
-// The encodings of the decode rows: those the decode kernel takes (rope with keys_rotated).
+// The encodings of the decode rows: those the decode kernel takes (rope with keys_rotated; rope2d
+// mixed, whose keys the kernel rotates per head).
 const std::vector<Encoding>& decode_encodings() {
   static const std::vector<Encoding> e = {Encoding::kNope, Encoding::kRope, Encoding::kAlibi, Encoding::kT5,
                                           Encoding::kKerple, Encoding::kSandwich, Encoding::kFire, Encoding::kXL,
-                                          Encoding::kCope};
+                                          Encoding::kCope, Encoding::kRope2d};
   return e;
 }
 
@@ -77,6 +78,15 @@ Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
       a->t.rel_proj = small({Hq, D, D}, -0.05, 1e-7);
     }
     if (enc == Encoding::kCope) a->t.table = small({kCopeNpos, D}, -0.3, 0.0001);
+    if (enc == Encoding::kRope2d) {  // mixed; keys on a grid 256 wide, the query on the next cell
+      a->p.rope2d.variant = Rope2dVariant::kMixed;
+      a->t.freqs = small({2, Hq, D / 2}, 0.001, 0.0003);
+      a->qpos.resize(ix(2 * N + 2));
+      for (I j = 0; j <= N; ++j) a->qpos[ix(j)] = j % 256, a->qpos[ix(N + 1 + j)] = j / 256;
+      // x then y of keys 0 … N − 1 and the query (position N), read through two strided views
+      a->t.k_positions = View{a->qpos.data(), DType::kI64, 2, {2, N}, {N + 1, 1}};
+      a->t.q_positions = View{a->qpos.data() + N, DType::kI64, 2, {2, 1}, {N + 1, 1}};
+    }
     if (enc == Encoding::kFire) {
       FireTensors& f = a->t.fire;
       f.w1 = small({kFireWidth}, -1.0, 0.06);

@@ -54,14 +54,16 @@ std::vector<Variant> variants() {
           {"t5_unidirectional", Encoding::kT5}, {"kerple_log", Encoding::kKerple},
           {"kerple_power", Encoding::kKerple}, {"sandwich", Encoding::kSandwich},
           {"fire", Encoding::kFire},         {"xl", Encoding::kXL},
-          {"cope", Encoding::kCope},         {"cope_wide", Encoding::kCope}};
+          {"cope", Encoding::kCope},         {"cope_wide", Encoding::kCope},
+          {"rope2d_mixed_half", Encoding::kRope2d}, {"rope2d_mixed_interleaved_partial", Encoding::kRope2d}};
 }
 
 // One call's parameters and encoding tensors (float64).
 struct Problem {
   AttentionParams p;
   I Hq, D;
-  Vec slopes, weights, r1, r2, w1, b1, w2, b2, c, L, u, vb, W, table;
+  Vec slopes, weights, r1, r2, w1, b1, w2, b2, c, L, u, vb, W, table, freqs;
+  std::vector<std::int64_t> qpos, kpos;  // rope2d: [B, 2, M], [B, 2, N]
   I npos = 0;
   static constexpr I kXlDim = 14;  // xl's sinusoid dimension: 7 (sin, cos) pairs
   Problem(const Variant& var, I hq, I d, bool causal, std::uint64_t seed) : Hq(hq), D(d) {
@@ -102,6 +104,12 @@ struct Problem {
       for (double& x : r1) x = 0.1 + 1.5 * (0.5 + 0.5 * std::tanh(x));
       for (double& x : r2) x = 0.05 + 1.9 * (0.5 + 0.5 * std::tanh(x));
     }
+    if (var.enc == Encoding::kRope2d) {  // mixed: per-head frequencies, unrotated keys
+      p.rope2d.variant = Rope2dVariant::kMixed;
+      p.rope2d.rope.layout = has ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+      p.rope2d.rope.rotary_dim = has ? D / 2 - (D / 2) % 4 : D - D % 4;
+      freqs = randn(ix(2 * Hq * (p.rope2d.rope.rotary_dim / 2)), seed + 18, 0.6);
+    }
     if (var.enc == Encoding::kSandwich) p.sandwich.sinusoid_dim = 16;
     if (var.enc == Encoding::kFire) {
       w1 = randn(9, seed + 6, 1.5);
@@ -121,6 +129,19 @@ struct Problem {
       W = randn(ix(Hq * D * kXlDim), seed + 16, 0.4);
     }
   }
+  // rope2d: keys on a grid 23 wide, row b's shifted by 3·b; the queries on the cells after the keys.
+  void positions(I B, I M, I N) {
+    if (freqs.empty()) return;
+    const I Wd = 23;
+    for (I b = 0; b < B; ++b) {
+      for (I a = 0; a < 2; ++a)
+        for (I i = 0; i < M; ++i) qpos.push_back(a ? (N + i) / Wd + b : (N + i + 3 * b) % Wd);
+      for (I a = 0; a < 2; ++a)
+        for (I j = 0; j < N; ++j) kpos.push_back(a ? j / Wd + b : (j + 3 * b) % Wd);
+    }
+    Bp = B, Mp = M, Np = N;
+  }
+  I Bp = 0, Mp = 0, Np = 0;
   static View v(Vec& x, std::initializer_list<I> s) { return View::contiguous(x.data(), DType::kF64, s); }
   EncodingTensors tensors() {
     EncodingTensors t;
@@ -129,6 +150,11 @@ struct Problem {
     if (!r1.empty()) t.r1 = v(r1, {Hq}), t.r2 = v(r2, {Hq});
     if (!table.empty()) t.table = v(table, {npos, D});
     if (!u.empty()) t.u = v(u, {Hq, D}), t.v = v(vb, {Hq, D}), t.rel_proj = v(W, {Hq, D, kXlDim});
+    if (!freqs.empty()) {
+      t.freqs = v(freqs, {2, Hq, I(freqs.size()) / (2 * Hq)});
+      t.q_positions = View::contiguous(qpos.data(), DType::kI64, {Bp, 2, Mp});
+      t.k_positions = View::contiguous(kpos.data(), DType::kI64, {Bp, 2, Np});
+    }
     if (!w1.empty()) t.fire = FireTensors{v(w1, {9}), v(b1, {9}), v(w2, {Hq, 9}), v(b2, {Hq}), v(c, {1}), v(L, {1})};
     return t;
   }
@@ -147,6 +173,7 @@ void check(const Variant& var, DType dt, I M, I Hq, I Hkv, bool causal, I N, int
                " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + (causal ? " causal" : "") +
                " threads=" + std::to_string(threads));
   Problem pr(var, Hq, D, causal, seed);
+  pr.positions(B, M, N);
   Tensor q(dt, randn(ix(B * M * Hq * D), seed + 11), {B, M, Hq, D});
   Tensor k(dt, randn(ix(B * N * Hkv * D), seed + 12), {B, N, Hkv, D});
   Tensor v(dt, randn(ix(B * N * Hkv * D), seed + 13), {B, N, Hkv, D});

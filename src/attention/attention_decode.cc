@@ -52,6 +52,7 @@
 #include <optional>
 
 #include "attention/attention_decode.h"
+#include "attention/attention_decode_rope2d.h"
 #include "attention/attention_decode_task.h"
 #include "attention/attention_tiles.h"
 #include "core/fast_common.h"
@@ -314,7 +315,9 @@ void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd,
     for (I g = 0; g < G; ++g)
       for (I e = 0; e < D; ++e)
         x[ix((i * G + g) * D + e)] = q.get(((b * M + i) * d.Hq + kh * G + g) * D + e);
-  if (d.rotary) {
+  if (d.rotary && d.rot.per_head()) {
+    decode_impl::rotate_queries_mixed(d, b, kh, &x);
+  } else if (d.rotary) {
     const I A = static_cast<I>(d.q_ids.size()) / (d.B * M);
     const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
     rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1);
@@ -334,8 +337,14 @@ bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const 
     case Encoding::kNope: case Encoding::kAlibi: case Encoding::kT5: case Encoding::kKerple:
     case Encoding::kSandwich: case Encoding::kFire: case Encoding::kXL: case Encoding::kCope:
       break;
-    case Encoding::kRope: case Encoding::kXpos: case Encoding::kMrope: case Encoding::kRope2d:
-      if (!p.keys_rotated) return false;  // (rope2d mixed with keys_rotated is refused in validation)
+    case Encoding::kRope2d:  // mixed: the keys rotated per head here (keys_rotated is refused for it)
+      if (p.rope2d.variant == Rope2dVariant::kMixed) {
+        if (!decode_impl::mixed_fits(d)) return false;
+        break;
+      }
+      [[fallthrough]];
+    case Encoding::kRope: case Encoding::kXpos: case Encoding::kMrope:
+      if (!p.keys_rotated) return false;
       break;
     default: return false;
   }
@@ -356,6 +365,8 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   prepare_bias(p, d, t, threads, &bd);
   const PosData pd(p, d, t);
   const I X = pd.X, ncol = pd.ncol;
+  const bool mixed = d.rotary && d.rot.per_head();  // rope2d mixed: the tables of the keys' rotations
+  const std::shared_ptr<const decode_impl::MixedData> md = mixed ? decode_impl::mixed_tables(d, threads) : nullptr;
   // visible keys per row r = g·M + i (and head): causal / nonsymmetric ALiBi's halves
   std::vector<I> lo(ix(Hkv * R)), hi(ix(Hkv * R));
   const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;
@@ -411,6 +422,8 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
                            N * part / P, N * (part + 1) / P, lo.data(), hi.data(), d.q_off, d.k_off, &bd.b};
       tk.X = X, tk.yt = Yt.data(), tk.gemm = pd.gemm, tk.tr = pd.tr;
       tk.npos = pd.npos, tk.ncol = ncol, tk.qe = qe.data();
+      const decode_impl::MixedKeys mk = mixed ? md->row(d, b) : decode_impl::MixedKeys{};
+      if (mixed) tk.mixed = &mk;
       float* res = P > 1 ? &parts[ix(task * per)] : mine.data();
       if (!decode_impl::run_task(tk, scratch.data(), res, res + HR, res + 2 * HR)) {
         bad = true;

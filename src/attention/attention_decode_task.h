@@ -16,12 +16,25 @@ using I = std::int64_t;
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
 // xl: keys per refill of a task's sinusoid table (at least a block's).
 inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
-// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope); xl: the keys'
-// sinusoids [nt, X] and their position terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
+// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope), a block's keys
+// rotated for one head [nb, D] (rope2d mixed); xl: the keys' sinusoids [nt, X] and their position
+// terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
 inline I scratch_floats(I Hkv, I D, I R, I X) {
   const I nb = block_keys(Hkv, D);
-  return nb * R + R + nb + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+  return nb * R + R + nb + nb * D + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
 }
+
+// rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
+// θʸ·y_j, from per-axis tables in lane form: row (h, p − lo[a]) of axis a holds, for each of the r
+// rotary lanes, cos(θ·p) in c and ∓sin(θ·p) in s (− on a pair's first lane), θ the lane's pair's.
+struct MixedKeys {
+  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], r] each
+  const float* s[2] = {nullptr, nullptr};
+  I lo[2] = {0, 0}, w[2] = {0, 0};
+  const I* pos[2] = {nullptr, nullptr};  // the batch row's key positions x, y [N]
+  I r = 0;                               // rotary dimensions (pairs (2k, 2k + 1) or (k, k + r/2))
+  bool interleaved = true;
+};
 
 enum class BiasKind { kNone, kSlopes, kLearned, kT5, kKerpleLog, kKerplePower, kSandwich, kFire };
 
@@ -66,6 +79,7 @@ struct Task {
   I npos = 0;                   // cope: table rows (0: not cope); keys are walked from the last
   I ncol = 0;                   // cope: the columns of qe, min(npos, N + 1)
   const float* qe = nullptr;    // cope: [Hkv, R, ncol], q·e_c of each row (q unscaled)
+  const MixedKeys* mixed = nullptr;  // rope2d mixed: the keys' rotations (q: only its own)
 };
 }  // namespace posenc::decode_impl
 

@@ -1,0 +1,42 @@
+// Private: rope2d mixed in the decode kernel (attention_decode.cc). Its rotation differs per query
+// head, so the cache holds unrotated keys: the query is rotated once (in double), and each key block
+// is rotated per head from per-axis tables of the call's key positions (MixedKeys).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attention/attention_check.h"
+#include "attention/attention_decode_task.h"
+
+namespace posenc::decode_impl {
+
+// The most bytes of a call's tables: larger position ranges leave the call to the tile kernel.
+constexpr std::int64_t kMixedTableBytes = std::int64_t{32} << 20;
+
+// Per-axis tables over a range of key positions, and what they were formed for.
+struct MixedData {
+  std::vector<float> c[2], s[2];
+  I lo[2] = {0, 0}, w[2] = {0, 0};
+  std::vector<double> freqs;  // the plan's θ [2, Hq, r/2]
+  RopeLayout layout = RopeLayout::kInterleaved;
+  I r = 0, Hq = 0;
+  // The view of the tables for batch row b's keys.
+  MixedKeys row(const attn::Dims& d, I b) const;
+};
+
+// Whether d (rope2d mixed) is within kMixedTableBytes.
+bool mixed_fits(const attn::Dims& d);
+
+// Tables covering d's key positions: the process's last ones when they were formed for the same
+// frequencies, layout and heads and cover them, else new ones (over a range grown by the last one's
+// width where it grew, within kMixedTableBytes: a decode step meets one more key). Entries from
+// e^{iθ·lo} and steps e^{iθ} in double (error ≤ ~w·2^−52), rounded to float.
+std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads);
+
+// x [M, G, D] (q of batch row b, the G heads of kv head kh, doubles): each rotary pair := a²·R(φ_h(query
+// position))·pair, the query's rotation and scale a (the plan's factor) and the keys' a.
+void rotate_queries_mixed(const attn::Dims& d, I b, I kh, std::vector<double>* x);
+
+}  // namespace posenc::decode_impl
