@@ -46,8 +46,7 @@ void fill_axis(const attn::Dims& d, int a, I lo, I w, int threads, MixedData* md
   const rotary::Plan& pl = d.rot;
   const I r = pl.r, half = pl.half, Hq = d.Hq;
   md->lo[a] = lo, md->w[a] = w;
-  md->c[a].resize(ix(Hq * w * r));
-  md->s[a].resize(ix(Hq * w * r));
+  md->cs[a].resize(ix(Hq * w * 2 * r));
   const int th = Hq * w * half > 65536 ? threads : 1;
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
   for (I h = 0; h < Hq; ++h)
@@ -57,10 +56,10 @@ void fill_axis(const attn::Dims& d, int a, I lo, I w, int threads, MixedData* md
       const double t = theta(pl, a, h, k), sc = std::cos(t), ss = std::sin(t);
       double c = std::cos(t * static_cast<double>(lo)), s = std::sin(t * static_cast<double>(lo));
       for (I p = 0; p < w; ++p) {
-        const I row = (h * w + p) * r;
-        md->c[a][ix(row + ia)] = md->c[a][ix(row + ib)] = static_cast<float>(c);
-        md->s[a][ix(row + ia)] = static_cast<float>(-s);
-        md->s[a][ix(row + ib)] = static_cast<float>(s);
+        float* row = md->cs[a].data() + (h * w + p) * 2 * r;  // c's lanes, then s's
+        row[ia] = row[ib] = static_cast<float>(c);
+        row[r + ia] = static_cast<float>(-s);
+        row[r + ib] = static_cast<float>(s);
         const double cn = c * sc - s * ss;  // e^{iθ(p + 1)} = e^{iθp}·e^{iθ}
         s = s * sc + c * ss;
         c = cn;
@@ -105,7 +104,7 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
 MixedKeys MixedData::row(const attn::Dims& d, I b) const {
   MixedKeys mk;
   for (int a = 0; a < 2; ++a) {
-    mk.c[a] = c[a].data(), mk.s[a] = s[a].data();
+    mk.c[a] = cs[a].data(), mk.s[a] = cs[a].data() + d.rot.r;
     mk.lo[a] = lo[a], mk.w[a] = w[a];
     mk.pos[a] = d.k_ids.data() + (b * 2 + a) * d.N;
   }

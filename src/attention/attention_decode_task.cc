@@ -247,9 +247,11 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
   for (; j < n; ++j) x[j] *= c;
 }
 
-// rope2d mixed: out [n, D] = keys [j0, j0 + n) (key j at K + (j − j0)·kld) rotated for head h: each
-// rotary lane e := k_e·C_e + k_partner(e)·S_e, C = cx·cy − sx·sy and S = sx·cy + cx·sy of the axes'
-// table rows (lane form, MixedKeys; S carries the pair's sign); the lanes past r copied.
+// rope2d mixed: out [n, D] = keys [j0, j0 + n) (key j at K + (j − j0)·kld) turned by head h's x
+// angles θˣ·x_j: each rotary lane e := k_e·C_e + k_partner(e)·S_e from the x table's row (lane
+// form, MixedKeys: S carries the pair's sign); the lanes past r copied. (The y angles turn the
+// query instead: RotateQueryY.)
+constexpr I kAheadKeys = 4;  // RotateKeys: the key whose table rows are prefetched, ahead of the one turned
 template <class T>
 void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, I kld, I j0, I n, I D,
                 float* HWY_RESTRICT out) {
@@ -257,23 +259,29 @@ void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, 
   for (I j = 0; j < n; ++j) {
     const T* k = K + j * kld;
     float* o = out + j * D;
-    const I rx = (h * mk.w[0] + mk.pos[0][j0 + j] - mk.lo[0]) * r, ry = (h * mk.w[1] + mk.pos[1][j0 + j] - mk.lo[1]) * r;
-    const float *cx = mk.c[0] + rx, *sx = mk.s[0] + rx, *cy = mk.c[1] + ry, *sy = mk.s[1] + ry;
+    const I rx = (h * mk.w[0] + mk.pos[0][j0 + j] - mk.lo[0]) * 2 * r;
+    const float *cx = mk.c[0] + rx, *sx = mk.s[0] + rx;
+    if (j + kAheadKeys < n) {  // the table rows of a key ahead (scattered: the prefetchers miss them)
+      const I ra = (h * mk.w[0] + mk.pos[0][j0 + j + kAheadKeys] - mk.lo[0]) * 2 * r + (mk.interleaved ? 0 : half);
+      for (I e = 0; e < (mk.interleaved ? r : half); e += 16) {
+        hwy::Prefetch(mk.c[0] + ra + e);
+        hwy::Prefetch(mk.s[0] + ra + e);
+      }
+    }
     I done = 0;  // pairs done
 #if HWY_TARGET != HWY_SCALAR
     const hn::ScalableTag<float> d;
     const I L = static_cast<I>(hn::Lanes(d));
-    const auto C = [&](I e) { return hn::NegMulAdd(hn::LoadU(d, sx + e), hn::LoadU(d, sy + e), hn::Mul(hn::LoadU(d, cx + e), hn::LoadU(d, cy + e))); };
-    const auto S = [&](I e) { return hn::MulAdd(hn::LoadU(d, sx + e), hn::LoadU(d, cy + e), hn::Mul(hn::LoadU(d, cx + e), hn::LoadU(d, sy + e))); };
     if (mk.interleaved) {
       for (; 2 * done + L <= r; done += L / 2) {
         const I e = 2 * done;
         const auto x = LoadF(d, k + e);
-        hn::StoreU(hn::MulAdd(x, C(e), hn::Mul(hn::Shuffle2301(x), S(e))), d, o + e);
+        hn::StoreU(hn::MulAdd(x, hn::LoadU(d, cx + e), hn::Mul(hn::Shuffle2301(x), hn::LoadU(d, sx + e))), d, o + e);
       }
     } else {
-      for (; done + L <= half; done += L) {  // the pair's second lanes' C and S serve both
-        const auto a = LoadF(d, k + done), b = LoadF(d, k + half + done), c = C(half + done), sn = S(half + done);
+      for (; done + L <= half; done += L) {  // the pairs' second lanes' cos and sin serve both
+        const auto a = LoadF(d, k + done), b = LoadF(d, k + half + done);
+        const auto c = hn::LoadU(d, cx + half + done), sn = hn::LoadU(d, sx + half + done);
         hn::StoreU(hn::NegMulAdd(b, sn, hn::Mul(a, c)), d, o + done);
         hn::StoreU(hn::MulAdd(a, sn, hn::Mul(b, c)), d, o + half + done);
       }
@@ -281,13 +289,26 @@ void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, 
 #endif
     for (I p = done; p < half; ++p) {
       const I ia = mk.interleaved ? 2 * p : p, ib = mk.interleaved ? 2 * p + 1 : p + half;
-      const float c = cx[ib] * cy[ib] - sx[ib] * sy[ib], s = sx[ib] * cy[ib] + cx[ib] * sy[ib];
-      const float a = ToF(k[ia]), b = ToF(k[ib]);
+      const float c = cx[ib], s = sx[ib], a = ToF(k[ia]), b = ToF(k[ib]);
       o[ia] = a * c - b * s;
       o[ib] = b * c + a * s;
     }
     for (I e = r; e < D; ++e) o[e] = ToF(k[e]);
   }
+}
+
+// rope2d mixed: out [D] = R(−θʸ·y)·q per rotary pair of head h (y's table row; the lanes past r
+// copied), so that out·R(θˣ·x)k = q·R(θˣ·x + θʸ·y)k for every key at y.
+void RotateQueryY(const decode_impl::MixedKeys& mk, I h, I y, const float* HWY_RESTRICT q, I D, float* HWY_RESTRICT out) {
+  const I r = mk.r, half = r / 2, row = (h * mk.w[1] + y - mk.lo[1]) * 2 * r;
+  const float *cy = mk.c[1] + row, *sy = mk.s[1] + row;
+  for (I p = 0; p < half; ++p) {
+    const I ia = mk.interleaved ? 2 * p : p, ib = mk.interleaved ? 2 * p + 1 : p + half;
+    const float c = cy[ib], s = sy[ib], a = q[ia], b = q[ib];
+    out[ia] = a * c + b * s;
+    out[ib] = b * c - a * s;
+  }
+  std::copy(q + r, q + D, out + r);
 }
 
 // The next block's K and V rows, every kv head, prefetched in memory order (the order the hardware
@@ -382,9 +403,10 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   float* S = scratch;        // [R, nb]
   float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
   float* gb = act + R;       // cope: [nb], a row's gates
-  float* kr = gb + nb;       // rope2d mixed: [nb, D], the block's keys rotated for one head
+  float* kr = gb + nb;       // rope2d mixed: [nb, D], the block's keys turned for one head, and
+  float* qy = kr + nb * D;   // [D], a query row turned by the y of a run of keys
   const I X = t.X, nt = decode_impl::xl_table_keys(nb);
-  float* ctab = kr + nb * D;  // xl: [nt, X], the sinusoids of keys [t0, t1)
+  float* ctab = qy + D;      // xl: [nt, X], the sinusoids of keys [t0, t1)
   float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
   float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [nt, H·R], the same as the product gives them
   I t0 = 0, t1 = 0;
@@ -433,10 +455,16 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       };
       if (t.mixed) {  // each head its own rotation of the keys, shared by its M rows
         for (I g = 0; g < t.G; ++g) {
-          RotateKeys(*t.mixed, kh * t.G + g, Kh + a * t.kld, t.kld, a, e - a, D, kr);
+          const I h = kh * t.G + g;
+          RotateKeys(*t.mixed, h, Kh + a * t.kld, t.kld, a, e - a, D, kr);
           for (I i = 0; i < t.M; ++i) {
             const I r = g * t.M + i, ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
-            if (ra < re) LogitRows<1>(Q + r * D, D, kr + (ra - a) * D, D, re - ra, D, S + r * nb + (ra - a), nb, ahead);
+            const I* ys = t.mixed->pos[1];
+            for (I j = ra, jn = ra; j < re; j = jn) {  // runs of keys sharing their y
+              while (jn < re && ys[jn] == ys[j]) ++jn;
+              RotateQueryY(*t.mixed, h, ys[j], Q + r * D, D, qy);
+              LogitRows<1>(qy, D, kr + (j - a) * D, D, jn - j, D, S + r * nb + (j - a), nb, ahead);
+            }
           }
         }
       }

@@ -17,19 +17,20 @@ inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv *
 // xl: keys per refill of a task's sinusoid table (at least a block's).
 inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
 // A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope), a block's keys
-// rotated for one head [nb, D] (rope2d mixed); xl: the keys' sinusoids [nt, X] and their position
+// turned for one head [nb, D] and a query row [D] (rope2d mixed); xl: the keys' sinusoids [nt, X] and their position
 // terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
 inline I scratch_floats(I Hkv, I D, I R, I X) {
   const I nb = block_keys(Hkv, D);
-  return nb * R + R + nb + nb * D + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+  return nb * R + R + nb + nb * D + D + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
 }
 
 // rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
-// θʸ·y_j, from per-axis tables in lane form: row (h, p − lo[a]) of axis a holds, for each of the r
-// rotary lanes, cos(θ·p) in c and ∓sin(θ·p) in s (− on a pair's first lane), θ the lane's pair's.
+// θʸ·y_j — the key by θˣ·x_j, the query by −θʸ·y_j — from per-axis tables in lane form: row
+// (h, p − lo[a]) of axis a holds, for each of the r rotary lanes, cos(θ·p) in c and ∓sin(θ·p) in s
+// (− on a pair's first lane), θ the lane's pair's; a row's c and s lie together, rows 2·r apart.
 struct MixedKeys {
-  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], r] each
-  const float* s[2] = {nullptr, nullptr};
+  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], 2·r] each, c's lanes first
+  const float* s[2] = {nullptr, nullptr};  // c[a] + r
   I lo[2] = {0, 0}, w[2] = {0, 0};
   const I* pos[2] = {nullptr, nullptr};  // the batch row's key positions x, y [N]
   I r = 0;                               // rotary dimensions (pairs (2k, 2k + 1) or (k, k + r/2))
