@@ -2,12 +2,14 @@
 // posenc::reference::attention_forward (out and lse), for every encoding it covers (nope; rope in both
 // layouts, partial, xpos and mrope with keys_rotated; alibi symmetric, with slopes, nonsymmetric,
 // learned; t5 bi- and unidirectional; kerple log and power; sandwich; fire; xl; cope clamped on most
-// keys of a row and never clamped) × float32, bfloat16,
-// float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
+// keys of a row and never clamped; rope2d mixed in both layouts, on unrotated keys) × float32,
+// bfloat16, float16 × M ∈ {1, 3, 16} × grouped heads (Hq, Hkv) ∈ {(8, 2), (4, 1)} × causal or not × N = 601
 // (not a multiple of the kernel's key blocks; two key parts at two threads when Hkv = 1) × 1 and
 // 2 threads; head groups G = 1, 3, 6 and D = 150 on nope and nonsymmetric ALiBi; three batch rows on
-// nope, xl and cope; every SIMD target on one case per encoding and dtype; keys_rotated against rotating the
-// cache with rope_forward, its refusals and its text key; the dispatcher's routing; non-finite inputs left to the tile kernel.
+// nope, xl, cope and rope2d mixed; rope2d mixed's kept tables over changing positions; every SIMD
+// target on one case per encoding and dtype; keys_rotated against rotating the cache with
+// rope_forward, its refusals and its text key; the dispatcher's routing; non-finite inputs left to
+// the tile kernel.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
 // Tolerances as tests/test_attention_fast.cc's: |got − want| ≤ atol·max|want| + rtol·|want|.
@@ -241,9 +243,45 @@ TEST(DecodeShapes, HeadGroupsAndWideHeads) {
 TEST(DecodeShapes, BatchRows) {
   std::uint64_t seed = 1300;
   for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"xl", Encoding::kXL},
-                             Variant{"cope", Encoding::kCope}, Variant{"cope_wide", Encoding::kCope}})
+                             Variant{"cope", Encoding::kCope}, Variant{"cope_wide", Encoding::kCope},
+                             Variant{"rope2d_mixed_half", Encoding::kRope2d}})
     for (DType dt : {DType::kF32, DType::kBF16})
       for (int threads : {1, 2, 4}) check(var, dt, 2, 4, 2, true, 601, threads, seed += 20, 40, 3);
+}
+
+// rope2d mixed's kept tables: steps of one frequency set whose key positions grow past the kept
+// range on either side (the tables grown), shrink inside it (kept), and a second frequency set
+// (formed again), each step against the reference.
+TEST(DecodeRope2dMixed, KeptTablesFollowThePositions) {
+  const I B = 1, M = 1, Hq = 4, Hkv = 2, D = 24, r = 24, N = 300;
+  AttentionParams p;
+  p.encoding = Encoding::kRope2d;
+  p.rope2d.variant = Rope2dVariant::kMixed;
+  p.rope2d.rope.layout = RopeLayout::kHalf;
+  const Vec fa = randn(ix(2 * Hq * r / 2), 31, 0.7), fb = randn(ix(2 * Hq * r / 2), 32, 0.7);
+  std::vector<float> q = testing::to_float(randn(ix(M * Hq * D), 33)), k = testing::to_float(randn(ix(N * Hkv * D), 34)),
+                     v = testing::to_float(randn(ix(N * Hkv * D), 35)), out(q.size());
+  // (x0, y0, grid width): keys at x0 + j % w, y0 + j / w; the query at the cell after them
+  const struct { I x0, y0, w; const Vec* f; } steps[] = {
+      {10, 10, 20, &fa}, {10, 10, 30, &fa}, {3, 5, 30, &fa}, {0, 0, 31, &fa}, {4, 6, 10, &fa}, {5, 9, 17, &fb}};
+  for (const auto& st : steps) {
+    SCOPED_TRACE("x0=" + std::to_string(st.x0) + " y0=" + std::to_string(st.y0) + " w=" + std::to_string(st.w));
+    std::vector<std::int64_t> kp(ix(2 * N)), qp(2);
+    for (I j = 0; j < N; ++j) kp[ix(j)] = st.x0 + j % st.w, kp[ix(N + j)] = st.y0 + j / st.w;
+    qp[0] = st.x0 + N % st.w, qp[1] = st.y0 + N / st.w;
+    Vec f = *st.f;
+    EncodingTensors t;
+    t.freqs = View::contiguous(f.data(), DType::kF64, {2, Hq, r / 2});
+    t.q_positions = View::contiguous(qp.data(), DType::kI64, {2, M});
+    t.k_positions = View::contiguous(kp.data(), DType::kI64, {2, N});
+    const View qv = testing::V(q, {B, M, Hq, D}), kv = testing::V(k, {B, N, Hkv, D}), vv = testing::V(v, {B, N, Hkv, D});
+    const Status sd = decode::attention_forward(p, qv, kv, vv, t, testing::V(out, {B, M, Hq, D}));
+    ASSERT_TRUE(sd.ok()) << sd.message();
+    std::vector<double> q64(q.begin(), q.end()), k64(k.begin(), k.end()), v64(v.begin(), v.end()), want(q.size());
+    ASSERT_TRUE(reference::attention_forward(p, testing::V(q64, {B, M, Hq, D}), testing::V(k64, {B, N, Hkv, D}),
+                                             testing::V(v64, {B, N, Hkv, D}), t, testing::V(want, {B, M, Hq, D})).ok());
+    EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want, 2e-6 * amax(want), 2e-5));
+  }
 }
 
 // keys_rotated: a cache rotated by rope_forward at the keys' positions, with q rotated by the call,
