@@ -21,6 +21,9 @@
 //     each (sin, cos) pair rotated by the query's angles (prepare_xl; the identities of
 //     attention_xl_cpu.cc); per xl_table_keys keys, every kv head's rows at once, a tile product
 //     C·Ỹᵀ (tile_gemm.h) of a table of the keys' sinusoids C (sinusoidal_table), transposed;
+//   rope2d mixed (unrotated keys): per head, the block's keys turned by their x angles into a float
+//     buffer, the head's query row turned back by the y angles of each run of keys sharing
+//     their y (attention_decode_rope2d.h; RotateKeys, RotateQueryY);
 //   cope (blocks walked from the last, a row's count carried across them in double): + z, the
 //     interpolation of qe = q·E [R, ncol] (a tile product) at the row's count of gates σ(a) from
 //     this key to its last; a row whose count reached npos − 1 adds qe[npos − 1] to every key left
@@ -37,9 +40,10 @@
 // Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
 // output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
 // steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
-// Memory: per thread O(nb·R + Hkv·R·D) floats (xl: + nt·(X + 2·Hkv·R) + Hkv·R·X, nt = xl_table_keys;
+// Memory: per thread O(nb·(R + D) + Hkv·R·D) floats (xl: + nt·(X + 2·Hkv·R) + Hkv·R·X, nt = xl_table_keys;
 // cope: + Hkv·R·ncol); the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
-// the kept tables Hq·(largest distance) floats (KERPLE) and one float per distance (Sandwich).
+// the kept tables Hq·(largest distance) floats (KERPLE), one float per distance (Sandwich), and
+// rope2d mixed's, at most kMixedTableBytes.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

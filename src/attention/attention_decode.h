@@ -14,9 +14,9 @@ namespace posenc::decode {
 constexpr std::int64_t kMaxQueries = 16;
 
 // Whether the decode kernel takes this validated call (d from attn::validate_forward): M ≤
-// kMaxQueries; nope, alibi (every variant), t5, kerple, sandwich, fire, xl, or rope, xpos, mrope, rope2d
-// (axial) with keys_rotated; q, k, v float32, bfloat16 or float16 with unit inner stride; every
-// key − query distance within ±2^24.
+// kMaxQueries; nope, alibi (every variant), t5, kerple, sandwich, fire, xl, cope, rope2d mixed (its
+// key tables within kMixedTableBytes), or rope, xpos, mrope, rope2d axial with keys_rotated; q, k, v
+// float32, bfloat16 or float16 with unit inner stride; every key − query distance within ±2^24.
 bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v);
 
 // The threads the dispatcher gives a call: posenc::num_threads(), or 1 below ~2^15 K elements.
