@@ -33,7 +33,7 @@ bool mixed_fits(const attn::Dims& d) {
   for (int a = 0; a < 2; ++a) {
     I lo = 0, hi = 0;
     key_range(d, a, &lo, &hi);
-    if (hi - lo > kMixedTableBytes) return false;
+    if (hi - lo > kMixedTableBytes) return false;  // (and the product below does not overflow)
     width += hi - lo;
   }
   return width * d.Hq * d.rot.r * 2 * static_cast<I>(sizeof(float)) <= kMixedTableBytes;

@@ -1,6 +1,7 @@
 // Private: rope2d mixed in the decode kernel (attention_decode.cc). Its rotation differs per query
-// head, so the cache holds unrotated keys: the query is rotated once (in double), and each key block
-// is rotated per head from per-axis tables of the call's key positions (MixedKeys).
+// head, so the cache holds unrotated keys: the query is rotated once (in double); per head, each key
+// block is turned by its x angles and the query back by the y angles of a run of keys, from
+// per-axis tables over the call's key positions (MixedKeys).
 #pragma once
 
 #include <cstdint>
