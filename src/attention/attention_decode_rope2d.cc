@@ -13,6 +13,8 @@ namespace {
 
 std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
+constexpr I kPad = 64;  // floats past a table's last row: a vector load there may read past it
+
 // The smallest and one past the largest key position of axis a over every batch row.
 void key_range(const attn::Dims& d, int a, I* lo, I* hi) {
   I l = INT64_MAX, h = INT64_MIN;
@@ -36,7 +38,7 @@ bool mixed_fits(const attn::Dims& d) {
     if (hi - lo > kMixedTableBytes) return false;  // (and the product below does not overflow)
     width += hi - lo;
   }
-  return width * d.Hq * d.rot.r * 2 * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
+  return width * d.Hq * d.rot.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
 }
 
 namespace {
@@ -46,20 +48,17 @@ void fill_axis(const attn::Dims& d, int a, I lo, I w, int threads, MixedData* md
   const rotary::Plan& pl = d.rot;
   const I r = pl.r, half = pl.half, Hq = d.Hq;
   md->lo[a] = lo, md->w[a] = w;
-  md->cs[a].resize(ix(Hq * w * 2 * r));
+  md->cs[a].resize(ix(Hq * w * r + kPad));
   const int th = Hq * w * half > 65536 ? threads : 1;
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
   for (I h = 0; h < Hq; ++h)
     for (I k = 0; k < half; ++k) {
-      I ia = 0, ib = 0;
-      rope::pair(pl.layout, k, r, &ia, &ib);
       const double t = theta(pl, a, h, k), sc = std::cos(t), ss = std::sin(t);
       double c = std::cos(t * static_cast<double>(lo)), s = std::sin(t * static_cast<double>(lo));
       for (I p = 0; p < w; ++p) {
-        float* row = md->cs[a].data() + (h * w + p) * 2 * r;  // c's lanes, then s's
-        row[ia] = row[ib] = static_cast<float>(c);
-        row[r + ia] = static_cast<float>(-s);
-        row[r + ib] = static_cast<float>(s);
+        float* row = md->cs[a].data() + (h * w + p) * r;  // the pairs' cos, then their sin
+        row[k] = static_cast<float>(c);
+        row[half + k] = static_cast<float>(s);
         const double cn = c * sc - s * ss;  // e^{iθ(p + 1)} = e^{iθp}·e^{iθ}
         s = s * sc + c * ss;
         c = cn;
@@ -94,7 +93,7 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
     want[a][1] = hi[a] > khi ? std::max(hi[a], khi + w) : std::max(hi[a], khi);
   }
   const I width = want[0][1] - want[0][0] + want[1][1] - want[1][0];
-  const bool fits = width * d.Hq * pl.r * 2 * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
+  const bool fits = width * d.Hq * pl.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
   for (int a = 0; a < 2; ++a)
     fill_axis(d, a, fits ? want[a][0] : lo[a], fits ? want[a][1] - want[a][0] : hi[a] - lo[a], threads, md.get());
   kept = md;
@@ -104,7 +103,7 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
 MixedKeys MixedData::row(const attn::Dims& d, I b) const {
   MixedKeys mk;
   for (int a = 0; a < 2; ++a) {
-    mk.c[a] = cs[a].data(), mk.s[a] = cs[a].data() + d.rot.r;
+    mk.c[a] = cs[a].data();
     mk.lo[a] = lo[a], mk.w[a] = w[a];
     mk.pos[a] = d.k_ids.data() + (b * 2 + a) * d.N;
   }

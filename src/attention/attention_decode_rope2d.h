@@ -18,7 +18,7 @@ constexpr std::int64_t kMixedTableBytes = std::int64_t{32} << 20;
 
 // Per-axis tables over a range of key positions, and what they were formed for.
 struct MixedData {
-  std::vector<float> cs[2];  // axis a: [Hq, w[a], 2·r], each row's c lanes then its s lanes (MixedKeys)
+  std::vector<float> cs[2];  // axis a: [Hq, w[a], r] and padding, each row the pairs' cos then sin (MixedKeys)
   I lo[2] = {0, 0}, w[2] = {0, 0};
   std::vector<double> freqs;  // the plan's θ [2, Hq, r/2]
   RopeLayout layout = RopeLayout::kInterleaved;

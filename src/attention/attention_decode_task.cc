@@ -248,40 +248,43 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
 }
 
 // rope2d mixed: out [n, D] = keys [j0, j0 + n) (key j at K + (j − j0)·kld) turned by head h's x
-// angles θˣ·x_j: each rotary lane e := k_e·C_e + k_partner(e)·S_e from the x table's row (lane
-// form, MixedKeys: S carries the pair's sign); the lanes past r copied. (The y angles turn the
-// query instead: RotateQueryY.)
-constexpr I kAheadKeys = 4;  // RotateKeys: the key whose table rows are prefetched, ahead of the one turned
+// angles θˣ·x_j, pair by pair, from the x table's row (MixedKeys: cos then sin per pair); the lanes
+// past r copied. (The y angles turn the query instead: RotateQueryY.)
+constexpr I kAheadKeys = 4;  // RotateKeys: the key whose table row is prefetched, ahead of the one turned
 template <class T>
 void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, I kld, I j0, I n, I D,
                 float* HWY_RESTRICT out) {
   const I r = mk.r, half = r / 2;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  HWY_ALIGN std::int32_t dup[hn::MaxLanes(d)];  // lane e reads lane e/2: each pair's cos or sin twice
+  for (I e = 0; e < L; ++e) dup[e] = static_cast<std::int32_t>(e / 2);
+  const auto twice = hn::SetTableIndices(d, dup);
+#endif
   for (I j = 0; j < n; ++j) {
     const T* k = K + j * kld;
     float* o = out + j * D;
-    const I rx = (h * mk.w[0] + mk.pos[0][j0 + j] - mk.lo[0]) * 2 * r;
-    const float *cx = mk.c[0] + rx, *sx = mk.s[0] + rx;
-    if (j + kAheadKeys < n) {  // the table rows of a key ahead (scattered: the prefetchers miss them)
-      const I ra = (h * mk.w[0] + mk.pos[0][j0 + j + kAheadKeys] - mk.lo[0]) * 2 * r + (mk.interleaved ? 0 : half);
-      for (I e = 0; e < (mk.interleaved ? r : half); e += 16) {
-        hwy::Prefetch(mk.c[0] + ra + e);
-        hwy::Prefetch(mk.s[0] + ra + e);
-      }
+    const float* cx = mk.c[0] + (h * mk.w[0] + mk.pos[0][j0 + j] - mk.lo[0]) * r;
+    const float* sx = cx + half;
+    if (j + kAheadKeys < n) {  // the table row of a key ahead (scattered: the prefetchers miss them)
+      const float* ahead = mk.c[0] + (h * mk.w[0] + mk.pos[0][j0 + j + kAheadKeys] - mk.lo[0]) * r;
+      for (I e = 0; e < r; e += 16) hwy::Prefetch(ahead + e);
     }
     I done = 0;  // pairs done
 #if HWY_TARGET != HWY_SCALAR
-    const hn::ScalableTag<float> d;
-    const I L = static_cast<I>(hn::Lanes(d));
-    if (mk.interleaved) {
+    if (mk.interleaved) {  // L/2 pairs a vector: (a, b) := (a·c − b·s, b·c + a·s)
       for (; 2 * done + L <= r; done += L / 2) {
         const I e = 2 * done;
         const auto x = LoadF(d, k + e);
-        hn::StoreU(hn::MulAdd(x, hn::LoadU(d, cx + e), hn::Mul(hn::Shuffle2301(x), hn::LoadU(d, sx + e))), d, o + e);
+        const auto c = hn::TableLookupLanes(hn::LoadU(d, cx + done), twice);
+        const auto sn = hn::TableLookupLanes(hn::LoadU(d, sx + done), twice);
+        hn::StoreU(hn::MulAdd(x, c, hn::Mul(hn::Shuffle2301(x), hn::OddEven(sn, hn::Neg(sn)))), d, o + e);
       }
     } else {
-      for (; done + L <= half; done += L) {  // the pairs' second lanes' cos and sin serve both
+      for (; done + L <= half; done += L) {
         const auto a = LoadF(d, k + done), b = LoadF(d, k + half + done);
-        const auto c = hn::LoadU(d, cx + half + done), sn = hn::LoadU(d, sx + half + done);
+        const auto c = hn::LoadU(d, cx + done), sn = hn::LoadU(d, sx + done);
         hn::StoreU(hn::NegMulAdd(b, sn, hn::Mul(a, c)), d, o + done);
         hn::StoreU(hn::MulAdd(a, sn, hn::Mul(b, c)), d, o + half + done);
       }
@@ -289,7 +292,7 @@ void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, 
 #endif
     for (I p = done; p < half; ++p) {
       const I ia = mk.interleaved ? 2 * p : p, ib = mk.interleaved ? 2 * p + 1 : p + half;
-      const float c = cx[ib], s = sx[ib], a = ToF(k[ia]), b = ToF(k[ib]);
+      const float c = cx[p], s = sx[p], a = ToF(k[ia]), b = ToF(k[ib]);
       o[ia] = a * c - b * s;
       o[ib] = b * c + a * s;
     }
@@ -300,11 +303,12 @@ void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, 
 // rope2d mixed: out [D] = R(−θʸ·y)·q per rotary pair of head h (y's table row; the lanes past r
 // copied), so that out·R(θˣ·x)k = q·R(θˣ·x + θʸ·y)k for every key at y.
 void RotateQueryY(const decode_impl::MixedKeys& mk, I h, I y, const float* HWY_RESTRICT q, I D, float* HWY_RESTRICT out) {
-  const I r = mk.r, half = r / 2, row = (h * mk.w[1] + y - mk.lo[1]) * 2 * r;
-  const float *cy = mk.c[1] + row, *sy = mk.s[1] + row;
+  const I r = mk.r, half = r / 2;
+  const float* cy = mk.c[1] + (h * mk.w[1] + y - mk.lo[1]) * r;
+  const float* sy = cy + half;
   for (I p = 0; p < half; ++p) {
     const I ia = mk.interleaved ? 2 * p : p, ib = mk.interleaved ? 2 * p + 1 : p + half;
-    const float c = cy[ib], s = sy[ib], a = q[ia], b = q[ib];
+    const float c = cy[p], s = sy[p], a = q[ia], b = q[ib];
     out[ia] = a * c + b * s;
     out[ib] = b * c - a * s;
   }

@@ -25,12 +25,11 @@ inline I scratch_floats(I Hkv, I D, I R, I X) {
 }
 
 // rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
-// θʸ·y_j — the key by θˣ·x_j, the query by −θʸ·y_j — from per-axis tables in lane form: row
-// (h, p − lo[a]) of axis a holds, for each of the r rotary lanes, cos(θ·p) in c and ∓sin(θ·p) in s
-// (− on a pair's first lane), θ the lane's pair's; a row's c and s lie together, rows 2·r apart.
+// θʸ·y_j — the key by θˣ·x_j, the query by −θʸ·y_j — from per-axis tables: row (h, p − lo[a]) of
+// axis a holds cos(θ·p) of each of the r/2 pairs, then their sin(θ·p), θ the pair's; rows r apart,
+// the table padded past its last row by a vector's floats.
 struct MixedKeys {
-  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], 2·r] each, c's lanes first
-  const float* s[2] = {nullptr, nullptr};  // c[a] + r
+  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], r] each
   I lo[2] = {0, 0}, w[2] = {0, 0};
   const I* pos[2] = {nullptr, nullptr};  // the batch row's key positions x, y [N]
   I r = 0;                               // rotary dimensions (pairs (2k, 2k + 1) or (k, k + r/2))
