@@ -319,12 +319,10 @@ void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd,
     for (I g = 0; g < G; ++g)
       for (I e = 0; e < D; ++e)
         x[ix((i * G + g) * D + e)] = q.get(((b * M + i) * d.Hq + kh * G + g) * D + e);
-  if (d.rotary && d.rot.per_head()) {
-    decode_impl::rotate_queries_mixed(d, b, kh, &x);
-  } else if (d.rotary) {
+  if (d.rotary) {  // (rope2d mixed's keys, rotated in the task, carry no scale: its plan's a is 1)
     const I A = static_cast<I>(d.q_ids.size()) / (d.B * M);
     const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
-    rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1);
+    rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1, kh * G);
   }
   if (pd.X) return prepare_xl(d, pd, kh, x, Q, Yt);
   if (pd.npos) prepare_cope(d, pd, x, qe);

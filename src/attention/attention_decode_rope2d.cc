@@ -6,8 +6,6 @@
 #include <memory>
 #include <mutex>
 
-#include "enc/rotary/rope/rope_math.h"
-
 namespace posenc::decode_impl {
 namespace {
 
@@ -24,9 +22,6 @@ void key_range(const attn::Dims& d, int a, I* lo, I* hi) {
   }
   *lo = l, *hi = h + 1;
 }
-
-// θ of axis a, head h, pair k.
-double theta(const rotary::Plan& pl, int a, I h, I k) { return pl.mixed[ix((a * pl.heads + h) * pl.half + k)]; }
 
 }  // namespace
 
@@ -53,7 +48,7 @@ void fill_axis(const attn::Dims& d, int a, I lo, I w, int threads, MixedData* md
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
   for (I h = 0; h < Hq; ++h)
     for (I k = 0; k < half; ++k) {
-      const double t = theta(pl, a, h, k), sc = std::cos(t), ss = std::sin(t);
+      const double t = pl.mixed_freq(a, k, h), sc = std::cos(t), ss = std::sin(t);
       double c = std::cos(t * static_cast<double>(lo)), s = std::sin(t * static_cast<double>(lo));
       for (I p = 0; p < w; ++p) {
         float* row = md->cs[a].data() + (h * w + p) * r;  // the pairs' cos, then their sin
@@ -73,8 +68,7 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
   static std::shared_ptr<const MixedData> kept;
   const std::lock_guard<std::mutex> lock(mu);
   const rotary::Plan& pl = d.rot;
-  const bool same = kept && kept->freqs == pl.mixed && kept->layout == pl.layout && kept->r == pl.r &&
-                    kept->Hq == d.Hq;
+  const bool same = kept && kept->freqs == pl.mixed && kept->r == pl.r && kept->Hq == d.Hq;
   I lo[2], hi[2];
   bool covered = same;
   for (int a = 0; a < 2; ++a) {
@@ -83,7 +77,7 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
   }
   if (covered) return kept;
   auto md = std::make_shared<MixedData>();
-  md->freqs = pl.mixed, md->layout = pl.layout, md->r = pl.r, md->Hq = d.Hq;
+  md->freqs = pl.mixed, md->r = pl.r, md->Hq = d.Hq;
   I want[2][2];  // [axis][lo, hi): grown past the kept range by its width on the side that grew
   for (int a = 0; a < 2; ++a) {
     want[a][0] = lo[a], want[a][1] = hi[a];
@@ -110,26 +104,6 @@ MixedKeys MixedData::row(const attn::Dims& d, I b) const {
   mk.r = d.rot.r;
   mk.interleaved = d.rot.layout == RopeLayout::kInterleaved;
   return mk;
-}
-
-void rotate_queries_mixed(const attn::Dims& d, I b, I kh, std::vector<double>* x) {
-  const rotary::Plan& pl = d.rot;
-  const I M = d.M, G = d.G, D = d.D;
-  for (I i = 0; i < M; ++i) {
-    const I p[2] = {d.q_ids[ix((b * 2 + 0) * M + i)], d.q_ids[ix((b * 2 + 1) * M + i)]};
-    for (I g = 0; g < G; ++g) {
-      const I h = kh * G + g;
-      double* row = x->data() + (i * G + g) * D;
-      for (I k = 0; k < pl.half; ++k) {
-        I ia = 0, ib = 0;
-        rope::pair(pl.layout, k, pl.r, &ia, &ib);
-        const double phi = pl.angle(p, k, h), a2 = pl.scale(p[0], k, +1) * pl.factor;
-        const double c = a2 * std::cos(phi), s = a2 * std::sin(phi), xa = row[ia], xb = row[ib];
-        row[ia] = xa * c - xb * s;
-        row[ib] = xa * s + xb * c;
-      }
-    }
-  }
 }
 
 }  // namespace posenc::decode_impl

@@ -454,7 +454,7 @@ namespace rotary {
 // ---- the reference ------------------------------------------------------------------------------
 
 void rotate_ref(const Plan& pl, std::vector<double>* x, I B, I L, I H, I D, const std::vector<I>& ids, int dir,
-                int role) {
+                int role, I h0) {
   const I A = pl.axes, half = pl.half;
   I p[3] = {0, 0, 0};
   std::vector<double> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half));
@@ -470,7 +470,7 @@ void rotate_ref(const Plan& pl, std::vector<double>* x, I B, I L, I H, I D, cons
       for (I a = 0; a < A; ++a) p[a] = ids[static_cast<std::size_t>((b * A + a) * L + l)];
       if (!pl.per_head()) trig(0);
       for (I h = 0; h < H; ++h) {
-        if (pl.per_head()) trig(h);
+        if (pl.per_head()) trig(h0 + h);
         double* row = x->data() + ((b * L + l) * H + h) * D;
         for (I k = 0; k < half; ++k) {
           I ia = 0, ib = 0;

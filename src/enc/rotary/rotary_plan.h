@@ -39,11 +39,11 @@ struct Plan {
   bool per_head() const { return kind == Kind::kMixed; }
   bool scaled() const { return kind == Kind::kXpos; }
 
+  // Mixed: θ of position component a (0: x, 1: y), pair k, head h.
+  double mixed_freq(int a, I k, I h) const { return mixed[static_cast<std::size_t>((a * heads + h) * half + k)]; }
   // φ of pair k for a token whose position components are p[0 .. axes − 1]; h: the head (mixed).
   double angle(const I* p, I k, I h) const {
-    if (kind == Kind::kMixed)
-      return rope2d::mixed_angle(p[0], p[1], mixed[static_cast<std::size_t>(h * half + k)],
-                                 mixed[static_cast<std::size_t>((heads + h) * half + k)]);
+    if (kind == Kind::kMixed) return rope2d::mixed_angle(p[0], p[1], mixed_freq(0, k, h), mixed_freq(1, k, h));
     return f.angle(p[axis[static_cast<std::size_t>(k)]], rung[static_cast<std::size_t>(k)]);
   }
   // a·ρ of pair k at 1D position m (p[0]); role +1 query, −1 key (xpos only).
@@ -95,9 +95,10 @@ inline int role_sign(XposRole r) { return r == XposRole::kKey ? -1 : 1; }
 
 // ---- the plain reference: double, scalar ----------------------------------------------------------
 // x [B, L, H, D] (contiguous doubles) := a·ρ·R(dir·φ)·x per token and pair; ids [B, axes, L]; role
-// +1 query / −1 key (xpos). dir = −1 is the transpose (the backward).
+// +1 query / −1 key (xpos). dir = −1 is the transpose (the backward). x's heads are heads h0 … h0 +
+// H − 1 of the plan's (mixed: its per-head frequencies).
 void rotate_ref(const Plan& pl, std::vector<double>* x, I B, I L, I H, I D, const std::vector<I>& ids,
-                int dir, int role);
+                int dir, int role, I h0 = 0);
 // Mixed: dfreqs [2, heads, half] += Σ over tokens of (x, y)·∂L/∂φ, from the forward's output y and
 // its upstream gradient g (both [B, L, H, D] doubles).
 void mixed_freq_grad_ref(const Plan& pl, const std::vector<double>& y, const std::vector<double>& g, I B, I L,
