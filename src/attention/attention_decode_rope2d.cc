@@ -23,6 +23,11 @@ void key_range(const attn::Dims& d, int a, I* lo, I* hi) {
   *lo = l, *hi = h + 1;
 }
 
+// Whether tables over `width` x and y values in all take at most kMixedTableBytes.
+bool within_budget(const attn::Dims& d, I width) {
+  return width * d.Hq * d.rot.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
+}
+
 }  // namespace
 
 bool mixed_fits(const attn::Dims& d) {
@@ -30,10 +35,10 @@ bool mixed_fits(const attn::Dims& d) {
   for (int a = 0; a < 2; ++a) {
     I lo = 0, hi = 0;
     key_range(d, a, &lo, &hi);
-    if (hi - lo > kMixedTableBytes) return false;  // (and the product below does not overflow)
+    if (hi - lo > kMixedTableBytes) return false;  // (and within_budget's product does not overflow)
     width += hi - lo;
   }
-  return width * d.Hq * d.rot.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
+  return within_budget(d, width);
 }
 
 namespace {
@@ -87,7 +92,7 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
     want[a][1] = hi[a] > khi ? std::max(hi[a], khi + w) : std::max(hi[a], khi);
   }
   const I width = want[0][1] - want[0][0] + want[1][1] - want[1][0];
-  const bool fits = width * d.Hq * pl.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
+  const bool fits = within_budget(d, width);
   for (int a = 0; a < 2; ++a)
     fill_axis(d, a, fits ? want[a][0] : lo[a], fits ? want[a][1] - want[a][0] : hi[a] - lo[a], threads, md.get());
   kept = md;
