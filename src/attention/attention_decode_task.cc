@@ -19,6 +19,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include "attention/attention_decode_kernels-inl.h"
+#include "attention/attention_decode_rope2d-inl.h"
 #include "enc/contextual/cope/cope_simd-inl.h"
 #include "core/simd-inl.h"
 
@@ -247,74 +248,6 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
   for (; j < n; ++j) x[j] *= c;
 }
 
-// rope2d mixed: out [n, D] = keys [j0, j0 + n) (key j at K + (j − j0)·kld) turned by head h's x
-// angles θˣ·x_j, pair by pair, from the x table's row (MixedKeys: cos then sin per pair); the lanes
-// past r copied. (The y angles turn the query instead: RotateQueryY.)
-constexpr I kAheadKeys = 4;  // RotateKeys: the key whose table row is prefetched, ahead of the one turned
-template <class T>
-void RotateKeys(const decode_impl::MixedKeys& mk, I h, const T* HWY_RESTRICT K, I kld, I j0, I n, I D,
-                float* HWY_RESTRICT out) {
-  const I r = mk.r, half = r / 2;
-#if HWY_TARGET != HWY_SCALAR
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));
-  HWY_ALIGN std::int32_t dup[hn::MaxLanes(d)];  // lane e reads lane e/2: each pair's cos or sin twice
-  for (I e = 0; e < L; ++e) dup[e] = static_cast<std::int32_t>(e / 2);
-  const auto twice = hn::SetTableIndices(d, dup);
-#endif
-  for (I j = 0; j < n; ++j) {
-    const T* k = K + j * kld;
-    float* o = out + j * D;
-    const float* cx = mk.c[0] + (h * mk.w[0] + mk.pos[0][j0 + j] - mk.lo[0]) * r;
-    const float* sx = cx + half;
-    if (j + kAheadKeys < n) {  // the table row of a key ahead (scattered: the prefetchers miss them)
-      const float* ahead = mk.c[0] + (h * mk.w[0] + mk.pos[0][j0 + j + kAheadKeys] - mk.lo[0]) * r;
-      for (I e = 0; e < r; e += 16) hwy::Prefetch(ahead + e);
-    }
-    I done = 0;  // pairs done
-#if HWY_TARGET != HWY_SCALAR
-    if (mk.interleaved) {  // L/2 pairs a vector: (a, b) := (a·c − b·s, b·c + a·s)
-      for (; 2 * done + L <= r; done += L / 2) {
-        const I e = 2 * done;
-        const auto x = LoadF(d, k + e);
-        const auto c = hn::TableLookupLanes(hn::LoadU(d, cx + done), twice);
-        const auto sn = hn::TableLookupLanes(hn::LoadU(d, sx + done), twice);
-        hn::StoreU(hn::MulAdd(x, c, hn::Mul(hn::Shuffle2301(x), hn::OddEven(sn, hn::Neg(sn)))), d, o + e);
-      }
-    } else {
-      for (; done + L <= half; done += L) {
-        const auto a = LoadF(d, k + done), b = LoadF(d, k + half + done);
-        const auto c = hn::LoadU(d, cx + done), sn = hn::LoadU(d, sx + done);
-        hn::StoreU(hn::NegMulAdd(b, sn, hn::Mul(a, c)), d, o + done);
-        hn::StoreU(hn::MulAdd(a, sn, hn::Mul(b, c)), d, o + half + done);
-      }
-    }
-#endif
-    for (I p = done; p < half; ++p) {
-      const I ia = mk.interleaved ? 2 * p : p, ib = mk.interleaved ? 2 * p + 1 : p + half;
-      const float c = cx[p], s = sx[p], a = ToF(k[ia]), b = ToF(k[ib]);
-      o[ia] = a * c - b * s;
-      o[ib] = b * c + a * s;
-    }
-    for (I e = r; e < D; ++e) o[e] = ToF(k[e]);
-  }
-}
-
-// rope2d mixed: out [D] = R(−θʸ·y)·q per rotary pair of head h (y's table row; the lanes past r
-// copied), so that out·R(θˣ·x)k = q·R(θˣ·x + θʸ·y)k for every key at y.
-void RotateQueryY(const decode_impl::MixedKeys& mk, I h, I y, const float* HWY_RESTRICT q, I D, float* HWY_RESTRICT out) {
-  const I r = mk.r, half = r / 2;
-  const float* cy = mk.c[1] + (h * mk.w[1] + y - mk.lo[1]) * r;
-  const float* sy = cy + half;
-  for (I p = 0; p < half; ++p) {
-    const I ia = mk.interleaved ? 2 * p : p, ib = mk.interleaved ? 2 * p + 1 : p + half;
-    const float c = cy[p], s = sy[p], a = q[ia], b = q[ib];
-    out[ia] = a * c + b * s;
-    out[ib] = b * c - a * s;
-  }
-  std::copy(q + r, q + D, out + r);
-}
-
 // The next block's K and V rows, every kv head, prefetched in memory order (the order the hardware
 // prefetchers follow), a few cache lines per call, so that the loads of the cache overlap the work
 // on the current block.
@@ -355,6 +288,17 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
                           float* HWY_RESTRICT S, I lds, Ahead& ahead) {
   for (I j = 0; j < n; j += 4) {
     decode_kernels::Logits4<NR>(Q, ldq, K + j * kld, kld, std::min<I>(4, n - j), D, S + j, lds);
+    ahead.Next();
+  }
+}
+
+// rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·x)K_j for NR rows (turned by the keys' y) and keys
+// [j0, j0 + n) (K_j = K + j·kld), head h: four keys at a time, each four one step of the prefetch.
+template <int NR, class T>
+HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, const T* HWY_RESTRICT K,
+                               I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds, Ahead& ahead) {
+  for (I j = 0; j < n; j += 4) {
+    decode_rope2d::MixedLogits4<NR>(mk, h, Q, D, K + (j0 + j) * kld, kld, j0 + j, std::min<I>(4, n - j), D, S + j, lds);
     ahead.Next();
   }
 }
@@ -407,10 +351,9 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   float* S = scratch;        // [R, nb]
   float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
   float* gb = act + R;       // cope: [nb], a row's gates
-  float* kr = gb + nb;       // rope2d mixed: [nb, D], the block's keys turned for one head, and
-  float* qy = kr + nb * D;   // [D], a query row turned by the y of a run of keys
+  float* qy = gb + nb;       // rope2d mixed: [M, D], a head's rows turned by the y of a run of keys
   const I X = t.X, nt = decode_impl::xl_table_keys(nb);
-  float* ctab = qy + D;      // xl: [nt, X], the sinusoids of keys [t0, t1)
+  float* ctab = qy + R * D;      // xl: [nt, X], the sinusoids of keys [t0, t1)
   float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
   float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [nt, H·R], the same as the product gives them
   I t0 = 0, t1 = 0;
@@ -457,18 +400,18 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
           if (lo[r + x * t.M] != lo[r] || hi[r + x * t.M] != hi[r]) return false;
         return true;
       };
-      if (t.mixed) {  // each head its own rotation of the keys, shared by its M rows
+      if (t.mixed) {  // per head: its M rows turned by the y of each run of keys sharing it
+        const I* ys = t.mixed->pos[1];
         for (I g = 0; g < t.G; ++g) {
           const I h = kh * t.G + g;
-          RotateKeys(*t.mixed, h, Kh + a * t.kld, t.kld, a, e - a, D, kr);
-          for (I i = 0; i < t.M; ++i) {
-            const I r = g * t.M + i, ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
-            const I* ys = t.mixed->pos[1];
-            for (I j = ra, jn = ra; j < re; j = jn) {  // runs of keys sharing their y
-              while (jn < re && ys[jn] == ys[j]) ++jn;
-              RotateQueryY(*t.mixed, h, ys[j], Q + r * D, D, qy);
-              LogitRows<1>(qy, D, kr + (j - a) * D, D, jn - j, D, S + r * nb + (j - a), nb, ahead);
-            }
+          for (I j = a, jn = a; j < e; j = jn) {
+            while (jn < e && ys[jn] == ys[j]) ++jn;
+            for (I i = 0; i < t.M; ++i) decode_rope2d::RotateQueryY(*t.mixed, h, ys[j], Q + (g * t.M + i) * D, D, qy + i * D);
+            I i = 0;
+            for (; i + kRows <= t.M; i += kRows)
+              MixedLogitRows<kRows>(*t.mixed, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
+            for (; i < t.M; ++i)
+              MixedLogitRows<1>(*t.mixed, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
           }
         }
       }

@@ -16,16 +16,16 @@ using I = std::int64_t;
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
 // xl: keys per refill of a task's sinusoid table (at least a block's).
 inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
-// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope), a block's keys
-// turned for one head [nb, D] and a query row [D] (rope2d mixed); xl: the keys' sinusoids [nt, X] and their position
-// terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
+// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope), query rows
+// turned [R, D] (rope2d mixed); xl: the keys' sinusoids [nt, X] and their position terms
+// [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
 inline I scratch_floats(I Hkv, I D, I R, I X) {
   const I nb = block_keys(Hkv, D);
-  return nb * R + R + nb + nb * D + D + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+  return nb * R + R + nb + R * D + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
 }
 
 // rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
-// θʸ·y_j — the key by θˣ·x_j, the query by −θʸ·y_j — from per-axis tables: row (h, p − lo[a]) of
+// θʸ·y_j — the key by θˣ·x_j, the query by −θʸ·y_j (attention_decode_rope2d-inl.h) — from per-axis tables: row (h, p − lo[a]) of
 // axis a holds cos(θ·p) of each of the r/2 pairs, then their sin(θ·p), θ the pair's; rows r apart,
 // the table padded past its last row by a vector's floats.
 struct MixedKeys {
