@@ -23,43 +23,48 @@ void key_range(const attn::Dims& d, int a, I* lo, I* hi) {
   *lo = l, *hi = h + 1;
 }
 
-// Whether tables over `width` x and y values in all take at most kMixedTableBytes.
-bool within_budget(const attn::Dims& d, I width) {
-  return width * d.Hq * d.rot.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
+constexpr I kLow = MixedKeys::kLow;
+
+// Rows of the table of axis a over w positions: x's in steps of kLow.
+I rows(int a, I w) { return a == 0 ? (w + kLow - 1) / kLow : w; }
+
+// Whether the tables over wx x and wy y positions take at most kMixedTableBytes.
+bool within_budget(const attn::Dims& d, I wx, I wy) {
+  return (kLow + rows(0, wx) + rows(1, wy)) * d.Hq * d.rot.r * static_cast<I>(sizeof(float)) <= kMixedTableBytes;
 }
 
 }  // namespace
 
 bool mixed_fits(const attn::Dims& d) {
-  I width = 0;
+  I w[2];
   for (int a = 0; a < 2; ++a) {
     I lo = 0, hi = 0;
     key_range(d, a, &lo, &hi);
     if (hi - lo > kMixedTableBytes) return false;  // (and within_budget's product does not overflow)
-    width += hi - lo;
+    w[a] = hi - lo;
   }
-  return within_budget(d, width);
+  return within_budget(d, w[0], w[1]);
 }
 
 namespace {
 
-// Fills axis a of md over [lo, lo + w).
-void fill_axis(const attn::Dims& d, int a, I lo, I w, int threads, MixedData* md) {
+// tab [Hq, n, r] and padding: row (h, p) at angle θ·(start + step·p), θ axis a's.
+void fill_rows(const attn::Dims& d, int a, I start, I step, I n, int threads, std::vector<float>* tab) {
   const rotary::Plan& pl = d.rot;
   const I r = pl.r, half = pl.half, Hq = d.Hq;
-  md->lo[a] = lo, md->w[a] = w;
-  md->cs[a].resize(ix(Hq * w * r + kPad));
-  const int th = Hq * w * half > 65536 ? threads : 1;
+  tab->resize(ix(Hq * n * r + kPad));
+  const int th = Hq * n * half > 65536 ? threads : 1;
 #pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
   for (I h = 0; h < Hq; ++h)
     for (I k = 0; k < half; ++k) {
-      const double t = pl.mixed_freq(a, k, h), sc = std::cos(t), ss = std::sin(t);
-      double c = std::cos(t * static_cast<double>(lo)), s = std::sin(t * static_cast<double>(lo));
-      for (I p = 0; p < w; ++p) {
-        float* row = md->cs[a].data() + (h * w + p) * r;  // the pairs' cos, then their sin
+      const double t = pl.mixed_freq(a, k, h), ts = t * static_cast<double>(step);
+      const double sc = std::cos(ts), ss = std::sin(ts);
+      double c = std::cos(t * static_cast<double>(start)), s = std::sin(t * static_cast<double>(start));
+      for (I p = 0; p < n; ++p) {
+        float* row = tab->data() + (h * n + p) * r;  // the pairs' cos, then their sin
         row[k] = static_cast<float>(c);
         row[half + k] = static_cast<float>(s);
-        const double cn = c * sc - s * ss;  // e^{iθ(p + 1)} = e^{iθp}·e^{iθ}
+        const double cn = c * sc - s * ss;  // e^{iθ(α + step)} = e^{iθα}·e^{iθ·step}
         s = s * sc + c * ss;
         c = cn;
       }
@@ -91,19 +96,24 @@ std::shared_ptr<const MixedData> mixed_tables(const attn::Dims& d, int threads) 
     want[a][0] = lo[a] < klo ? std::min(lo[a], klo - w) : std::min(lo[a], klo);
     want[a][1] = hi[a] > khi ? std::max(hi[a], khi + w) : std::max(hi[a], khi);
   }
-  const I width = want[0][1] - want[0][0] + want[1][1] - want[1][0];
-  const bool fits = within_budget(d, width);
-  for (int a = 0; a < 2; ++a)
-    fill_axis(d, a, fits ? want[a][0] : lo[a], fits ? want[a][1] - want[a][0] : hi[a] - lo[a], threads, md.get());
+  const bool fits = within_budget(d, want[0][1] - want[0][0], want[1][1] - want[1][0]);
+  for (int a = 0; a < 2; ++a) {
+    md->lo[a] = fits ? want[a][0] : lo[a];
+    md->w[a] = fits ? want[a][1] - want[a][0] : hi[a] - lo[a];
+    fill_rows(d, a, md->lo[a], a == 0 ? kLow : 1, rows(a, md->w[a]), threads, &md->cs[a]);
+  }
+  if (same) md->low = kept->low;
+  else fill_rows(d, 0, 0, 1, kLow, threads, &md->low);
   kept = md;
   return kept;
 }
 
 MixedKeys MixedData::row(const attn::Dims& d, I b) const {
   MixedKeys mk;
+  mk.low = low.data();
   for (int a = 0; a < 2; ++a) {
     mk.c[a] = cs[a].data();
-    mk.lo[a] = lo[a], mk.w[a] = w[a];
+    mk.lo[a] = lo[a], mk.w[a] = rows(a, w[a]);
     mk.pos[a] = d.k_ids.data() + (b * 2 + a) * d.N;
   }
   mk.r = d.rot.r;

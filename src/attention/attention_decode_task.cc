@@ -292,7 +292,7 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
   }
 }
 
-// rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·x)K_j for NR rows (turned by the keys' y) and keys
+// rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows (turned back by the rest) and keys
 // [j0, j0 + n) (K_j = K + j·kld), head h: four keys at a time, each four one step of the prefetch.
 template <int NR, class T>
 HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, const T* HWY_RESTRICT K,
@@ -400,18 +400,20 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
           if (lo[r + x * t.M] != lo[r] || hi[r + x * t.M] != hi[r]) return false;
         return true;
       };
-      if (t.mixed) {  // per head: its M rows turned by the y of each run of keys sharing it
-        const I* ys = t.mixed->pos[1];
+      if (t.mixed) {  // per head: its M rows turned back per run of keys sharing y and x's high part
+        const decode_impl::MixedKeys& mk = *t.mixed;
+        const auto high = [&](I j) { return (mk.pos[0][j] - mk.lo[0]) >> mk.kLowBits; };
         for (I g = 0; g < t.G; ++g) {
           const I h = kh * t.G + g;
           for (I j = a, jn = a; j < e; j = jn) {
-            while (jn < e && ys[jn] == ys[j]) ++jn;
-            for (I i = 0; i < t.M; ++i) decode_rope2d::RotateQueryY(*t.mixed, h, ys[j], Q + (g * t.M + i) * D, D, qy + i * D);
+            const I y = mk.pos[1][j], u = high(j);
+            while (jn < e && mk.pos[1][jn] == y && high(jn) == u) ++jn;
+            for (I i = 0; i < t.M; ++i) decode_rope2d::RotateQuery(mk, h, y, u, Q + (g * t.M + i) * D, D, qy + i * D);
             I i = 0;
             for (; i + kRows <= t.M; i += kRows)
-              MixedLogitRows<kRows>(*t.mixed, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
+              MixedLogitRows<kRows>(mk, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
             for (; i < t.M; ++i)
-              MixedLogitRows<1>(*t.mixed, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
+              MixedLogitRows<1>(mk, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
           }
         }
       }

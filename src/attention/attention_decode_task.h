@@ -25,11 +25,14 @@ inline I scratch_floats(I Hkv, I D, I R, I X) {
 }
 
 // rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
-// θʸ·y_j — the key by θˣ·x_j, the query by −θʸ·y_j (attention_decode_rope2d-inl.h) — from per-axis tables: row (h, p − lo[a]) of
-// axis a holds cos(θ·p) of each of the r/2 pairs, then their sin(θ·p), θ the pair's; rows r apart,
-// the table padded past its last row by a vector's floats.
+// θʸ·y_j. With x_j − lo[0] = kLow·u + t (t < kLow), the key is turned by θˣ·t and the query back by
+// θʸ·y_j + θˣ·(lo[0] + kLow·u) (attention_decode_rope2d-inl.h), from tables whose rows hold
+// cos(α) of each of the r/2 pairs, then their sin(α), α the row's angle times the pair's θ; rows r
+// apart, each table padded past its last row by a vector's floats.
 struct MixedKeys {
-  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], r] each
+  static constexpr I kLowBits = 4, kLow = I{1} << kLowBits;
+  const float* low = nullptr;              // [Hq, kLow, r]: row (h, t) at angle t, θˣ
+  const float* c[2] = {nullptr, nullptr};  // [Hq, w[a], r]: x: row (h, u) at lo[0] + kLow·u; y: row (h, y − lo[1])
   I lo[2] = {0, 0}, w[2] = {0, 0};
   const I* pos[2] = {nullptr, nullptr};  // the batch row's key positions x, y [N]
   I r = 0;                               // rotary dimensions (pairs (2k, 2k + 1) or (k, k + r/2))
