@@ -260,7 +260,7 @@ class Ahead {
   void Start(I j, I j1, I calls) {
     j_ = j, j1_ = j1, kh_ = 0, off_ = 0;
     const I lines = std::max<I>(j1 - j, 0) * H_ * ((row_ + 63) / 64);
-    per_ = (lines + calls - 1) / std::max<I>(calls, 1);
+    per_ = calls > 0 ? (lines + calls - 1) / calls : 0;
   }
   void Next() { Lines(per_); }
   void Rest() { Lines(I{1} << 62); }
@@ -384,8 +384,11 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
         t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
       }
     }
-    if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, H * ((e - a + 3) / 4));
-    else ahead.Start(c1, std::min(t.j1, c1 + nb), H * ((e - a + 3) / 4));
+    // (rope2d mixed: all at the block's end, ahead.Rest(). Its G passes over a kv head's keys reread
+    // their K rows and the low table from the L1 cache, which the next block's lines would evict.)
+    const I calls = t.mixed ? 0 : H * ((e - a + 3) / 4);
+    if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls);
+    else ahead.Start(c1, std::min(t.j1, c1 + nb), calls);
     for (I kh = 0; kh < H; ++kh) {
       const I* lo = t.lo + kh * R;
       const I* hi = t.hi + kh * R;
