@@ -292,13 +292,18 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
   }
 }
 
-// rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows (turned back by the rest) and keys
-// [j0, j0 + n) (K_j = K + j·kld), head h: four keys at a time, each four one step of the prefetch.
-template <int NR, class T>
-HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, const T* HWY_RESTRICT K,
-                               I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds, Ahead& ahead) {
+// rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows Q_i = Q + i·ldq (turned back by the
+// rest) and keys [j0, j0 + n) (K_j = K + j·kld), row i head h's (kHeads: head h + i's): four keys at
+// a time, each four one step of the prefetch.
+template <int NR, bool kHeads, class T>
+HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
+                               const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds,
+                               Ahead& ahead) {
   for (I j = 0; j < n; j += 4) {
-    decode_rope2d::MixedLogits4<NR>(mk, h, Q, D, K + (j0 + j) * kld, kld, j0 + j, std::min<I>(4, n - j), D, S + j, lds);
+    const T* Kj = K + (j0 + j) * kld;
+    const I nk = std::min<I>(4, n - j);
+    if (mk.interleaved) decode_rope2d::MixedLogits4<NR, kHeads, true>(mk, h, Q, ldq, Kj, kld, j0 + j, nk, D, S + j, lds);
+    else decode_rope2d::MixedLogits4<NR, kHeads, false>(mk, h, Q, ldq, Kj, kld, j0 + j, nk, D, S + j, lds);
     ahead.Next();
   }
 }
@@ -403,20 +408,34 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
           if (lo[r + x * t.M] != lo[r] || hi[r + x * t.M] != hi[r]) return false;
         return true;
       };
-      if (t.mixed) {  // per head: its M rows turned back per run of keys sharing y and x's high part
+      if (t.mixed) {  // per run of keys sharing y and x's high part: every row turned back by them
         const decode_impl::MixedKeys& mk = *t.mixed;
         const auto high = [&](I j) { return (mk.pos[0][j] - mk.lo[0]) >> mk.kLowBits; };
-        for (I g = 0; g < t.G; ++g) {
-          const I h = kh * t.G + g;
-          for (I j = a, jn = a; j < e; j = jn) {
-            const I y = mk.pos[1][j], u = high(j);
-            while (jn < e && mk.pos[1][jn] == y && high(jn) == u) ++jn;
-            for (I i = 0; i < t.M; ++i) decode_rope2d::RotateQuery(mk, h, y, u, Q + (g * t.M + i) * D, D, qy + i * D);
-            I i = 0;
-            for (; i + kRows <= t.M; i += kRows)
-              MixedLogitRows<kRows>(mk, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
-            for (; i < t.M; ++i)
-              MixedLogitRows<1>(mk, h, qy + i * D, Kh, t.kld, j, jn - j, D, S + (g * t.M + i) * nb + (j - a), nb, ahead);
+        for (I j = a, jn = a; j < e; j = jn) {
+          const I y = mk.pos[1][j], u = high(j);
+          while (jn < e && mk.pos[1][jn] == y && high(jn) == u) ++jn;
+          for (I r = 0; r < R; ++r) decode_rope2d::RotateQuery(mk, kh * t.G + r / t.M, y, u, Q + r * D, D, qy + r * D);
+          float* Sj = S + (j - a);
+          const T* Kj = Kh;
+          if (t.M < kRows) {  // kRows heads' rows of query i at a time, each reading the keys once
+            for (I i = 0; i < t.M; ++i) {
+              I g = 0;
+              for (; g + kRows <= t.G; g += kRows)
+                MixedLogitRows<kRows, true>(mk, kh * t.G + g, qy + (g * t.M + i) * D, t.M * D, Kj, t.kld, j, jn - j, D,
+                                            Sj + (g * t.M + i) * nb, t.M * nb, ahead);
+              for (; g < t.G; ++g)
+                MixedLogitRows<1, false>(mk, kh * t.G + g, qy + (g * t.M + i) * D, D, Kj, t.kld, j, jn - j, D,
+                                         Sj + (g * t.M + i) * nb, nb, ahead);
+            }
+          } else {  // kRows rows of one head at a time, each key turned once for them
+            for (I g = 0; g < t.G; ++g) {
+              const I r0 = g * t.M, h = kh * t.G + g;
+              I i = 0;
+              for (; i + kRows <= t.M; i += kRows)
+                MixedLogitRows<kRows, false>(mk, h, qy + (r0 + i) * D, D, Kj, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb, ahead);
+              for (; i < t.M; ++i)
+                MixedLogitRows<1, false>(mk, h, qy + (r0 + i) * D, D, Kj, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb, ahead);
+            }
           }
         }
       }
