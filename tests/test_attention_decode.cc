@@ -215,23 +215,30 @@ INSTANTIATE_TEST_SUITE_P(Decode, Decode, ::testing::ValuesIn(variants()),
                          [](const ::testing::TestParamInfo<Variant>& i) { return i.param.name; });
 
 // Every SIMD target compiled and supported here, one case per encoding and dtype (D = 94: on every
-// target the kernel's widest register blocks over D, a single vector and a tail).
+// target the kernel's widest register blocks over D, a single vector and a tail); rope2d mixed also
+// with one query row and G = 6 (its heads taken several at a time, then one by one).
 TEST(DecodeTargets, EveryTargetMatchesReference) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     for (const Variant& var : variants())
-      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) check(var, dt, 2, 4, 2, true, 301, 2, 7, 94);
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        check(var, dt, 2, 4, 2, true, 301, 2, 7, 94);
+        if (var.enc == Encoding::kRope2d) check(var, dt, 1, 12, 2, false, 301, 1, 9, 94);
+      }
   }
   hwy::SetSupportedTargetsForTest(0);
 }
 
 // Query-head groups that the kernel's row blocks do not divide (G = 1, 3, 6; nonsymmetric ALiBi's
 // halves also split a group) and wide heads (D = 150: two 64-wide blocks, a vector and a tail on
-// AVX-512), every dtype, M = 1 and 5, causal or not.
+// AVX-512; rope2d mixed: rotary pairs in vectors and a tail, lanes past r), every dtype, M = 1 and
+// 5, causal or not.
 TEST(DecodeShapes, HeadGroupsAndWideHeads) {
   std::uint64_t seed = 900;
-  for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"alibi_nonsymmetric", Encoding::kAlibi}})
+  for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"alibi_nonsymmetric", Encoding::kAlibi},
+                             Variant{"rope2d_mixed_half", Encoding::kRope2d},
+                             Variant{"rope2d_mixed_interleaved_partial", Encoding::kRope2d}})
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
       for (auto [Hq, Hkv] : {std::pair<I, I>{2, 2}, {6, 2}, {6, 1}})
         for (I M : {1, 5})
