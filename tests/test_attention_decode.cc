@@ -15,6 +15,7 @@
 // Tolerances as tests/test_attention_fast.cc's: |got − want| ≤ atol·max|want| + rtol·|want|.
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -289,6 +290,41 @@ TEST(DecodeRope2dMixed, KeptTablesFollowThePositions) {
                                              testing::V(v64, {B, N, Hkv, D}), t, testing::V(want, {B, M, Hq, D})).ok());
     EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want, 2e-6 * amax(want), 2e-5));
   }
+}
+
+// rope2d mixed with keys in no order (x and y drawn at random, so that runs sharing y and x's high
+// part are short and y comes back), both layouts, one and three query rows, against the reference.
+TEST(DecodeRope2dMixed, ScatteredPositions) {
+  const I B = 1, Hq = 8, Hkv = 2, D = 40, N = 400;
+  std::mt19937_64 rng(5);
+  std::vector<std::int64_t> kp(ix(2 * N));
+  for (I j = 0; j < N; ++j) kp[ix(j)] = static_cast<std::int64_t>(rng() % 70), kp[ix(N + j)] = static_cast<std::int64_t>(rng() % 9);
+  for (RopeLayout layout : {RopeLayout::kHalf, RopeLayout::kInterleaved})
+    for (I M : {1, 3}) {
+      SCOPED_TRACE(std::string(layout == RopeLayout::kHalf ? "half" : "interleaved") + " M=" + std::to_string(M));
+      AttentionParams p;
+      p.encoding = Encoding::kRope2d;
+      p.rope2d.variant = Rope2dVariant::kMixed;
+      p.rope2d.rope.layout = layout;
+      p.rope2d.rope.rotary_dim = layout == RopeLayout::kHalf ? D : 36;
+      const I r = p.rope2d.rope.rotary_dim;
+      Vec f = randn(ix(2 * Hq * r / 2), 41, 0.7);
+      std::vector<float> q = testing::to_float(randn(ix(M * Hq * D), 42)), k = testing::to_float(randn(ix(N * Hkv * D), 43)),
+                         v = testing::to_float(randn(ix(N * Hkv * D), 44)), out(q.size());
+      std::vector<std::int64_t> qp(ix(2 * M));
+      for (I i = 0; i < M; ++i) qp[ix(i)] = 30 + i, qp[ix(M + i)] = 4;
+      EncodingTensors t;
+      t.freqs = View::contiguous(f.data(), DType::kF64, {2, Hq, r / 2});
+      t.q_positions = View::contiguous(qp.data(), DType::kI64, {2, M});
+      t.k_positions = View::contiguous(kp.data(), DType::kI64, {2, N});
+      const View qv = testing::V(q, {B, M, Hq, D}), kv = testing::V(k, {B, N, Hkv, D}), vv = testing::V(v, {B, N, Hkv, D});
+      const Status sd = decode::attention_forward(p, qv, kv, vv, t, testing::V(out, {B, M, Hq, D}));
+      ASSERT_TRUE(sd.ok()) << sd.message();
+      std::vector<double> q64(q.begin(), q.end()), k64(k.begin(), k.end()), v64(v.begin(), v.end()), want(q.size());
+      ASSERT_TRUE(reference::attention_forward(p, testing::V(q64, {B, M, Hq, D}), testing::V(k64, {B, N, Hkv, D}),
+                                               testing::V(v64, {B, N, Hkv, D}), t, testing::V(want, {B, M, Hq, D})).ok());
+      EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want, 2e-6 * amax(want), 2e-5));
+    }
 }
 
 // keys_rotated: a cache rotated by rope_forward at the keys' positions, with q rotated by the call,

@@ -408,7 +408,7 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
-    std::vector<float> scratch(ix(decode_impl::scratch_floats(Hkv, D, R, X))), Q(ix(HR * D)), Yt(ix(HR * X));
+    std::vector<float> scratch(ix(decode_impl::scratch_floats(Hkv, D, R, X, mixed))), Q(ix(HR * D)), Yt(ix(HR * X));
     std::vector<float> qe(ix(HR * ncol)), mine(P > 1 ? 0 : ix(per));
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {

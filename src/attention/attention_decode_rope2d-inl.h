@@ -1,6 +1,7 @@
 // rope2d mixed in the decode task, per Highway target (re-included through foreach_target.h by
 // attention_decode_task.cc): with x = lo + kLow·u + t, q·R(θˣx + θʸy)k = (R(−θʸy − θˣ(lo + kLow·u))q)·
-// (R(θˣt)k): the query turned back once per run of keys sharing y and u (RotateQuery), each key
+// (R(θˣt)k): the query turned back by θʸy when y changes and by the rest once per run of keys
+// sharing y and u (TurnBackY, TurnBackX), each key
 // turned by θˣt in registers, four keys at a time, and dotted with the turned rows (MixedLogits4);
 // for one query row per head, the G heads' rows at once, so that each key is read once.
 // The turned keys are never stored, and their table (kLow rows a head) stays in the L1 cache.
@@ -73,21 +74,26 @@ HWY_INLINE void TurnBack(const float* HWY_RESTRICT cs, I r, const float* q, floa
   }
 }
 
-// out [D] = q turned back by head h's θʸ·y + θˣ·(lo[0] + kLow·u), its rotary lanes in the half
-// layout (the lanes past r copied), so that out·R(θˣt)k = q·R(θˣx + θʸy)k for every key at y and
-// x = lo[0] + kLow·u + t.
-HWY_INLINE void RotateQuery(const MixedKeys& mk, I h, I y, I u, const float* HWY_RESTRICT q, I D,
-                            float* HWY_RESTRICT out) {
+// out [D] = q turned back by head h's θʸ·y, its rotary lanes in the half layout (the lanes past r
+// copied).
+HWY_INLINE void TurnBackY(const MixedKeys& mk, I h, I y, const float* HWY_RESTRICT q, I D, float* HWY_RESTRICT out) {
   const I r = mk.r;
   const float* row = mk.c[1] + (h * mk.w[1] + y - mk.lo[1]) * r;
   if (mk.interleaved) TurnBack<true>(row, r, q, out);
   else TurnBack<false>(row, r, q, out);
-  TurnBack<false>(mk.c[0] + (h * mk.w[0] + u) * r, r, out, out);
   std::copy(q + r, q + D, out + r);
 }
 
+// out [D] = qy (TurnBackY's) turned back by head h's θˣ·(lo[0] + kLow·u), so that
+// out·R(θˣt)k = q·R(θˣx + θʸy)k for every key at y and x = lo[0] + kLow·u + t.
+HWY_INLINE void TurnBackX(const MixedKeys& mk, I h, I u, const float* HWY_RESTRICT qy, I D, float* HWY_RESTRICT out) {
+  const I r = mk.r;
+  TurnBack<false>(mk.c[0] + (h * mk.w[0] + u) * r, r, qy, out);
+  std::copy(qy + r, qy + D, out + r);
+}
+
 // S[i·lds + k] = Q_i·R(θˣ·t_k)K_k for the NR rows Q_i = Q + i·ldq (turned back by the rest of their
-// keys' angles: RotateQuery) and the nk ≤ 4 keys K_k = K + k·kld at index j0 + k of mk.pos, t_k the
+// keys' angles: TurnBackY, TurnBackX) and the nk ≤ 4 keys K_k = K + k·kld at index j0 + k of mk.pos, t_k the
 // low part of x_k; lanes past r unturned. kHeads: row i is head h + i's (each key turned for each
 // row; the keys read once for the NR heads); else every row is head h's (each key turned once for
 // the NR rows).

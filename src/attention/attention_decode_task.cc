@@ -341,7 +341,7 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
 }
 
 // One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
-// (unnormalised). scratch: scratch_floats(Hkv, D, R, X) floats. Returns false at a NaN or +inf logit
+// (unnormalised). scratch: scratch_floats(Hkv, D, R, X, mixed) floats. Returns false at a NaN or +inf logit
 // (or where xl's sinusoid table could not be formed).
 // Per block of keys and per kv head: the logits of its R rows, straight from the K rows (xl: plus the
 // position terms, every kv head's rows at once in a tile product C·Ỹᵀ of a table of the keys'
@@ -356,9 +356,11 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   float* S = scratch;        // [R, nb]
   float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
   float* gb = act + R;       // cope: [nb], a row's gates
-  float* qy = gb + nb;       // rope2d mixed: [M, D], a head's rows turned by the y of a run of keys
+  float* qy = gb + nb;       // rope2d mixed: [R, D], the rows turned back for a run of keys, and
+  float* qyy = qy + (t.mixed ? R * D : 0);  // [Hkv·R, D], turned back by the y of kv head kh's last run (yk[kh])
+  std::vector<I> yk(t.mixed ? static_cast<std::size_t>(H) : 0, INT64_MIN);
   const I X = t.X, nt = decode_impl::xl_table_keys(nb);
-  float* ctab = qy + R * D;      // xl: [nt, X], the sinusoids of keys [t0, t1)
+  float* ctab = qyy + (t.mixed ? H * R * D : 0);      // xl: [nt, X], the sinusoids of keys [t0, t1)
   float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
   float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [nt, H·R], the same as the product gives them
   I t0 = 0, t1 = 0;
@@ -414,7 +416,11 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
         for (I j = a, jn = a; j < e; j = jn) {
           const I y = mk.pos[1][j], u = high(j);
           while (jn < e && mk.pos[1][jn] == y && high(jn) == u) ++jn;
-          for (I r = 0; r < R; ++r) decode_rope2d::RotateQuery(mk, kh * t.G + r / t.M, y, u, Q + r * D, D, qy + r * D);
+          float* qh = qyy + kh * R * D;
+          if (y != yk[static_cast<std::size_t>(kh)])
+            for (I r = 0; r < R; ++r) decode_rope2d::TurnBackY(mk, kh * t.G + r / t.M, y, Q + r * D, D, qh + r * D);
+          yk[static_cast<std::size_t>(kh)] = y;
+          for (I r = 0; r < R; ++r) decode_rope2d::TurnBackX(mk, kh * t.G + r / t.M, u, qh + r * D, D, qy + r * D);
           float* Sj = S + (j - a);
           const T* Kj = Kh;
           if (t.M < kRows) {  // kRows heads' rows of query i at a time, each reading the keys once

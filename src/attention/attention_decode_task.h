@@ -16,12 +16,13 @@ using I = std::int64_t;
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
 // xl: keys per refill of a task's sinusoid table (at least a block's).
 inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
-// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope), query rows
-// turned [R, D] (rope2d mixed); xl: the keys' sinusoids [nt, X] and their position terms
-// [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
-inline I scratch_floats(I Hkv, I D, I R, I X) {
+// A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope); rope2d mixed:
+// query rows turned [R, D] and turned by their y [Hkv·R, D]; xl: the keys' sinusoids [nt, X] and
+// their position terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
+inline I scratch_floats(I Hkv, I D, I R, I X, bool mixed) {
   const I nb = block_keys(Hkv, D);
-  return nb * R + R + nb + R * D + X * xl_table_keys(nb) + (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+  return nb * R + R + nb + (mixed ? (Hkv + 1) * R * D : 0) + X * xl_table_keys(nb) +
+         (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
 }
 
 // rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
@@ -88,7 +89,7 @@ struct Task {
 
 namespace posenc::decode_impl {
 // Runs task t (the best target of this CPU, chosen per call): m, l [Hkv, R] and o [Hkv, R, D] of its
-// keys (o unnormalised), scratch of scratch_floats(Hkv, D, R, X) floats, R = G·M. Returns false at
+// keys (o unnormalised), scratch of scratch_floats(Hkv, D, R, X, mixed) floats, R = G·M. Returns false at
 // a NaN or +inf logit.
 bool run_task(const Task& t, float* scratch, float* m, float* l, float* o);
 }  // namespace posenc::decode_impl
