@@ -1,11 +1,11 @@
 // rope2d mixed in the decode task, per Highway target (re-included through foreach_target.h by
-// attention_decode_task.cc): with x = lo + kLow·u + t, q·R(θˣx + θʸy)k = (R(−θʸy − θˣ(lo + kLow·u))q)·
-// (R(θˣt)k): the query turned back by θʸy when y changes and by the rest once per run of keys
-// sharing y and u (TurnBackY, TurnBackX), each key
-// turned by θˣt in registers, four keys at a time, and dotted with the turned rows (MixedLogits4);
-// for one query row per head, the G heads' rows at once, so that each key is read once.
-// The turned keys are never stored, and their table (kLow rows a head) stays in the L1 cache.
-// cos and sin come from the tables' rows (MixedKeys).
+// attention_decode_task.cc): with x = lo + kLow·u + t,
+// q·R(θˣx + θʸy)k = (R(−θʸy − θˣ(lo + kLow·u))q)·(R(θˣt)k). The query is turned back by θʸy when y
+// changes and by the rest once per run of keys sharing y and u (TurnBackY, TurnBackX); each key is
+// turned by θˣt in registers, four keys at a time, and dotted with the turned rows (MixedLogits4;
+// with one query row per head, the G heads' rows at once, so that each key is read once). The
+// turned keys are never stored, and their table (kLow rows a head) stays in the L1 cache. cos and
+// sin come from the tables' rows (MixedKeys).
 #if defined(POSENC_ATTENTION_DECODE_ROPE2D_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef POSENC_ATTENTION_DECODE_ROPE2D_INL_H_
 #undef POSENC_ATTENTION_DECODE_ROPE2D_INL_H_

@@ -347,8 +347,9 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
 // position terms, every kv head's rows at once in a tile product C·Ỹᵀ of a table of the keys'
 // sinusoids C, then transposed, both formed xl_table_keys keys at a time); bias and
 // online softmax per row (cope: the position term first, CopeRow, with key blocks walked from the
-// last); o += P·V straight from the V rows. The rows (g, i), (g + 1, i), … of one
-// query i share their keys (but nonsymmetric ALiBi's halves): kRows at a time share each K and V load.
+// last; rope2d mixed: MixedLogitRows per run of keys sharing y and x's high part); o += P·V straight
+// from the V rows. The rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
+// ALiBi's halves): kRows at a time share each K and V load.
 template <class T>
 bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0) {
   using decode_kernels::kRows;
