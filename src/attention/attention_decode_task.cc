@@ -256,7 +256,7 @@ class Ahead {
   Ahead(const decode_impl::Task& t, I elem)
       : k_(static_cast<const char*>(t.k)), v_(static_cast<const char*>(t.v)), kld_(t.kld * elem),
         khs_(t.khs * elem), vld_(t.vld * elem), vhs_(t.vhs * elem), row_(t.D * elem), H_(t.Hkv) {}
-  // Keys [j, j1), over about `calls` calls of Next().
+  // Keys [j, j1), over about `calls` calls of Next() (0: all at Rest()).
   void Start(I j, I j1, I calls) {
     j_ = j, j1_ = j1, kh_ = 0, off_ = 0;
     const I lines = std::max<I>(j1 - j, 0) * H_ * ((row_ + 63) / 64);
@@ -293,18 +293,16 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
 }
 
 // rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows Q_i = Q + i·ldq (turned back by the
-// rest) and keys [j0, j0 + n) (K_j = K + j·kld), row i head h's (kHeads: head h + i's): four keys at
-// a time, each four one step of the prefetch.
+// rest) and keys [j0, j0 + n) (K_j = K + j·kld), row i head h's (kHeads: head h + i's), four keys at
+// a time. (Its block's prefetch runs at the block's end: RunTask.)
 template <int NR, bool kHeads, class T>
 HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
-                               const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds,
-                               Ahead& ahead) {
+                               const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds) {
   for (I j = 0; j < n; j += 4) {
     const T* Kj = K + (j0 + j) * kld;
     const I nk = std::min<I>(4, n - j);
     if (mk.interleaved) decode_rope2d::MixedLogits4<NR, kHeads, true>(mk, h, Q, ldq, Kj, kld, j0 + j, nk, D, S + j, lds);
     else decode_rope2d::MixedLogits4<NR, kHeads, false>(mk, h, Q, ldq, Kj, kld, j0 + j, nk, D, S + j, lds);
-    ahead.Next();
   }
 }
 
@@ -423,25 +421,24 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
           yk[static_cast<std::size_t>(kh)] = y;
           for (I r = 0; r < R; ++r) decode_rope2d::TurnBackX(mk, kh * t.G + r / t.M, u, qh + r * D, D, qy + r * D);
           float* Sj = S + (j - a);
-          const T* Kj = Kh;
           if (t.M < kRows) {  // kRows heads' rows of query i at a time, each reading the keys once
             for (I i = 0; i < t.M; ++i) {
               I g = 0;
               for (; g + kRows <= t.G; g += kRows)
-                MixedLogitRows<kRows, true>(mk, kh * t.G + g, qy + (g * t.M + i) * D, t.M * D, Kj, t.kld, j, jn - j, D,
-                                            Sj + (g * t.M + i) * nb, t.M * nb, ahead);
+                MixedLogitRows<kRows, true>(mk, kh * t.G + g, qy + (g * t.M + i) * D, t.M * D, Kh, t.kld, j, jn - j, D,
+                                            Sj + (g * t.M + i) * nb, t.M * nb);
               for (; g < t.G; ++g)
-                MixedLogitRows<1, false>(mk, kh * t.G + g, qy + (g * t.M + i) * D, D, Kj, t.kld, j, jn - j, D,
-                                         Sj + (g * t.M + i) * nb, nb, ahead);
+                MixedLogitRows<1, false>(mk, kh * t.G + g, qy + (g * t.M + i) * D, D, Kh, t.kld, j, jn - j, D,
+                                         Sj + (g * t.M + i) * nb, nb);
             }
           } else {  // kRows rows of one head at a time, each key turned once for them
             for (I g = 0; g < t.G; ++g) {
               const I r0 = g * t.M, h = kh * t.G + g;
               I i = 0;
               for (; i + kRows <= t.M; i += kRows)
-                MixedLogitRows<kRows, false>(mk, h, qy + (r0 + i) * D, D, Kj, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb, ahead);
+                MixedLogitRows<kRows, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb);
               for (; i < t.M; ++i)
-                MixedLogitRows<1, false>(mk, h, qy + (r0 + i) * D, D, Kj, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb, ahead);
+                MixedLogitRows<1, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb);
             }
           }
         }
