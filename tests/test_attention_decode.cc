@@ -257,18 +257,40 @@ TEST(DecodeShapes, BatchRows) {
       for (int threads : {1, 2, 4}) check(var, dt, 2, 4, 2, true, 601, threads, seed += 20, 40, 3);
 }
 
+// rope2d mixed (p, frequencies f [2, Hq, r/2], positions qp [2, M], kp [2, N], B = 1): the decode
+// kernel on float32 q, k, v against the reference in double.
+void expect_mixed_matches(const AttentionParams& p, Vec f, std::vector<std::int64_t> qp, std::vector<std::int64_t> kp,
+                          std::vector<float> q, std::vector<float> k, std::vector<float> v, I M,
+                          I N, I Hq, I Hkv, I D) {
+  const I B = 1, r = p.rope2d.rope.rotary_dim;
+  std::vector<float> out(q.size());
+  EncodingTensors t;
+  t.freqs = View::contiguous(f.data(), DType::kF64, {2, Hq, r / 2});
+  t.q_positions = View::contiguous(qp.data(), DType::kI64, {2, M});
+  t.k_positions = View::contiguous(kp.data(), DType::kI64, {2, N});
+  const Status sd = decode::attention_forward(p, testing::V(q, {B, M, Hq, D}), testing::V(k, {B, N, Hkv, D}),
+                                              testing::V(v, {B, N, Hkv, D}), t, testing::V(out, {B, M, Hq, D}));
+  ASSERT_TRUE(sd.ok()) << sd.message();
+  std::vector<double> q64(q.begin(), q.end()), k64(k.begin(), k.end()), v64(v.begin(), v.end()), want(q.size());
+  ASSERT_TRUE(reference::attention_forward(p, testing::V(q64, {B, M, Hq, D}), testing::V(k64, {B, N, Hkv, D}),
+                                           testing::V(v64, {B, N, Hkv, D}), t, testing::V(want, {B, M, Hq, D})).ok());
+  EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want, 2e-6 * amax(want), 2e-5));
+}
+
 // rope2d mixed's kept tables: steps of one frequency set whose key positions grow past the kept
 // range on either side (the tables grown), shrink inside it (kept), and a second frequency set
 // (formed again), each step against the reference.
 TEST(DecodeRope2dMixed, KeptTablesFollowThePositions) {
-  const I B = 1, M = 1, Hq = 4, Hkv = 2, D = 24, r = 24, N = 300;
+  const I M = 1, Hq = 4, Hkv = 2, D = 24, r = 24, N = 300;
   AttentionParams p;
   p.encoding = Encoding::kRope2d;
   p.rope2d.variant = Rope2dVariant::kMixed;
   p.rope2d.rope.layout = RopeLayout::kHalf;
+  p.rope2d.rope.rotary_dim = r;
   const Vec fa = randn(ix(2 * Hq * r / 2), 31, 0.7), fb = randn(ix(2 * Hq * r / 2), 32, 0.7);
-  std::vector<float> q = testing::to_float(randn(ix(M * Hq * D), 33)), k = testing::to_float(randn(ix(N * Hkv * D), 34)),
-                     v = testing::to_float(randn(ix(N * Hkv * D), 35)), out(q.size());
+  const std::vector<float> q = testing::to_float(randn(ix(M * Hq * D), 33)),
+                           k = testing::to_float(randn(ix(N * Hkv * D), 34)),
+                           v = testing::to_float(randn(ix(N * Hkv * D), 35));
   // (x0, y0, grid width): keys at x0 + j % w, y0 + j / w; the query at the cell after them
   const struct { I x0, y0, w; const Vec* f; } steps[] = {
       {10, 10, 20, &fa}, {10, 10, 30, &fa}, {3, 5, 30, &fa}, {0, 0, 31, &fa}, {4, 6, 10, &fa}, {5, 9, 17, &fb}};
@@ -277,25 +299,14 @@ TEST(DecodeRope2dMixed, KeptTablesFollowThePositions) {
     std::vector<std::int64_t> kp(ix(2 * N)), qp(2);
     for (I j = 0; j < N; ++j) kp[ix(j)] = st.x0 + j % st.w, kp[ix(N + j)] = st.y0 + j / st.w;
     qp[0] = st.x0 + N % st.w, qp[1] = st.y0 + N / st.w;
-    Vec f = *st.f;
-    EncodingTensors t;
-    t.freqs = View::contiguous(f.data(), DType::kF64, {2, Hq, r / 2});
-    t.q_positions = View::contiguous(qp.data(), DType::kI64, {2, M});
-    t.k_positions = View::contiguous(kp.data(), DType::kI64, {2, N});
-    const View qv = testing::V(q, {B, M, Hq, D}), kv = testing::V(k, {B, N, Hkv, D}), vv = testing::V(v, {B, N, Hkv, D});
-    const Status sd = decode::attention_forward(p, qv, kv, vv, t, testing::V(out, {B, M, Hq, D}));
-    ASSERT_TRUE(sd.ok()) << sd.message();
-    std::vector<double> q64(q.begin(), q.end()), k64(k.begin(), k.end()), v64(v.begin(), v.end()), want(q.size());
-    ASSERT_TRUE(reference::attention_forward(p, testing::V(q64, {B, M, Hq, D}), testing::V(k64, {B, N, Hkv, D}),
-                                             testing::V(v64, {B, N, Hkv, D}), t, testing::V(want, {B, M, Hq, D})).ok());
-    EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want, 2e-6 * amax(want), 2e-5));
+    expect_mixed_matches(p, *st.f, qp, kp, q, k, v, M, N, Hq, Hkv, D);
   }
 }
 
 // rope2d mixed with keys in no order (x and y drawn at random, so that runs sharing y and x's high
 // part are short and y comes back), both layouts, one and three query rows, against the reference.
 TEST(DecodeRope2dMixed, ScatteredPositions) {
-  const I B = 1, Hq = 8, Hkv = 2, D = 40, N = 400;
+  const I Hq = 8, Hkv = 2, D = 40, N = 400;
   std::mt19937_64 rng(5);
   std::vector<std::int64_t> kp(ix(2 * N));
   for (I j = 0; j < N; ++j) kp[ix(j)] = static_cast<std::int64_t>(rng() % 70), kp[ix(N + j)] = static_cast<std::int64_t>(rng() % 9);
@@ -308,22 +319,11 @@ TEST(DecodeRope2dMixed, ScatteredPositions) {
       p.rope2d.rope.layout = layout;
       p.rope2d.rope.rotary_dim = layout == RopeLayout::kHalf ? D : 36;
       const I r = p.rope2d.rope.rotary_dim;
-      Vec f = randn(ix(2 * Hq * r / 2), 41, 0.7);
-      std::vector<float> q = testing::to_float(randn(ix(M * Hq * D), 42)), k = testing::to_float(randn(ix(N * Hkv * D), 43)),
-                         v = testing::to_float(randn(ix(N * Hkv * D), 44)), out(q.size());
       std::vector<std::int64_t> qp(ix(2 * M));
       for (I i = 0; i < M; ++i) qp[ix(i)] = 30 + i, qp[ix(M + i)] = 4;
-      EncodingTensors t;
-      t.freqs = View::contiguous(f.data(), DType::kF64, {2, Hq, r / 2});
-      t.q_positions = View::contiguous(qp.data(), DType::kI64, {2, M});
-      t.k_positions = View::contiguous(kp.data(), DType::kI64, {2, N});
-      const View qv = testing::V(q, {B, M, Hq, D}), kv = testing::V(k, {B, N, Hkv, D}), vv = testing::V(v, {B, N, Hkv, D});
-      const Status sd = decode::attention_forward(p, qv, kv, vv, t, testing::V(out, {B, M, Hq, D}));
-      ASSERT_TRUE(sd.ok()) << sd.message();
-      std::vector<double> q64(q.begin(), q.end()), k64(k.begin(), k.end()), v64(v.begin(), v.end()), want(q.size());
-      ASSERT_TRUE(reference::attention_forward(p, testing::V(q64, {B, M, Hq, D}), testing::V(k64, {B, N, Hkv, D}),
-                                               testing::V(v64, {B, N, Hkv, D}), t, testing::V(want, {B, M, Hq, D})).ok());
-      EXPECT_TRUE(AllClose(Vec(out.begin(), out.end()), want, 2e-6 * amax(want), 2e-5));
+      expect_mixed_matches(p, randn(ix(2 * Hq * r / 2), 41, 0.7), qp, kp, testing::to_float(randn(ix(M * Hq * D), 42)),
+                           testing::to_float(randn(ix(N * Hkv * D), 43)), testing::to_float(randn(ix(N * Hkv * D), 44)),
+                           M, N, Hq, Hkv, D);
     }
 }
 

@@ -4,8 +4,8 @@
 // changes and by the rest once per run of keys sharing y and u (TurnBackY, TurnBackX); each key is
 // turned by θˣt in registers, four keys at a time, and dotted with the turned rows (MixedLogits4;
 // with one query row per head, the G heads' rows at once, so that each key is read once). The
-// turned keys are never stored, and their table (kLow rows a head) stays in the L1 cache. cos and
-// sin come from the tables' rows (MixedKeys).
+// turned keys are never stored, and their table is small (kLow rows a head). cos and sin come from
+// the tables' rows (MixedKeys).
 #if defined(POSENC_ATTENTION_DECODE_ROPE2D_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef POSENC_ATTENTION_DECODE_ROPE2D_INL_H_
 #undef POSENC_ATTENTION_DECODE_ROPE2D_INL_H_
@@ -50,9 +50,9 @@ HWY_INLINE void LoadPairs(D d, const T* HWY_RESTRICT x, I p, I half, hn::Vec<D>*
 #endif
 
 // out [r] (half layout) = R(−α)·q per rotary pair (q in the half layout, or interleaved), cos α and
-// sin α from the table row cs (out may be q when both are in the half layout).
+// sin α from the table row cs.
 template <bool kInterleaved>
-HWY_INLINE void TurnBack(const float* HWY_RESTRICT cs, I r, const float* q, float* out) {
+HWY_INLINE void TurnBack(const float* HWY_RESTRICT cs, I r, const float* HWY_RESTRICT q, float* HWY_RESTRICT out) {
   const I half = r / 2;
   const float* sn = cs + half;
   I done = 0;  // pairs done
