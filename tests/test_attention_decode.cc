@@ -22,8 +22,10 @@
 #include <hwy/targets.h>
 
 #include "attention/attention_decode.h"
+#include "attention/attention_decode_xl.h"
 #include "attention/attention_fused.h"
 #include "core/param_text.h"
+#include "enc/absolute/sinusoidal/sinusoidal_math.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/rope.h"
@@ -325,6 +327,30 @@ TEST(DecodeRope2dMixed, ScatteredPositions) {
                            testing::to_float(randn(ix(N * Hkv * D), 43)), testing::to_float(randn(ix(N * Hkv * D), 44)),
                            M, N, Hq, Hkv, D);
     }
+}
+
+// xl's windows: after seek(k), Ỹ turned by the window's angles and dotted with s(m) equals Ỹ·s(t0 + m)
+// in double, t0 = j0 + k·nt, out to positions near 2^20 (windows stepped one by one in double).
+TEST(DecodeXl, WindowsTurnTheRowsAsTheKeysMove) {
+  const I X = 128, n = 3, nt = 256, j0 = 4321;
+  const Vec y64 = randn(ix(X * n), 51);
+  const std::vector<float> yt = testing::to_float(y64);
+  decode_impl::XlWindows win(X, nt, j0, 10000.0);
+  std::vector<float> out(ix(X * n));
+  for (I k : {I{0}, I{1}, I{2}, I{9}, I{300}, I{4000}}) {
+    win.seek(k);
+    win.turn(yt.data(), n, out.data());
+    for (I m : {I{0}, I{1}, I{77}, nt - 1})
+      for (I x = 0; x < n; ++x) {
+        double got = 0, want = 0, mag = 0;
+        for (I c = 0; c < X; ++c) {
+          got += double(out[ix(c * n + x)]) * sinusoid::value(double(m), c, X, 10000.0);
+          want += double(yt[ix(c * n + x)]) * sinusoid::value(double(j0 + k * nt + m), c, X, 10000.0);
+          mag += std::abs(double(yt[ix(c * n + x)]));
+        }
+        EXPECT_NEAR(got, want, 1e-6 * mag) << "k " << k << " m " << m << " row " << x;
+      }
+  }
 }
 
 // keys_rotated: a cache rotated by rope_forward at the keys' positions, with q rotated by the call,

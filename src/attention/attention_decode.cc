@@ -19,8 +19,9 @@
 //     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
 //   xl: Q = scale·(q + u_h), and + Ỹ_r·s(j) per key j = kp − k_off, Ỹ_r = scale·(q + v_h)·W_h with
 //     each (sin, cos) pair rotated by the query's angles (prepare_xl; the identities of
-//     attention_xl_cpu.cc); per xl_table_keys keys, every kv head's rows at once, a tile product
-//     C·Ỹᵀ (tile_gemm.h) of a table of the keys' sinusoids C (sinusoidal_table), transposed;
+//     attention_xl_cpu.cc); per window of xl_table_keys keys from t0, every kv head's rows at once,
+//     a tile product C·Ỹ'ᵀ (tile_gemm.h) of the task's table C of s(m), m < nt (sinusoidal_table),
+//     Ỹ' = Ỹ turned by t0's angles (attention_decode_xl.h), transposed;
 //   rope2d mixed (unrotated keys): per head, the block's keys turned by their x angles into a float
 //     buffer, the head's query row turned back by the y angles of each run of keys sharing
 //     their y (attention_decode_rope2d.h; RotateKeys, RotateQueryY);
@@ -40,7 +41,7 @@
 // Non-finite inputs: the kernel gives up (returns false) when a logit it reads is NaN or +inf or an
 // output row with finite lse is not finite; the dispatcher then runs the tile kernel, whose careful
 // steps handle them (attention_tiles.h). Finite inputs pay one compare per logit and per output.
-// Memory: per thread O(nb·(R + D) + Hkv·R·D) floats (xl: + nt·(X + 2·Hkv·R) + Hkv·R·X, nt = xl_table_keys;
+// Memory: per thread O(nb·(R + D) + Hkv·R·D) floats (xl: + nt·(X + 2·Hkv·R) + 2·Hkv·R·X, nt = xl_table_keys;
 // cope: + Hkv·R·ncol); the part buffers B·P·Hkv·R·(D + 2) floats when P > 1;
 // the kept tables Hq·(largest distance) floats (KERPLE), one float per distance (Sandwich), and
 // rope2d mixed's, at most kMixedTableBytes.

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "attention/attention_decode_task.h"
+#include "attention/attention_decode_xl.h"
 #include "enc/bias/xl/xl_math.h"
 #include "posenc/absolute.h"
 
@@ -359,10 +361,18 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   float* qyy = qy + (t.mixed ? R * D : 0);  // [Hkv·R, D], turned back by the y of kv head kh's last run (yk[kh])
   std::vector<I> yk(t.mixed ? static_cast<std::size_t>(H) : 0, INT64_MIN);
   const I X = t.X, nt = decode_impl::xl_table_keys(nb);
-  float* ctab = qyy + (t.mixed ? H * R * D : 0);      // xl: [nt, X], the sinusoids of keys [t0, t1)
-  float* Sx = ctab + X * nt;  // xl: [H·R, nt], the position terms of keys [t0, t1)
+  float* ctab = qyy + (t.mixed ? H * R * D : 0);      // xl: [nt, X], the sinusoids s(m), m < nt
+  float* yw = ctab + X * nt;  // xl: [X, H·R], Ỹᵀ turned for the window [t0, t1) (XlWindows)
+  float* Sx = yw + X * H * R;  // xl: [H·R, nt], the position terms of keys [t0, t1)
   float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [nt, H·R], the same as the product gives them
   I t0 = 0, t1 = 0;
+  std::optional<decode_impl::XlWindows> win;
+  if (X) {  // key j's sinusoid is s(j), its position relative to k_off (Ỹ's α likewise)
+    win.emplace(X, nt, t.j0, xl::kBase);
+    const Positions pos{View{}, 0};
+    if (!sinusoidal_table(SinusoidalParams{xl::kBase}, pos, View::contiguous(ctab, DType::kF32, {std::min(nt, t.j1 - t.j0), X})).ok())
+      return false;
+  }
   const T* K = static_cast<const T*>(t.k);
   const T* V = static_cast<const T*>(t.v);
   std::fill(m0, m0 + H * R, -HUGE_VALF);
@@ -380,15 +390,13 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r])
         a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
     if (a >= e) continue;
-    if (X) {  // key j's sinusoid is s(j), its position relative to k_off (Ỹ's α likewise)
-      if (e > t1) {  // the next nt keys' sinusoids and position terms
-        t0 = c0, t1 = std::min(t.j1, c0 + nt);
-        const Positions pos{View{}, t0};
-        if (!sinusoidal_table(SinusoidalParams{xl::kBase}, pos, View::contiguous(ctab, DType::kF32, {t1 - t0, X})).ok())
-          return false;
-        attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, t.yt, H * R, Sxt, H * R);
-        t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
-      }
+    if (X && e > t1) {  // the window of this block's keys: its position terms, every kv head's rows
+      const I k = (c0 - t.j0) / nt;
+      t0 = t.j0 + k * nt, t1 = std::min(t.j1, t0 + nt);
+      win->seek(k);
+      win->turn(t.yt, H * R, yw);
+      attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, yw, H * R, Sxt, H * R);
+      t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
     }
     // (rope2d mixed: all at the block's end, ahead.Rest(); measured no slower than spread, and faster
     // while each head reread the keys: docs/performance.md.)

@@ -14,15 +14,16 @@ using I = std::int64_t;
 // Keys per block: 32768 K values over every kv head (64 KiB of 16-bit K, as much V); the next
 // block's K and V rows are prefetched while a block is worked on.
 inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
-// xl: keys per refill of a task's sinusoid table (at least a block's).
-inline I xl_table_keys(I nb) { return std::max<I>(nb, 256); }
+// xl: keys per window of a task's position terms (whole blocks, at least 256 keys).
+inline I xl_table_keys(I nb) { return nb * ((256 + nb - 1) / nb); }
 // A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope); rope2d mixed:
-// query rows turned [R, D] and turned by their y [Hkv·R, D]; xl: the keys' sinusoids [nt, X] and
-// their position terms [Hkv·R, nt] and transposed, nt = xl_table_keys(nb).
+// query rows turned [R, D] and turned by their y [Hkv·R, D]; xl: the sinusoids s(m) [nt, X], the rows
+// Ỹ turned for a window [X, Hkv·R], the window's position terms [Hkv·R, nt] and transposed,
+// nt = xl_table_keys(nb).
 inline I scratch_floats(I Hkv, I D, I R, I X, bool mixed) {
   const I nb = block_keys(Hkv, D);
   return nb * R + R + nb + (mixed ? (Hkv + 1) * R * D : 0) + X * xl_table_keys(nb) +
-         (X ? 2 * Hkv * R * xl_table_keys(nb) : 0);
+         (X ? Hkv * R * (X + 2 * xl_table_keys(nb)) : 0);
 }
 
 // rope2d mixed (attention_decode_rope2d.h): key j of head h turns each rotary pair by φ = θˣ·x_j +
