@@ -56,7 +56,8 @@ std::vector<Variant> variants() {
           {"mrope", Encoding::kMrope},       {"alibi", Encoding::kAlibi},
           {"alibi_slopes", Encoding::kAlibi}, {"alibi_nonsymmetric", Encoding::kAlibi},
           {"alibi_learned", Encoding::kAlibi}, {"t5_bidirectional", Encoding::kT5},
-          {"t5_unidirectional", Encoding::kT5}, {"kerple_log", Encoding::kKerple},
+          {"t5_unidirectional", Encoding::kT5}, {"t5_bidirectional_early", Encoding::kT5},
+          {"kerple_log", Encoding::kKerple},
           {"kerple_power", Encoding::kKerple}, {"sandwich", Encoding::kSandwich},
           {"fire", Encoding::kFire},         {"xl", Encoding::kXL},
           {"cope", Encoding::kCope},         {"cope_wide", Encoding::kCope},
@@ -97,7 +98,8 @@ struct Problem {
       weights = randn(ix(2 * Hq), seed + 2);
     }
     if (var.enc == Encoding::kT5) {
-      p.t5.bidirectional = var.name == "t5_bidirectional";
+      p.t5.bidirectional = var.name != "t5_unidirectional";
+      if (var.name == "t5_bidirectional_early") p.q_offset = p.k_offset + 100;  // keys far on both sides
       p.t5.num_buckets = 16;
       p.t5.max_distance = 40;
       weights = randn(ix(16 * Hq), seed + 3);

@@ -54,6 +54,16 @@ HWY_INLINE void AddTableRun(const float* HWY_RESTRICT tab, I d0, float c, float*
   }
 }
 
+// S[j] += c for j < n.
+HWY_INLINE void AddConst(float c, float* HWY_RESTRICT S, I n) {
+  const hn::ScalableTag<float> d;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const auto vc = hn::Set(d, c);
+  I j = 0;
+  for (; j + L <= n; j += L) hn::StoreU(hn::Add(hn::LoadU(d, S + j), vc), d, S + j);
+  for (; j < n; ++j) S[j] += c;
+}
+
 // FIRE for the G heads h0 … h0 + G − 1 of query i at once (their rows S + g·ld): x and the hidden
 // units shared, four heads' outputs per pass.
 void AddFireGroup(const decode_impl::Bias& bs, I h0, I G, I i, I qp, I kp0, float* HWY_RESTRICT S, I ld, I n) {
@@ -121,13 +131,13 @@ void AddBias(const decode_impl::Bias& bs, I h, I i, I qp, I kp0, float* HWY_REST
       }
       break;
     }
-    case BiasKind::kT5: {
-      const I w = 2 * bs.t5_half + 1;
-      const float* tab = bs.t5 + h * w;
-      for (; j < n; ++j) {
-        const I rel = std::clamp<I>(kp0 - qp + j, -bs.t5_half, bs.t5_half);
-        S[j] += tab[rel + bs.t5_half];
-      }
+    case BiasKind::kT5: {  // Δ ≤ −half: tab[0]; Δ ≥ half: tab[2·half]; between, one entry per key
+      const I half = bs.t5_half, d0 = kp0 - qp;
+      const float* tab = bs.t5 + h * (2 * half + 1);
+      const I a = std::clamp<I>(1 - half - d0, 0, n), b = std::clamp<I>(half - d0, a, n);
+      AddConst(tab[0], S, a);
+      for (j = a; j < b; ++j) S[j] += tab[d0 + j + half];
+      AddConst(tab[2 * half], S + b, n - b);
       break;
     }
     case BiasKind::kKerpleLog:
