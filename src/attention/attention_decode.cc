@@ -14,7 +14,7 @@
 //   (attention_decode_kernels-inl.h);
 //   + the bias of the row's head at kp − qp (ALiBi, T5, KERPLE, Sandwich, FIRE), computed here per
 //     key: −m·|Δ|; T5's weights tabulated over Δ ∈ [−(max_distance + 1), max_distance + 1] (the
-//     bucket is constant beyond); KERPLE and Sandwich from per-distance tables in double kept across
+//     bucket is constant beyond: those keys add one constant over their run); KERPLE and Sandwich from per-distance tables in double kept across
 //     calls (kerple_table, sandwich_table: a decode step meets the last step's distances and one
 //     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
 //   xl: Q = scale·(q + u_h), and + Ỹ_r·s(j) per key j = kp − k_off, Ỹ_r = scale·(q + v_h)·W_h with
