@@ -354,8 +354,9 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
 // (unnormalised). scratch: scratch_floats(Hkv, D, R, X, mixed) floats. Returns false at a NaN or +inf logit
 // (or where xl's sinusoid table could not be formed).
 // Per block of keys and per kv head: the logits of its R rows, straight from the K rows (xl: plus the
-// position terms, every kv head's rows at once in a tile product C·Ỹᵀ of a table of the keys'
-// sinusoids C, then transposed, both formed xl_table_keys keys at a time); bias and
+// position terms, every kv head's rows at once in a tile product C·Ỹ'ᵀ per window of xl_table_keys
+// keys, C the task's table of s(m), Ỹ' the rows turned by the window's angles (XlWindows), then
+// transposed); bias and
 // online softmax per row (cope: the position term first, CopeRow, with key blocks walked from the
 // last; rope2d mixed: MixedLogitRows per run of keys sharing y and x's high part); o += P·V straight
 // from the V rows. The rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
