@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "enc/absolute/sinusoidal/sinusoidal_math.h"
+#include "enc/bias/xl/xl_math.h"
 
 namespace posenc::decode_impl {
 
@@ -27,16 +28,18 @@ void XlWindows::seek(std::int64_t k) {
 }
 
 void XlWindows::turn(const float* yt, std::int64_t n, float* out) const {
-  // y_s·sin(a + b) + y_c·cos(a + b) = (y_s·cos a − y_c·sin a)·sin b + (y_s·sin a + y_c·cos a)·cos b
+  // y_s·sin(a + b) + y_c·cos(a + b) = −y_s·sin(−a − b) + y_c·cos(−a − b): xl's key-frame identity
+  // with the query's angle −a (a = t0·ω_f, b = m·ω_f) and Y₀ = −y_s
   for (std::size_t f = 0; f < c_.size(); ++f) {
     const float* ys = yt + 2 * static_cast<std::int64_t>(f) * n;
     const float* yc = ys + n;
     float* os = out + 2 * static_cast<std::int64_t>(f) * n;
     float* oc = os + n;
     for (std::int64_t x = 0; x < n; ++x) {
-      const double a = ys[x], b = yc[x];
-      os[x] = static_cast<float>(a * c_[f] - b * s_[f]);
-      oc[x] = static_cast<float>(a * s_[f] + b * c_[f]);
+      double t0, t1;
+      xl::to_key_frame<double>(-static_cast<double>(ys[x]), yc[x], -s_[f], c_[f], &t0, &t1);
+      os[x] = static_cast<float>(t0);
+      oc[x] = static_cast<float>(t1);
     }
   }
 }
