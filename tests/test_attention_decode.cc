@@ -307,6 +307,26 @@ TEST(DecodeRope2dMixed, KeptTablesFollowThePositions) {
   }
 }
 
+// rope2d mixed with rotary widths of 64 and 128, which the kernel compiles with the width known (half
+// layout r = D = 64 and 128; interleaved r = D/2 = 32, 64 and 128), on every SIMD target, every dtype, one
+// query row (the four heads of a kv head together) and four (each head's rows together).
+TEST(DecodeRope2dMixed, RotaryWidthsOf64And128) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::uint64_t seed = 1700;
+    for (const Variant& var : {Variant{"rope2d_mixed_half", Encoding::kRope2d},
+                               Variant{"rope2d_mixed_interleaved_partial", Encoding::kRope2d}})
+      for (I D : {64, 128, 256}) {
+        if (var.name == "rope2d_mixed_half" && D == 256) continue;
+        SCOPED_TRACE("D=" + std::to_string(D));
+        for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+          for (I M : {1, 4}) check(var, dt, M, 8, 2, M > 1, 203, 1, seed += 20, D);
+      }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // rope2d mixed with keys in no order (x and y drawn at random, so that runs sharing y and x's high
 // part are short and y comes back), both layouts, one and three query rows, against the reference.
 TEST(DecodeRope2dMixed, ScatteredPositions) {

@@ -5,7 +5,8 @@
 //
 // Per task (batch row b, key part [j0, j1)): the R query rows of every kv head, scaled and rotated
 // (rotary encodings: q only, the keys carry their rotation: keys_rotated) in double and rounded once
-// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: 64 KiB of 16-bit K rows), while
+// to float, Q [Hkv, R, D]. Then per block of nb keys (block_keys: 64 KiB of 16-bit K rows, rope2d
+// mixed 128 KiB), while
 // the next block's K and V rows are prefetched in memory order (the hardware prefetchers follow one
 // sequential stream; the loads of the cache overlap the arithmetic), per kv head:
 //   S [R, nb] = Q·Kᵀ on each row's visible keys, the K rows read from the cache and converted in
@@ -22,9 +23,9 @@
 //     attention_xl_cpu.cc); per window of xl_table_keys keys from t0, every kv head's rows at once,
 //     a tile product C·Ỹ'ᵀ (tile_gemm.h) of the task's table C of s(m), m < nt (sinusoidal_table),
 //     Ỹ' = Ỹ turned by t0's angles (attention_decode_xl.h), transposed;
-//   rope2d mixed (unrotated keys): per head, the block's keys turned by their x angles into a float
-//     buffer, the head's query row turned back by the y angles of each run of keys sharing
-//     their y (attention_decode_rope2d.h; RotateKeys, RotateQueryY);
+//   rope2d mixed (unrotated keys): the rows turned back by the y and high x angles of each run of
+//     keys sharing them, each key turned in registers by its low x angle per head, from a table of
+//     kLow rows per head (attention_decode_rope2d-inl.h: TurnBackY, TurnBackX, MixedLogits4);
 //   cope (blocks walked from the last, a row's count carried across them in double): + z, the
 //     interpolation of qe = q·E [R, ncol] (a tile product) at the row's count of gates σ(a) from
 //     this key to its last; a row whose count reached npos − 1 adds qe[npos − 1] to every key left

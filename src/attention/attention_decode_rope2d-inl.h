@@ -96,22 +96,20 @@ HWY_INLINE void TurnBackX(const MixedKeys& mk, I h, I u, const float* HWY_RESTRI
 // keys' angles: TurnBackY, TurnBackX) and the nk ≤ 4 keys K_k = K + k·kld at index j0 + k of mk.pos, t_k the
 // low part of x_k; lanes past r unturned. kHeads: row i is head h + i's (each key turned for each
 // row; the keys read once for the NR heads); else every row is head h's (each key turned once for
-// the NR rows).
-template <int NR, bool kHeads, bool kInterleaved, class T>
+// the NR rows). kR: r when it is known here (0: mk.r), so that the table rows' offsets are
+// constants (the row pointers would not fit the integer registers).
+template <int NR, bool kHeads, bool kInterleaved, int kR, class T>
 HWY_INLINE void MixedLogits4(const MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
                              const T* HWY_RESTRICT K, I kld, I j0, I nk, I D, float* HWY_RESTRICT S, I lds) {
-  constexpr int NT = kHeads ? NR : 1;  // heads
-  const I r = mk.r, half = r / 2;
+  const I r = kR ? I{kR} : mk.r, half = r / 2;
+  const I hs = MixedKeys::kLow * r;  // from a head's rows of the low table to the next head's
   const T* k[4];  // the keys past nk repeat the last one (their sums are not stored)
-  I t[4];         // their rows of the low table
+  const float* cs[4];  // head h's row of each key: the pairs' cos, then their sin (head h + n's: + n·hs)
   for (I x = 0; x < 4; ++x) {
     const I j = std::min(x, nk - 1);
     k[x] = K + j * kld;
-    t[x] = (mk.pos[0][j0 + j] - mk.lo[0]) & (MixedKeys::kLow - 1);
+    cs[x] = mk.low + (h * MixedKeys::kLow + ((mk.pos[0][j0 + j] - mk.lo[0]) & (MixedKeys::kLow - 1))) * r;
   }
-  const float* cs[NT][4];  // head n's row of key x: the pairs' cos, then their sin
-  for (int n = 0; n < NT; ++n)
-    for (int x = 0; x < 4; ++x) cs[n][x] = mk.low + ((h + n) * MixedKeys::kLow + t[x]) * r;
   HWY_ALIGN float tail[NR][4] = {};  // the scalar tails' sums
   I done = 0;  // pairs done
   const hn::ScalableTag<float> d;
@@ -128,7 +126,7 @@ HWY_INLINE void MixedLogits4(const MixedKeys& mk, I h, const float* HWY_RESTRICT
     if constexpr (!kHeads) {
       POSENC_UNROLL
       for (int x = 0; x < 4; ++x) {
-        const V c = hn::LoadU(d, cs[0][x] + done), sn = hn::LoadU(d, cs[0][x] + half + done);
+        const V c = hn::LoadU(d, cs[x] + done), sn = hn::LoadU(d, cs[x] + half + done);
         const V a = ka[x];
         ka[x] = hn::NegMulAdd(kb[x], sn, hn::Mul(a, c));
         kb[x] = hn::MulAdd(a, sn, hn::Mul(kb[x], c));
@@ -140,7 +138,7 @@ HWY_INLINE void MixedLogits4(const MixedKeys& mk, I h, const float* HWY_RESTRICT
       POSENC_UNROLL
       for (int x = 0; x < 4; ++x) {
         if constexpr (kHeads) {  // q·(turned k) = c·(qa·a + qb·b) + s·(qb·a − qa·b)
-          const float* row = cs[kHeads ? i : 0][x];
+          const float* row = cs[x] + i * hs;
           const V c = hn::LoadU(d, row + done), sn = hn::LoadU(d, row + half + done);
           const V u = hn::MulAdd(qb, kb[x], hn::Mul(qa, ka[x])), w = hn::NegMulAdd(qa, kb[x], hn::Mul(qb, ka[x]));
           acc[i][x] = hn::MulAdd(sn, w, hn::MulAdd(c, u, acc[i][x]));
@@ -155,7 +153,7 @@ HWY_INLINE void MixedLogits4(const MixedKeys& mk, I h, const float* HWY_RESTRICT
     for (int x = 0; x < 4; ++x) {
       const float a = ToF(k[x][kInterleaved ? 2 * p : p]), b = ToF(k[x][kInterleaved ? 2 * p + 1 : half + p]);
       for (int i = 0; i < NR; ++i) {
-        const float* row = cs[kHeads ? i : 0][x];
+        const float* row = cs[x] + (kHeads ? i * hs : 0);
         const float c = row[p], s = row[half + p];
         tail[i][x] += Q[i * ldq + p] * (a * c - b * s) + Q[i * ldq + half + p] * (b * c + a * s);
       }

@@ -306,16 +306,26 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
 
 // rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows Q_i = Q + i·ldq (turned back by the
 // rest) and keys [j0, j0 + n) (K_j = K + j·kld), row i head h's (kHeads: head h + i's), four keys at
-// a time. (Its block's prefetch runs at the block's end: RunTask.)
+// a time (MixedLogitRowsR: the layout and the rotary width fixed, kR = 0 for any width). (Its
+// block's prefetch runs at the block's end: RunTask.)
+template <int NR, bool kHeads, bool kInterleaved, int kR, class T>
+HWY_INLINE void MixedLogitRowsR(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
+                                const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds) {
+  for (I j = 0; j < n; j += 4)
+    decode_rope2d::MixedLogits4<NR, kHeads, kInterleaved, kR>(mk, h, Q, ldq, K + (j0 + j) * kld, kld, j0 + j,
+                                                              std::min<I>(4, n - j), D, S + j, lds);
+}
 template <int NR, bool kHeads, class T>
 HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
                                const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds) {
-  for (I j = 0; j < n; j += 4) {
-    const T* Kj = K + (j0 + j) * kld;
-    const I nk = std::min<I>(4, n - j);
-    if (mk.interleaved) decode_rope2d::MixedLogits4<NR, kHeads, true>(mk, h, Q, ldq, Kj, kld, j0 + j, nk, D, S + j, lds);
-    else decode_rope2d::MixedLogits4<NR, kHeads, false>(mk, h, Q, ldq, Kj, kld, j0 + j, nk, D, S + j, lds);
-  }
+  const auto run = [&](auto inter) {  // r = 128 and 64 compiled as constants
+    constexpr bool kI = decltype(inter)::value;
+    if (mk.r == 128) MixedLogitRowsR<NR, kHeads, kI, 128>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds);
+    else if (mk.r == 64) MixedLogitRowsR<NR, kHeads, kI, 64>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds);
+    else MixedLogitRowsR<NR, kHeads, kI, 0>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds);
+  };
+  if (mk.interleaved) run(std::true_type{});
+  else run(std::false_type{});
 }
 
 // cope, for a task with keys right of its own: each row's count of those keys, Σ σ(a) over [j1, hi)
@@ -364,7 +374,7 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
 template <class T>
 bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0) {
   using decode_kernels::kRows;
-  const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D);
+  const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D, t.mixed != nullptr);
   float* S = scratch;        // [R, nb]
   float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
   float* gb = act + R;       // cope: [nb], a row's gates

@@ -12,8 +12,11 @@
 namespace posenc::decode_impl {
 using I = std::int64_t;
 // Keys per block: 32768 K values over every kv head (64 KiB of 16-bit K, as much V); the next
-// block's K and V rows are prefetched while a block is worked on.
-inline I block_keys(I Hkv, I D) { return std::clamp<I>(32768 / std::max<I>(Hkv * D, 1), 8, 256); }
+// block's K and V rows are prefetched while a block is worked on. rope2d mixed (mixed): twice as
+// many, so that a kv head's rows of the small table serve more keys before the next head's.
+inline I block_keys(I Hkv, I D, bool mixed = false) {
+  return std::clamp<I>((mixed ? 65536 : 32768) / std::max<I>(Hkv * D, 1), 8, 256);
+}
 // xl: keys per window of a task's position terms (whole blocks, at least 256 keys).
 inline I xl_table_keys(I nb) { return nb * ((256 + nb - 1) / nb); }
 // A task's scratch, in floats: S [R, nb], a flag per row, a row's gates [nb] (cope); rope2d mixed:
@@ -21,7 +24,7 @@ inline I xl_table_keys(I nb) { return nb * ((256 + nb - 1) / nb); }
 // Ỹ turned for a window [X, Hkv·R], the window's position terms [Hkv·R, nt] and transposed,
 // nt = xl_table_keys(nb).
 inline I scratch_floats(I Hkv, I D, I R, I X, bool mixed) {
-  const I nb = block_keys(Hkv, D);
+  const I nb = block_keys(Hkv, D, mixed);
   return nb * R + R + nb + (mixed ? (Hkv + 1) * R * D : 0) + X * xl_table_keys(nb) +
          (X ? Hkv * R * (X + 2 * xl_table_keys(nb)) : 0);
 }
