@@ -131,12 +131,12 @@ void AddBias(const decode_impl::Bias& bs, I h, I i, I qp, I kp0, float* HWY_REST
       }
       break;
     }
-    case BiasKind::kT5: {  // Δ ≤ −half: tab[0]; Δ ≥ half: tab[2·half]; between, one entry per key
+    case BiasKind::kT5: {  // Δ ≤ −half: tab[0]; Δ ≥ half: tab[2·half]; between, tab[Δ + half]
       const I half = bs.t5_half, d0 = kp0 - qp;
       const float* tab = bs.t5 + h * (2 * half + 1);
       const I a = std::clamp<I>(1 - half - d0, 0, n), b = std::clamp<I>(half - d0, a, n);
       AddConst(tab[0], S, a);
-      for (j = a; j < b; ++j) S[j] += tab[d0 + j + half];
+      if (b > a) AddTableRun(tab, d0 + a + half, 1.f, S + a, b - a);  // indices d0 + j + half ≥ 1
       AddConst(tab[2 * half], S + b, n - b);
       break;
     }
