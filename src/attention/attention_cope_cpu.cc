@@ -39,12 +39,12 @@
 //   pass 1, per (b, h, query block): the forward above; kept [B, Hq, M]: lse, Dᵢ = dOᵢ·outᵢ
 //     (float), j*_i (int32), U_i (double).
 //   pass 2, per (b, kv head) — owns dK, dV and its G query heads' dQ, so nothing races — its query
-//     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose Q, dO, dQ,
-//     QE and C take at most 4 MiB: 3200 rows at G = 1, D = 64, ncol = 64), each chunk on its own:
-//     its Q and dO rows copied once (dense: the tiles' products read them as rows D floats apart)
-//     and QE [G, Mc, ncol] of its rows (tile products); the key blocks its rows see (causal: up to its last row)
-//     walked forward (ascending j), for each query head and query block of the chunk not wholly
-//     masked:
+//     rows in chunks of Mc rows per head (the largest multiple of Bq, at least Bq, whose Q, dO, Qᵀ,
+//     dOᵀ, dQ, QE and C take at most 4 MiB: 2304 rows at G = 1, D = 64, ncol = 64), each chunk on
+//     its own: its Q and dO rows copied once (dense: the tiles' products read them as rows D floats
+//     apart) and transposed once (the B of the two kNP products below), and QE [G, Mc, ncol] of
+//     its rows (tile products); the key blocks its rows see (causal: up to its last row) walked
+//     forward (ascending j), for each query head and query block of the chunk not wholly masked:
 //       At = scale·K·Qᵀ, dPᵀ = V·dOᵀ;
 //       a tile wholly left of every row's j* is clamped: logits = a + QE[i, top], P = exp(l − lse),
 //         dl = P ⊙ (dP − D), C[i, top] += Σ_j dl, da = dl;
@@ -70,16 +70,16 @@
 //   three [M, D] × [D, ncol]-sized products per head; the chunks add a load of K, V and a store or
 //   add of dK, dV per chunk and key block seen, [N, D]-sized each, against the chunk's Mc/Bq tiles.
 //   Memory: pass 1 arrays 20·B·Hq·M bytes; per thread O(Bq·Bk + (Bq + Bk)·D) plus the chunk's Q,
-//   dO, dQ, QE and C, 4·G·Mc·(3D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its carries 12·G·Mc bytes, dE
-//   [G, ncol, D] in float and [ncol, D] in double: none of it grows with M (a bfloat16 or float16
-//   dk, dv with M > Mc adds the low halves of its float sums, 2·N·D bytes each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory):
-//   one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
-//   when the task kept all M rows), two threads 21.3 MiB; forward 3.0 MiB.
+//   dO, their transposes, dQ, QE and C, 4·G·Mc·(5D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its
+//   carries 12·G·Mc bytes, dE [G, ncol, D] in float and [ncol, D] in double: none of it grows with
+//   M (a bfloat16 or float16 dk, dv with M > Mc adds the low halves of its float sums, 2·N·D bytes
+//   each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory): one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
+//   when the task kept all M rows), two threads 21.2 MiB; forward 2.4 MiB.
 //   Never an [M, N] buffer.
 //
 // ---- non-finite inputs --------------------------------------------------------------------------
-//   The tiles assume finite inputs (Highway's Exp and so the gate give 0 for NaN, and a NaN count
-//   would clamp): a call whose q, k, v or dout hold a NaN or ±inf runs the reference instead, which
+//   The tiles assume finite inputs (their e^x, ExpSoftmax of core/simd-inl.h, and so the gate give 0
+//   for NaN, and a NaN count would clamp): a call whose q, k, v or dout hold a NaN or ±inf runs the reference instead, which
 //   gives the NaNs of posenc/attention.h — at the reference's speed. A pass over k finds a non-finite
 //   k before the kernel runs; q, v and dout show in its results (nonfinite_k below).
 //
@@ -300,11 +300,11 @@ void CopeForwardTile(const cope_fast::FwdTile& t) {
     auto sum = hn::Zero(d);
     for (I j = 0; j < t.nk; ++j) {
       float* row = t.at + j * kBq + c0;
-      const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, row), mu));
+      const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, row), mu));
       hn::StoreU(e, d, row);
       sum = hn::Add(sum, e);
     }
-    const auto corr = hn::Exp(d, hn::Sub(mold, mu));  // 0 while m was −inf
+    const auto corr = ExpSoftmax(d, hn::Sub(mold, mu));  // 0 while m was −inf
     hn::StoreU(hn::MulAdd(hn::LoadU(d, t.l + c0), corr, sum), d, t.l + c0);
     hn::StoreU(mx, d, t.m + c0);
     hn::StoreU(corr, d, t.corr + c0);
@@ -341,7 +341,7 @@ void CopeBackwardTile(const cope_fast::BwdTile& t) {
         float* dr = t.dp + j * kBq + c0;
         const auto a =
             hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, ar), ninf);
-        const auto P = hn::Exp(d, hn::Sub(hn::Add(a, qt), lse));
+        const auto P = ExpSoftmax(d, hn::Sub(hn::Add(a, qt), lse));
         const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
         ct = hn::Add(ct, dl);
         hn::StoreU(P, d, ar);
@@ -391,7 +391,7 @@ void CopeBackwardTile(const cope_fast::BwdTile& t) {
         qd = hn::Sub(hn::GatherIndex(d, t.qe, idc), qf);
         fcur = f;
       }
-      const auto P = hn::Exp(d, hn::Sub(hn::Add(a, hn::MulAdd(w, qd, qf)), lse));
+      const auto P = ExpSoftmax(d, hn::Sub(hn::Add(a, hn::MulAdd(w, qd, qf)), lse));
       const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
       const auto dlw = hn::Mul(dl, w);
       accf = hn::Add(accf, hn::Sub(dl, dlw));
@@ -626,6 +626,7 @@ class Cope {
     const float sc = static_cast<float>(d_.scale);
     const int nthr = threads_ > 1 ? threads_ : 1;
     const I mc = std::max<I>(1, std::min(chunk_rows(), M)), nchunks = (M + mc - 1) / mc;
+    const I ldq = (mc + 15) / 16 * 16 + 16;  // off a multiple of 4 KiB: Bᵀ's rows spread over the L1 sets
     std::vector<std::vector<double>> dE(ix(nthr));  // per thread [ncol, D]
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -634,6 +635,7 @@ class Cope {
       // add 0 there), its per-row carries (count from j*, dp prefix), the task's dE per query head
       std::vector<float> dqt, qe, C, dct, dEt;
       std::vector<float> qd, dod;  // the chunk's Q and dO rows [G, mc, D], copied once per chunk
+      std::vector<float> qdt, dodt;  // and transposed [G, D, ldq], the B of K·Qᵀ and V·dOᵀ (kNP)
       std::vector<double> gc;
       std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
       // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
@@ -646,6 +648,8 @@ class Cope {
         dqt.resize(ix(G * mc * D));
         qd.resize(ix(G * mc * D));
         dod.resize(ix(G * mc * D));
+        qdt.resize(ix(G * D * ldq));
+        dodt.resize(ix(G * D * ldq));
         qe.resize(ix((G * mc + kBq) * nc));
         C.resize(qe.size());
         dct.resize(ix(G * mc));
@@ -682,6 +686,10 @@ class Cope {
               tile_gemm(gemm_, GemmForm::kNT, nq, cols(i0, nq), D, 1.f, &qd[ix(gm * D)], D, E_.data(), D,
                         &qe[ix(gm * nc)], nc);
             }
+          for (I g = 0; g < G; ++g) {  // transposed once per chunk, not per key block
+            tr_(&qd[ix(g * mc * D)], D, mq, D, &qdt[ix(g * D * ldq)], ldq);
+            tr_(&dod[ix(g * mc * D)], D, mq, D, &dodt[ix(g * D * ldq)], ldq);
+          }
           // the keys the chunk's rows see (causal: up to its last row)
           const I jhi = causal_ ? std::clamp<I>(d_.q_off + c0 + mq - d_.k_off, 0, N) : N;
           for (I j0 = 0; j0 < jhi; j0 += kBk) {
@@ -698,8 +706,10 @@ class Cope {
                 const I gm = g * mc + i0 - c0;  // the row in the chunk's arrays
                 const float* Q = &qd[ix(gm * D)];
                 const float* dO = &dod[ix(gm * D)];
-                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, sc, w.k.data(), D, Q, D, w.at.data(), kBq);
-                tile_gemm(gemm_, GemmForm::kNT, nk, nq, D, 1.f, w.v.data(), D, dO, D, w.dpt.data(), kBq);
+                const I tc = g * D * ldq + i0 - c0;  // the tile's first column of Qᵀ and dOᵀ
+                tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, sc, w.k.data(), D, &qdt[ix(tc)], ldq, w.at.data(), kBq);
+                tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, 1.f, w.v.data(), D, &dodt[ix(tc)], ldq, w.dpt.data(),
+                          kBq);
                 std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
                 for (I i = 0; i < kBq; ++i) {
                   const bool real = i < nq;
@@ -804,11 +814,11 @@ class Cope {
   bool sees_keys(I i) const { return d_.N > 0 && (!causal_ || d_.q_off + i >= d_.k_off); }
 
   // Query rows per head of a pass-2 chunk: the largest multiple of Bq (at least Bq) whose Q, dO, dQ,
-  // QE and C, 4·G·Mc·(3D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
+  // Qᵀ, dOᵀ, QE and C, 4·G·Mc·(5D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
   I chunk_rows() const {
     const I set = g_chunk_rows.load(std::memory_order_relaxed);
     if (set > 0) return set;
-    const I row_bytes = 4 * d_.G * (3 * d_.D + 2 * ncol_);
+    const I row_bytes = 4 * d_.G * (5 * d_.D + 2 * ncol_);
     return std::max<I>(kBq, kChunkBytes / row_bytes / kBq * kBq);
   }
 
