@@ -279,13 +279,15 @@ TEST(TileGemm, PackedFormEqualsNTBitForBitOnEveryTarget) {
 }
 
 // The wide blocks give the narrow blocks' results bit for bit (the same sum for every element), on
-// the attention's tile shapes and on shapes with tails, with and without a band (kNN's and kTN's
-// masked A entries zero, as the band requires; kNT's and kNP's masked C entries not compared).
+// the attention's tile shapes and on shapes with tails (M = 8, 128 and 134 ≡ 2 mod 6: their last 8
+// rows as two 4-row blocks), with and without a band (kNN's and kTN's masked A entries zero, as
+// the band requires; kNT's and kNP's masked C entries not compared).
 TEST(TileGemm, WideBlocksEqualNarrowBitForBitOnEveryTarget) {
   std::vector<std::tuple<Case, I>> cases;
   std::uint64_t seed = 9500;
   for (GemmForm f : {GemmForm::kNT, GemmForm::kNN, GemmForm::kTN, GemmForm::kNP})
-    for (auto [m, n, k] : {std::tuple<I, I, I>{128, 64, 128}, {128, 128, 64}, {131, 70, 33}, {7, 200, 5}})
+    for (auto [m, n, k] : {std::tuple<I, I, I>{128, 64, 128}, {128, 128, 64}, {131, 70, 33}, {7, 200, 5},
+                           {8, 64, 16}, {134, 64, 40}})
       for (I band : {attn_fast::kNoBand, I{-3}, I{0}}) {
         Case cs(f, m, n, k, 2, 0.625f, seed += 3);
         const I rows = f == GemmForm::kTN ? k : m, cols = f == GemmForm::kTN ? m : k;
