@@ -73,15 +73,17 @@
 //   dO, their transposes, dQ, QE and C, 4·G·Mc·(5D + 2·ncol) bytes (≤ 4 MiB unless Mc = Bq), its
 //   carries 12·G·Mc bytes, dE [G, ncol, D] in float and [ncol, D] in double: none of it grows with
 //   M (a bfloat16 or float16 dk, dv with M > Mc adds the low halves of its float sums, 2·N·D bytes
-//   each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory): one thread 16.6 MiB over the caller's tensors (10 MiB pass 1, ~4.1 MiB the chunk; 61.4 MiB
-//   when the task kept all M rows), two threads 21.2 MiB; forward 2.4 MiB.
+//   each: SplitSum). L = 65536, H = 8, D = 64, npos = 64 (posenc bench --memory): one thread
+//   16.6 MiB over the caller's tensors (10 MiB pass 1, ~4 MiB the chunk), two threads 21.2 MiB;
+//   forward 2.4 MiB.
 //   Never an [M, N] buffer.
 //
 // ---- non-finite inputs --------------------------------------------------------------------------
 //   The tiles assume finite inputs (their e^x, ExpSoftmax of core/simd-inl.h, and so the gate give 0
-//   for NaN, and a NaN count would clamp): a call whose q, k, v or dout hold a NaN or ±inf runs the reference instead, which
-//   gives the NaNs of posenc/attention.h — at the reference's speed. A pass over k finds a non-finite
-//   k before the kernel runs; q, v and dout show in its results (nonfinite_k below).
+//   for NaN, and a NaN count would clamp): a call whose q, k, v or dout hold a NaN or ±inf runs the
+//   reference instead, which gives the NaNs of posenc/attention.h — at the reference's speed. A
+//   pass over k finds a non-finite k before the kernel runs; q, v and dout show in its results
+//   (nonfinite_k below).
 //
 // ---- precision ----------------------------------------------------------------------------------
 //   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
@@ -814,7 +816,8 @@ class Cope {
   bool sees_keys(I i) const { return d_.N > 0 && (!causal_ || d_.q_off + i >= d_.k_off); }
 
   // Query rows per head of a pass-2 chunk: the largest multiple of Bq (at least Bq) whose Q, dO, dQ,
-  // Qᵀ, dOᵀ, QE and C, 4·G·Mc·(5D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting (cope_set_chunk_rows).
+  // Qᵀ, dOᵀ, QE and C, 4·G·Mc·(5D + 2·ncol) bytes, fit in kChunkBytes; or the tests' setting
+  // (cope_set_chunk_rows).
   I chunk_rows() const {
     const I set = g_chunk_rows.load(std::memory_order_relaxed);
     if (set > 0) return set;
