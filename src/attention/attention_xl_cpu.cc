@@ -20,6 +20,8 @@
 //   sinusoidal_table (posenc/absolute.h), the sinusoidal encoding's fast path.
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
+//   Tasks run head by head (the query blocks with the most keys first within a head), so that the
+//   threads share one head's key panels in cache.
 //   Qu [Bq, D] and Ỹ [Bq, R] once per task (Y by the tile GEMM, then rotated); per key block not wholly
 //   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
 //   rows transposed once per call, where that is kept, else transposed here) and V's rows, read from
@@ -193,17 +195,17 @@ class XlFused {
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < tasks; ++task) {
         if (guard.failed()) continue;
-        // Later query blocks (more keys when causal) first.
+        // Later query blocks (more keys when causal) first within a head.
         I b, h, nh = 1, qb = 0;
         if (grouped) {  // task = (b·Hkv + kv head)·(parts of hp heads) + part
           const I bk = task / np, part = task % np;
           b = bk / d_.Hkv;
           h = (bk % d_.Hkv) * G + part * hp;
           nh = std::min(hp, G - part * hp);
-        } else {
-          qb = nqb - 1 - task / per;
-          b = task % per / d_.Hq;
-          h = task % per % d_.Hq;
+        } else {  // head by head, so the head's key panels stay in cache across its query blocks
+          qb = nqb - 1 - task % nqb;
+          b = task / nqb / d_.Hq;
+          h = task / nqb % d_.Hq;
         }
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         forward_block(b, h, nh, q0, nq, &w, l.data(), panels.get());
@@ -246,7 +248,7 @@ class XlFused {
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < per * nqb; ++task) {
         if (guard.failed()) continue;
-        const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
+        const I qb = nqb - 1 - task % nqb, bh = task / nqb, b = bh / Hq, h = bh % Hq;  // as forward()
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         if (saved_out) {
           load_rows(*saved_out, D, b, q0, nq, h, w.o.data());
