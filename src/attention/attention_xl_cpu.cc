@@ -21,7 +21,7 @@
 //
 // ---- forward, per task (b, h, query block), OpenMP dynamic over B·Hq·⌈M/Bq⌉ ---------------------------
 //   Tasks run head by head (the query blocks with the most keys first within a head), so that the
-//   threads share one head's key panels in cache.
+//   threads read one head's key panels while they may still be in cache (docs/performance.md).
 //   Qu [Bq, D] and Ỹ [Bq, R] once per task (Y by the tile GEMM, then rotated); per key block not wholly
 //   masked: [K | C]ᵀ [D + R, Bk] (K's rows transposed, tile_gemm.h; Cᵀ copied from the keys' table
 //   rows transposed once per call, where that is kept, else transposed here) and V's rows, read from
