@@ -17,8 +17,8 @@ namespace posenc {
 namespace HWY_NAMESPACE {
 
 // σ(a) without overflow; 0 for a = −inf (e^−|a| by ExpSoftmax, core/simd-inl.h: 0 below −86).
-// 1/(1 + e) is the approximate reciprocal refined by one Newton step (≥ 22 good bits from the 12- or 14-bit estimate; a division costs
-// more).
+// 1/(1 + e) is the approximate reciprocal refined by one Newton step (≥ 22 good bits from the 12-
+// or 14-bit estimate; a division costs more).
 template <class D, class V>
 HWY_INLINE V CopeSigmoid(D d, V a) {
   namespace hn = hwy::HWY_NAMESPACE;
