@@ -908,9 +908,8 @@ class Fused {
   // within a head the costly blocks first (the most keys: last when causal, first for future-only
   // heads), so the cheap ones even out the threads' ends.
   void query_task(I task, I nqb, I* b, I* h, I* q0, I* nq) const {
-    const I bh = task / nqb, qi = task % nqb;
-    *b = bh / d_.Hq;
-    *h = bh % d_.Hq;
+    I qi;
+    attn_fast::head_major_task(task, nqb, d_.Hq, b, h, &qi);
     const I qb = future_only(*h) ? qi : nqb - 1 - qi;
     *q0 = qb * kBq;
     *nq = std::min(kBq, d_.M - *q0);

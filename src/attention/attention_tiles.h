@@ -190,6 +190,15 @@ inline void add_rows(const View& x, I D, I b, I r0, I n, I head, const float* sr
   }
 }
 
+// Task `task` of the B·H·nqb query-block tasks in (b, h)-major order, so that the threads share a
+// head's keys in cache: its batch row b, head h, and index qi < nqb among its head's blocks.
+inline void head_major_task(I task, I nqb, I H, I* b, I* h, I* qi) {
+  const I bh = task / nqb;
+  *b = bh / H;
+  *h = bh % H;
+  *qi = task % nqb;
+}
+
 // The entries of row i of a score tile with nk keys that the softmax reads under a band (tile_gemm.h):
 // its visible keys, min(nk, i + band + 1), rounded up to 16 (whole vectors of every target, so no
 // row ends in a scalar tail), or all nk without a band. The masked keys within that reach hold −inf

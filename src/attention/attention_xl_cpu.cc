@@ -203,9 +203,9 @@ class XlFused {
           h = (bk % d_.Hkv) * G + part * hp;
           nh = std::min(hp, G - part * hp);
         } else {  // head by head, so the head's key panels stay in cache across its query blocks
-          qb = nqb - 1 - task % nqb;
-          b = task / nqb / d_.Hq;
-          h = task / nqb % d_.Hq;
+          I qi;
+          head_major_task(task, nqb, d_.Hq, &b, &h, &qi);
+          qb = nqb - 1 - qi;
         }
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         forward_block(b, h, nh, q0, nq, &w, l.data(), panels.get());
@@ -248,7 +248,9 @@ class XlFused {
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < per * nqb; ++task) {
         if (guard.failed()) continue;
-        const I qb = nqb - 1 - task % nqb, bh = task / nqb, b = bh / Hq, h = bh % Hq;  // as forward()
+        I b, h, qi;  // as forward()
+        head_major_task(task, nqb, Hq, &b, &h, &qi);
+        const I qb = nqb - 1 - qi;
         const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
         if (saved_out) {
           load_rows(*saved_out, D, b, q0, nq, h, w.o.data());
