@@ -419,8 +419,8 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, yw, H * R, Sxt, H * R);
       t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
     }
-    // (rope2d mixed: all at the block's end, ahead.Rest(); measured no slower than spread, and faster
-    // while each head reread the keys: docs/performance.md.)
+    // (rope2d mixed: all at the block's end, ahead.Rest(); measured faster than spread over the block,
+    // and than none: docs/performance.md.)
     const I calls = t.mixed ? 0 : H * ((e - a + 3) / 4);
     if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls);
     else ahead.Start(c1, std::min(t.j1, c1 + nb), calls);
