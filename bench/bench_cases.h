@@ -34,6 +34,9 @@ using Keep = std::vector<std::shared_ptr<Mem>>;
 // Baselines, split over threads like the kernels.
 void par_memcpy(void* dst, const void* src, std::size_t n, int threads);
 void par_memset(void* dst, std::size_t n, int threads);
+// The sum modulo 2⁶⁴ of n 8-byte words, in the CPU's widest vectors (read_sum.cc): a read of memory
+// at the rate the core's loads reach.
+std::uint64_t sum_words(const std::uint64_t* p, std::size_t n);
 
 // The threads a baseline splits over: those of the kernel, which stays on the calling thread below
 // fast::kParallelMin elements (a decode step; an OpenMP region would cost more than the copy).

@@ -2,6 +2,9 @@
 // attention_forward, against a same-run read of the K and V bytes.
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 
@@ -22,30 +25,34 @@ const std::vector<Encoding>& decode_encodings() {
 std::atomic<std::uint64_t> g_sink{0};  // the read baseline's sums, so that the reads stay
 
 // The read baseline of a decode row: sums every 8-byte word of the K and V buffers (the very bytes
-// the kernel reads), split over the threads like the kernel's (batch, kv head, key part) tasks.
+// the kernel reads) in the CPU's widest vectors (sum_words), split over the threads like the
+// kernel's (batch, kv head, key part) tasks.
 void sum_bytes(const void* a, const void* b, std::size_t bytes, int threads) {
   const std::size_t words = bytes / 8;
   std::uint64_t total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total) if (threads > 1)
   {
     const std::size_t t = ix(omp_get_thread_num()), T = ix(omp_get_num_threads());
-    for (const void* buf : {a, b}) {
-      const std::uint64_t* p = static_cast<const std::uint64_t*>(buf);
-      const std::size_t lo = words * t / T, hi = words * (t + 1) / T;
-      std::uint64_t s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      std::size_t i = lo;
-      for (; i + 8 <= hi; i += 8)
-        for (int e = 0; e < 8; ++e) s[e] += p[i + ix(e)];
-      for (; i < hi; ++i) s[0] += p[i];
-      for (std::uint64_t x : s) total += x;
-    }
+    const std::size_t lo = words * t / T, hi = words * (t + 1) / T;
+    for (const void* buf : {a, b}) total += sum_words(static_cast<const std::uint64_t*>(buf) + lo, hi - lo);
   }
   g_sink += total;
+}
+
+// How many copies of K and V a decode row cycles through, one per call: enough that they fill twice
+// the last-level cache, so that every call reads its cache from memory, as each layer of a model
+// reads its own cache once per step (a 128 MiB cache in a 480 MiB L3 would otherwise be read from
+// the cache by kernel and baseline alike).
+std::size_t cache_copies(std::size_t kv_bytes) {
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const std::size_t cold = 2 * (llc > 0 ? static_cast<std::size_t>(llc) : std::size_t{64} << 20);
+  return std::max<std::size_t>(1, (cold + kv_bytes - 1) / kv_bytes);
 }
 
 // A decode step: M = 1 query at the end of N cached keys, q [1, 1, Hq, D], k and v [1, N, Hkv, D]
 // of dtype dt (rope: keys_rotated, the cache holds rotated keys), not causal (the one query sees every
 // key either way). Rate: the K and V bytes read per second; baseline: sum_bytes over the same buffers.
+// Each call, of the kernel and of the baseline, reads the next of cache_copies() copies of K and V.
 Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
   Case c{"attention.decode", encoding_info(enc).name, shape_str({1, N, Hkv, D}) + "/" + std::to_string(Hq), dt};
   c.path = "decode";
@@ -55,15 +62,20 @@ Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
     a->p.keys_rotated = enc == Encoding::kRope;
     const std::size_t es = dtype_size(dt), kv = ix(N * Hkv * D) * es;
     auto qm = std::make_shared<Mem>(ix(Hq * D) * es, 1), om = std::make_shared<Mem>(ix(Hq * D) * es, 1);
-    auto km = std::make_shared<Mem>(kv, threads), vm = std::make_shared<Mem>(kv, threads);
-    a->mem = {qm, om, km, vm};
+    a->mem = {qm, om};
+    std::vector<void*> ks, vs;  // the copies' K and V buffers
+    for (std::size_t c = cache_copies(2 * kv); c > 0; --c) {
+      auto km = std::make_shared<Mem>(kv, threads), vm = std::make_shared<Mem>(kv, threads);
+      fill_random(km->data(), ix(N * Hkv * D), dt);  // a strided sample: the speed does not depend on it
+      fill_random(vm->data(), ix(N * Hkv * D), dt);
+      ks.push_back(km->data()), vs.push_back(vm->data());
+      a->mem.push_back(km), a->mem.push_back(vm);
+    }
     a->q = View::contiguous(qm->data(), dt, {1, 1, Hq, D});
     a->out = View::contiguous(om->data(), dt, {1, 1, Hq, D});
-    a->k = View::contiguous(km->data(), dt, {1, N, Hkv, D});
-    a->v = View::contiguous(vm->data(), dt, {1, N, Hkv, D});
+    a->k = View::contiguous(nullptr, dt, {1, N, Hkv, D});  // data: the call's copy
+    a->v = a->k;
     fill_all(a->q, 1);
-    fill_random(km->data(), ix(N * Hkv * D), dt);  // a strided sample: the speed does not depend on it
-    fill_random(vm->data(), ix(N * Hkv * D), dt);
     auto small = [&](std::vector<I> s, double lo, double step) {
       a->small.emplace_back(ix(numel(s)), 0.f);
       for (std::size_t e = 0; e < a->small.back().size(); ++e) a->small.back()[e] = static_cast<float>(lo + step * double(e));
@@ -97,11 +109,18 @@ Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
       f.threshold = small({1}, 512.0, 0);
     }
     Bound b;
+    auto next = std::make_shared<std::size_t>(0), next_sum = std::make_shared<std::size_t>(0);
     b.kernel = [=] {
-      const Status st = attention_forward(a->p, a->q, a->k, a->v, a->t, a->out);
+      View k = a->k, v = a->v;
+      k.data = ks[*next], v.data = vs[*next];
+      *next = (*next + 1) % ks.size();
+      const Status st = attention_forward(a->p, a->q, k, v, a->t, a->out);
       if (!st.ok()) std::fprintf(stderr, "posenc bench: attention refused: %s\n", st.message().c_str());
     };
-    b.baseline = [=] { sum_bytes(km->data(), vm->data(), kv, threads); };
+    b.baseline = [=] {
+      sum_bytes(ks[*next_sum], vs[*next_sum], kv, threads);
+      *next_sum = (*next_sum + 1) % ks.size();
+    };
     b.kernel_work = b.baseline_work = 2.0 * static_cast<double>(kv);
     b.baseline_name = "sum";
     b.keep = a;
