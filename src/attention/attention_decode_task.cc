@@ -262,16 +262,23 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, I n, float c) {
 
 // The next block's K and V rows, every kv head, prefetched in memory order (the order the hardware
 // prefetchers follow), a few cache lines per call, so that the loads of the cache overlap the work
-// on the current block.
+// on the current block. Where a key's rows of all kv heads are contiguous (the usual [B, N, Hkv, D]
+// cache), a key is one span of lines.
 class Ahead {
  public:
   Ahead(const decode_impl::Task& t, I elem)
       : k_(static_cast<const char*>(t.k)), v_(static_cast<const char*>(t.v)), kld_(t.kld * elem),
-        khs_(t.khs * elem), vld_(t.vld * elem), vhs_(t.vhs * elem), row_(t.D * elem), H_(t.Hkv) {}
+        khs_(t.khs * elem), vld_(t.vld * elem), vhs_(t.vhs * elem) {
+    const I row = t.D * elem;
+    const bool one = t.khs * elem == row && t.vhs * elem == row;
+    span_ = one ? t.Hkv * row : row;
+    heads_ = one ? 1 : t.Hkv;
+  }
   // Keys [j, j1), over about `calls` calls of Next() (0: all at Rest()).
   void Start(I j, I j1, I calls) {
     j_ = j, j1_ = j1, kh_ = 0, off_ = 0;
-    const I lines = std::max<I>(j1 - j, 0) * H_ * ((row_ + 63) / 64);
+    rk_ = pk_ = k_ + j * kld_, rv_ = pv_ = v_ + j * vld_;
+    const I lines = std::max<I>(j1 - j, 0) * heads_ * ((span_ + 63) / 64);
     per_ = calls > 0 ? (lines + calls - 1) / calls : 0;
   }
   void Next() { Lines(per_); }
@@ -280,16 +287,25 @@ class Ahead {
  private:
   void Lines(I n) {
     for (; n > 0 && j_ < j1_; --n) {
-      hwy::Prefetch(k_ + j_ * kld_ + kh_ * khs_ + off_);
-      hwy::Prefetch(v_ + j_ * vld_ + kh_ * vhs_ + off_);
-      if ((off_ += 64) < row_) continue;
+      hwy::Prefetch(pk_ + off_);
+      hwy::Prefetch(pv_ + off_);
+      if ((off_ += 64) < span_) continue;
       off_ = 0;
-      if (++kh_ == H_) kh_ = 0, ++j_;
+      if (++kh_ < heads_) {
+        pk_ += khs_, pv_ += vhs_;
+      } else {
+        kh_ = 0, ++j_;
+        pk_ = rk_ += kld_, pv_ = rv_ += vld_;
+      }
     }
   }
   const char* k_;
   const char* v_;
-  I kld_, khs_, vld_, vhs_, row_, H_;
+  I kld_, khs_, vld_, vhs_, span_ = 0, heads_ = 1;
+  const char* rk_ = nullptr;  // key j_'s first row
+  const char* rv_ = nullptr;
+  const char* pk_ = nullptr;  // row kh_ of key j_
+  const char* pv_ = nullptr;
   I j_ = 0, j1_ = 0, kh_ = 0, off_ = 0, per_ = 0;
 };
 
@@ -306,23 +322,27 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
 
 // rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows Q_i = Q + i·ldq (turned back by the
 // rest) and keys [j0, j0 + n) (K_j = K + j·kld), row i head h's (kHeads: head h + i's), four keys at
-// a time (MixedLogitRowsR: the layout and the rotary width fixed, kR = 0 for any width). (Its
-// block's prefetch runs at the block's end: RunTask.)
+// a time, each four one step of the prefetch (MixedLogitRowsR: the layout and the rotary width
+// fixed, kR = 0 for any width).
 template <int NR, bool kHeads, bool kInterleaved, int kR, class T>
 HWY_INLINE void MixedLogitRowsR(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
-                                const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds) {
-  for (I j = 0; j < n; j += 4)
+                                const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds,
+                                Ahead& ahead) {
+  for (I j = 0; j < n; j += 4) {
     decode_rope2d::MixedLogits4<NR, kHeads, kInterleaved, kR>(mk, h, Q, ldq, K + (j0 + j) * kld, kld, j0 + j,
                                                               std::min<I>(4, n - j), D, S + j, lds);
+    ahead.Next();
+  }
 }
 template <int NR, bool kHeads, class T>
 HWY_INLINE void MixedLogitRows(const decode_impl::MixedKeys& mk, I h, const float* HWY_RESTRICT Q, I ldq,
-                               const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds) {
+                               const T* HWY_RESTRICT K, I kld, I j0, I n, I D, float* HWY_RESTRICT S, I lds,
+                               Ahead& ahead) {
   const auto run = [&](auto inter) {  // r = 128 and 64 compiled as constants
     constexpr bool kI = decltype(inter)::value;
-    if (mk.r == 128) MixedLogitRowsR<NR, kHeads, kI, 128>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds);
-    else if (mk.r == 64) MixedLogitRowsR<NR, kHeads, kI, 64>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds);
-    else MixedLogitRowsR<NR, kHeads, kI, 0>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds);
+    if (mk.r == 128) MixedLogitRowsR<NR, kHeads, kI, 128>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds, ahead);
+    else if (mk.r == 64) MixedLogitRowsR<NR, kHeads, kI, 64>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds, ahead);
+    else MixedLogitRowsR<NR, kHeads, kI, 0>(mk, h, Q, ldq, K, kld, j0, n, D, S, lds, ahead);
   };
   if (mk.interleaved) run(std::true_type{});
   else run(std::false_type{});
@@ -358,6 +378,22 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
     }
     if (!open) break;
   }
+}
+
+// rope2d mixed: whether the next block's prefetch is spread over the block's MixedLogits4 calls
+// (else issued at the block's end); once per process.
+inline bool MixedSpread() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  static const bool spread = !__builtin_cpu_is("amd");
+#else
+  static const bool spread = true;
+#endif
+  return spread;
+}
+// rope2d mixed: MixedLogits4 calls per kv head and four keys (RunTask's two row blockings).
+inline I MixedCalls(const decode_impl::Task& t) {
+  using decode_kernels::kRows;
+  return t.M < kRows ? t.M * (t.G / kRows + t.G % kRows) : t.G * (t.M / kRows + t.M % kRows);
 }
 
 // One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
@@ -419,9 +455,9 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, yw, H * R, Sxt, H * R);
       t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
     }
-    // (rope2d mixed: all at the block's end, ahead.Rest(); measured faster than spread over the block,
-    // and than none: docs/performance.md.)
-    const I calls = t.mixed ? 0 : H * ((e - a + 3) / 4);
+    // rope2d mixed on AMD CPUs: all at the block's end, ahead.Rest() (measured faster there than
+    // spread over the block; spread faster on Intel: docs/performance.md).
+    const I calls = !t.mixed ? H * ((e - a + 3) / 4) : MixedSpread() ? H * ((e - a + 3) / 4) * MixedCalls(t) : 0;
     if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls);
     else ahead.Start(c1, std::min(t.j1, c1 + nb), calls);
     for (I kh = 0; kh < H; ++kh) {
@@ -455,19 +491,20 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
               I g = 0;
               for (; g + kRows <= t.G; g += kRows)
                 MixedLogitRows<kRows, true>(mk, kh * t.G + g, qy + (g * t.M + i) * D, t.M * D, Kh, t.kld, j, jn - j, D,
-                                            Sj + (g * t.M + i) * nb, t.M * nb);
+                                            Sj + (g * t.M + i) * nb, t.M * nb, ahead);
               for (; g < t.G; ++g)
                 MixedLogitRows<1, false>(mk, kh * t.G + g, qy + (g * t.M + i) * D, D, Kh, t.kld, j, jn - j, D,
-                                         Sj + (g * t.M + i) * nb, nb);
+                                         Sj + (g * t.M + i) * nb, nb, ahead);
             }
           } else {  // kRows rows of one head at a time, each key turned once for them
             for (I g = 0; g < t.G; ++g) {
               const I r0 = g * t.M, h = kh * t.G + g;
               I i = 0;
               for (; i + kRows <= t.M; i += kRows)
-                MixedLogitRows<kRows, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb);
+                MixedLogitRows<kRows, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb,
+                                             ahead);
               for (; i < t.M; ++i)
-                MixedLogitRows<1, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb);
+                MixedLogitRows<1, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb, ahead);
             }
           }
         }
