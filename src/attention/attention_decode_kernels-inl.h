@@ -132,10 +132,10 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
 }
 
 // o_r[e, e + NC·L) += Σ_j p_r[j]·V_j[e, e + NC·L) for NR rows (p_r = p + r·ldp, o_r = o + r·ldo) and
-// n keys (V_j = V + j·vld).
-template <int NR, int NC, class T>
+// n keys (V_j = V + j·vld); step() after every four keys (the caller's prefetch).
+template <int NR, int NC, class T, class Step>
 HWY_INLINE void AddPVChunks(const float* HWY_RESTRICT p, I ldp, const T* HWY_RESTRICT V, I vld, I n, I e,
-                            float* HWY_RESTRICT o, I ldo) {
+                            float* HWY_RESTRICT o, I ldo, Step& step) {
   const hn::ScalableTag<float> d;
   using Vf = hn::Vec<decltype(d)>;
   const I L = static_cast<I>(hn::Lanes(d));
@@ -154,6 +154,7 @@ HWY_INLINE void AddPVChunks(const float* HWY_RESTRICT p, I ldp, const T* HWY_RES
       POSENC_UNROLL
       for (int c = 0; c < NC; ++c) acc[r][c] = hn::MulAdd(pr, v[c], acc[r][c]);
     }
+    if ((j & 3) == 3) step();
   }
   POSENC_UNROLL
   for (int r = 0; r < NR; ++r)
@@ -161,16 +162,22 @@ HWY_INLINE void AddPVChunks(const float* HWY_RESTRICT p, I ldp, const T* HWY_RES
     for (int c = 0; c < NC; ++c) hn::StoreU(acc[r][c], d, o + r * ldo + e + c * L);
 }
 
+// The passes of AddPVChunks that AddPV makes over the keys for rows of D values.
+HWY_INLINE I PVPasses(I D) {
+  const I L = static_cast<I>(hn::Lanes(hn::ScalableTag<float>()));
+  return D / (kChunks * L) + D % (kChunks * L) / L;
+}
+
 // o_r [D] += Σ_j p_r[j]·V_j for NR rows and n keys: kChunks vectors of D at a time, then one, then
-// the tail.
-template <int NR, class T>
+// the tail; step() after every four keys of each pass (PVPasses(D) passes).
+template <int NR, class T, class Step>
 HWY_INLINE void AddPV(const float* HWY_RESTRICT p, I ldp, const T* HWY_RESTRICT V, I vld, I n, I D,
-                      float* HWY_RESTRICT o, I ldo) {
+                      float* HWY_RESTRICT o, I ldo, Step& step) {
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));
   I e = 0;
-  for (; e + kChunks * L <= D; e += kChunks * L) AddPVChunks<NR, kChunks>(p, ldp, V, vld, n, e, o, ldo);
-  for (; e + L <= D; e += L) AddPVChunks<NR, 1>(p, ldp, V, vld, n, e, o, ldo);
+  for (; e + kChunks * L <= D; e += kChunks * L) AddPVChunks<NR, kChunks>(p, ldp, V, vld, n, e, o, ldo, step);
+  for (; e + L <= D; e += L) AddPVChunks<NR, 1>(p, ldp, V, vld, n, e, o, ldo, step);
   for (; e < D; ++e)
     for (int r = 0; r < NR; ++r) {
       float a = o[r * ldo + e];

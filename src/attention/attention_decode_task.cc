@@ -281,11 +281,12 @@ class Ahead {
     const I lines = std::max<I>(j1 - j, 0) * heads_ * ((span_ + 63) / 64);
     per_ = calls > 0 ? (lines + calls - 1) / calls : 0;
   }
-  void Next() { Lines(per_); }
+  HWY_INLINE void Next() { Lines(per_); }
+  HWY_INLINE void operator()() { Next(); }
   void Rest() { Lines(I{1} << 62); }
 
  private:
-  void Lines(I n) {
+  HWY_INLINE void Lines(I n) {
     for (; n > 0 && j_ < j1_; --n) {
       hwy::Prefetch(pk_ + off_);
       hwy::Prefetch(pv_ + off_);
@@ -390,10 +391,12 @@ inline bool MixedSpread() {
 #endif
   return spread;
 }
-// rope2d mixed: MixedLogits4 calls per kv head and four keys (RunTask's two row blockings).
-inline I MixedCalls(const decode_impl::Task& t) {
+// The row groups of a kv head that read each key: one Logits4 (rope2d mixed: MixedLogits4) call per
+// group and four keys, and one AddPV, as RunTask blocks the rows (the groups kRows rows at a time).
+inline I RowGroups(const decode_impl::Task& t) {
   using decode_kernels::kRows;
-  return t.M < kRows ? t.M * (t.G / kRows + t.G % kRows) : t.G * (t.M / kRows + t.M % kRows);
+  if (!t.mixed || t.M < kRows) return t.M * (t.G / kRows + t.G % kRows);
+  return t.G * (t.M / kRows + t.M % kRows);
 }
 
 // One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
@@ -455,9 +458,11 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, yw, H * R, Sxt, H * R);
       t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
     }
-    // rope2d mixed on AMD CPUs: all at the block's end, ahead.Rest() (measured faster there than
-    // spread over the block; spread faster on Intel: docs/performance.md).
-    const I calls = !t.mixed ? H * ((e - a + 3) / 4) : MixedSpread() ? H * ((e - a + 3) / 4) * MixedCalls(t) : 0;
+    // The next block's prefetch, a step per Logits4 call and per four keys of each AddPV pass (rope2d
+    // mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than spread over
+    // the block; spread faster on Intel: docs/performance.md).
+    const I groups = H * ((e - a + 3) / 4) * RowGroups(t), pv = groups * decode_kernels::PVPasses(D);
+    const I calls = !t.mixed || MixedSpread() ? groups + pv : 0;
     if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls);
     else ahead.Start(c1, std::min(t.j1, c1 + nb), calls);
     for (I kh = 0; kh < H; ++kh) {
@@ -563,8 +568,8 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
             if (act[r] == 0) continue;
             const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
             const float* P = S + r * nb + (ra - a);
-            if (whole) decode_kernels::AddPV<kRows>(P, t.M * nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, t.M * D);
-            else decode_kernels::AddPV<1>(P, nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, D);
+            if (whole) decode_kernels::AddPV<kRows>(P, t.M * nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, t.M * D, ahead);
+            else decode_kernels::AddPV<1>(P, nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, D, ahead);
           }
         }
     }
