@@ -381,6 +381,9 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
   }
 }
 
+// xl: the keys of one product of the position terms, a prefetch step after each.
+constexpr I kXlPart = 16;
+
 // rope2d mixed: whether the next block's prefetch is spread over the block's MixedLogits4 calls
 // (else issued at the block's end); once per process.
 inline bool MixedSpread() {
@@ -450,21 +453,27 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
       if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r])
         a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
     if (a >= e) continue;
-    if (X && e > t1) {  // the window of this block's keys: its position terms, every kv head's rows
+    if (X && e > t1) {  // the window of this block's keys: every kv head's rows turned by its angles
       const I k = (c0 - t.j0) / nt;
       t0 = t.j0 + k * nt, t1 = std::min(t.j1, t0 + nt);
       win->seek(k);
       win->turn(t.yt, H * R, yw);
-      attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, t1 - t0, H * R, X, 1.f, ctab, X, yw, H * R, Sxt, H * R);
-      t.tr(Sxt, H * R, t1 - t0, H * R, Sx, nt);
     }
     // The next block's prefetch, a step per Logits4 call and per four keys of each AddPV pass (rope2d
     // mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than spread over
     // the block; spread faster on Intel: docs/performance.md).
     const I groups = H * ((e - a + 3) / 4) * RowGroups(t), pv = groups * decode_kernels::PVPasses(D);
     const I calls = !t.mixed || MixedSpread() ? groups + pv : 0;
-    if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls);
-    else ahead.Start(c1, std::min(t.j1, c1 + nb), calls);
+    const I xl_parts = X ? (e - a + kXlPart - 1) / kXlPart : 0;
+    if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls + xl_parts);
+    else ahead.Start(c1, std::min(t.j1, c1 + nb), calls + xl_parts);
+    for (I x0 = a; x0 < a + xl_parts * kXlPart; x0 += kXlPart) {  // xl: the keys' position terms, every
+      const I n = std::min(e, x0 + kXlPart) - x0;                  // kv head's rows, kXlPart keys at a time
+      attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, n, H * R, X, 1.f, ctab + (x0 - t0) * X, X, yw, H * R,
+                           Sxt, H * R);
+      t.tr(Sxt, H * R, n, H * R, Sx + (x0 - t0), nt);
+      ahead.Next();
+    }
     for (I kh = 0; kh < H; ++kh) {
       const I* lo = t.lo + kh * R;
       const I* hi = t.hi + kh * R;
