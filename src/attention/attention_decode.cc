@@ -317,10 +317,12 @@ void prepare_cope(const attn::Dims& d, const PosData& pd, const std::vector<doub
 void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd, float* Q, float* Yt, float* qe) {
   const I M = d.M, G = d.G, D = d.D;
   std::vector<double> x(ix(M * G * D));  // [1, M, G, D]
-  for (I i = 0; i < M; ++i)
-    for (I g = 0; g < G; ++g)
-      for (I e = 0; e < D; ++e)
-        x[ix((i * G + g) * D + e)] = q.get(((b * M + i) * d.Hq + kh * G + g) * D + e);
+  std::vector<float> row(ix(M * D));       // head kh·G + g's M rows
+  for (I g = 0; g < G; ++g) {
+    attn_fast::load_rows(q, D, b, 0, M, kh * G + g, row.data());
+    for (I i = 0; i < M; ++i)
+      for (I e = 0; e < D; ++e) x[ix((i * G + g) * D + e)] = row[ix(i * D + e)];
+  }
   if (d.rotary) {  // (rope2d mixed's keys, rotated in the task, carry no scale: its plan's a is 1)
     const I A = static_cast<I>(d.q_ids.size()) / (d.B * M);
     const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
