@@ -20,9 +20,10 @@
 //     more); FIRE's MLP on x = ψ(|Δ|)/ψ(max(L, qp)), the hidden units shared by a kv head's G heads;
 //   xl: Q = scale·(q + u_h), and + Ỹ_r·s(j) per key j = kp − k_off, Ỹ_r = scale·(q + v_h)·W_h with
 //     each (sin, cos) pair rotated by the query's angles (prepare_xl; the identities of
-//     attention_xl_cpu.cc); per window of xl_table_keys keys from t0, every kv head's rows at once,
-//     a tile product C·Ỹ'ᵀ (tile_gemm.h) of the task's table C of s(m), m < nt (sinusoidal_table),
-//     Ỹ' = Ỹ turned by t0's angles (attention_decode_xl.h), transposed;
+//     attention_xl_cpu.cc); per 16 keys of a block, every kv head's rows at once, a tile product
+//     C·Ỹ'ᵀ (tile_gemm.h) of the task's table C of s(m), m < nt (sinusoidal_table), Ỹ' = Ỹ turned
+//     by the angles of t0, the first key of the keys' window of xl_table_keys (attention_decode_xl.h),
+//     transposed;
 //   rope2d mixed (unrotated keys): the rows turned back by the y and high x angles of each run of
 //     keys sharing them, each key turned in registers by its low x angle per head, from a table of
 //     kLow rows per head (attention_decode_rope2d-inl.h: TurnBackY, TurnBackX, MixedLogits4);

@@ -406,9 +406,9 @@ inline I RowGroups(const decode_impl::Task& t) {
 // (unnormalised). scratch: scratch_floats(Hkv, D, R, X, mixed) floats. Returns false at a NaN or +inf logit
 // (or where xl's sinusoid table could not be formed).
 // Per block of keys and per kv head: the logits of its R rows, straight from the K rows (xl: plus the
-// position terms, every kv head's rows at once in a tile product C·Ỹ'ᵀ per window of xl_table_keys
-// keys, C the task's table of s(m), Ỹ' the rows turned by the window's angles (XlWindows), then
-// transposed); bias and
+// position terms, every kv head's rows at once in a tile product C·Ỹ'ᵀ per kXlPart keys, C the
+// task's table of s(m), Ỹ' the rows turned by the angles of the keys' window of xl_table_keys
+// (XlWindows), then transposed); bias and
 // online softmax per row (cope: the position term first, CopeRow, with key blocks walked from the
 // last; rope2d mixed: MixedLogitRows per run of keys sharing y and x's high part); o += P·V straight
 // from the V rows. The rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
@@ -427,7 +427,7 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
   float* ctab = qyy + (t.mixed ? H * R * D : 0);      // xl: [nt, X], the sinusoids s(m), m < nt
   float* yw = ctab + X * nt;  // xl: [X, H·R], Ỹᵀ turned for the window [t0, t1) (XlWindows)
   float* Sx = yw + X * H * R;  // xl: [H·R, nt], the position terms of keys [t0, t1)
-  float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [nt, H·R], the same as the product gives them
+  float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [kXlPart, H·R] of [nt, H·R], as the product gives them
   I t0 = 0, t1 = 0;
   std::optional<decode_impl::XlWindows> win;
   if (X) {  // key j's sinusoid is s(j), its position relative to k_off (Ỹ's α likewise)
