@@ -42,11 +42,12 @@ void sum_bytes(const void* a, const void* b, std::size_t bytes, int threads) {
 // How many copies of K and V a decode row cycles through, one per call: enough that they fill twice
 // the last-level cache, so that every call reads its cache from memory, as each layer of a model
 // reads its own cache once per step (a 128 MiB cache in a 480 MiB L3 would otherwise be read from
-// the cache by kernel and baseline alike).
+// the cache by kernel and baseline alike); at most 4 GiB of them.
 std::size_t cache_copies(std::size_t kv_bytes) {
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
   const std::size_t cold = 2 * (llc > 0 ? static_cast<std::size_t>(llc) : std::size_t{64} << 20);
-  return std::max<std::size_t>(1, (cold + kv_bytes - 1) / kv_bytes);
+  const std::size_t cap = (std::size_t{4} << 30) / kv_bytes;
+  return std::max<std::size_t>(1, std::min(cap, (cold + kv_bytes - 1) / kv_bytes));
 }
 
 // A decode step: M = 1 query at the end of N cached keys, q [1, 1, Hq, D], k and v [1, N, Hkv, D]
