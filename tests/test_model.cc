@@ -497,6 +497,8 @@ TEST(Model, CheckpointWithABadHeaderIsRefused) {
   for (const std::string& bad :
        {with(lnf_b + offsets, lnf_b + wrapped), with("\"posenc.config\":\"", "\"posenc.config\":5,\"x\":\""),
         with("\\\"vocab\\\":" + std::to_string(c.vocab), "\\\"vocab\\\":1099511627776"),
+        with("\\\"vocab\\\":" + std::to_string(c.vocab), "\\\"vocab\\\":4.4e40"),  // no int64 holds it
+        with("\\\"vocab\\\":" + std::to_string(c.vocab), "\\\"vocab\\\":9223372036854775808"),
         with("\"lnf.g\":{", "\"lnf.g\":[1,2],\"unused\":{"), with(lnf_b, "\"lnf.b\":{\"x\":[")}) {
     const Expected<Checkpoint> ck = checkpoint_from_bytes(bad, "bad");
     EXPECT_FALSE(ck.ok()) << bad.substr(8, 300);

@@ -140,6 +140,16 @@ TEST(StudyJobs, RowsAndConfigReadBack) {
   const Expected<PlannedStudy> bad = study_config_from_json("{\"preset\": \"quick\"}");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().arg(), "plan");
+  const std::string plan = study_config_json(cfg, "quick", "task copy");
+  const std::string steps = "\"steps\":" + std::to_string(cfg.steps);
+  ASSERT_NE(plan.find(steps), std::string::npos) << plan;
+  for (const char* to : {"\"steps\":1e30", "\"steps\":9223372036854775808", "\"steps\":\"5\""}) {
+    std::string p = plan;
+    p.replace(p.find(steps), steps.size(), to);
+    const Expected<PlannedStudy> refused = study_config_from_json(p);
+    EXPECT_FALSE(refused.ok()) << to;
+    if (!refused.ok()) EXPECT_EQ(refused.status().arg(), "plan") << to;
+  }
 }
 
 class PlanDir : public ::testing::Test {

@@ -132,6 +132,33 @@ TEST(StudyResults, FromJsonRefusesOtherText) {
       EXPECT_EQ(r.status().arg(), "result") << bad;
     }
   }
+  // A line whose numbers no field can hold: an encoding past the registry, a float or 2^63 where an
+  // integer belongs, a negative seed.
+  StudyResult good;
+  good.name = "rope";
+  good.encoding = Encoding::kRope;
+  good.seeds = {7};
+  good.eval.push_back(EvalPoint{});
+  good.eval.back().len = 16;
+  const std::string line = result_to_json(good);
+  ASSERT_TRUE(result_from_json(line).ok());
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = line;
+    const std::size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) s.replace(at, from.size(), to);
+    return s;
+  };
+  const std::string enc = "\"encoding\":" + std::to_string(int(Encoding::kRope));
+  for (const std::string& bad : {with(enc, "\"encoding\":" + std::to_string(registry().size())),
+                                 with(enc, "\"encoding\":-1"), with(enc, "\"encoding\":3.5"),
+                                 with("\"len\":16", "\"len\":1e30"),
+                                 with("\"len\":16", "\"len\":9223372036854775808"),
+                                 with("\"seed\":7", "\"seed\":-7")}) {
+    const Expected<StudyResult> r = result_from_json(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_EQ(r.status().arg(), "result") << bad;
+  }
 }
 
 TEST(StudyResults, CsvHasOneRowPerEncodingAndLength) {

@@ -12,6 +12,7 @@
 
 #include "posenc/bias.h"
 #include "posenc/rope.h"
+#include "study/json_int.h"
 #include "study/model.h"
 #include "study/temp_files.h"
 
@@ -48,24 +49,24 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
     Expected<EncodingInfo> e = find_encoding(j.at("encoding").get<std::string>());
     if (!e.ok()) return e.status();
     c.encoding = e.value().id;
-    c.vocab = j.at("vocab").get<std::int64_t>();
-    c.d_model = j.at("d_model").get<std::int64_t>();
-    c.n_layers = j.at("n_layers").get<std::int64_t>();
-    c.n_heads = j.at("n_heads").get<std::int64_t>();
-    c.d_ff = j.at("d_ff").get<std::int64_t>();
-    c.max_len = j.at("max_len").get<std::int64_t>();
-    c.xl_dim = j.at("xl_dim").get<std::int64_t>();
-    c.cope_npos = j.at("cope_npos").get<std::int64_t>();
+    c.vocab = json_int(j.at("vocab"));
+    c.d_model = json_int(j.at("d_model"));
+    c.n_layers = json_int(j.at("n_layers"));
+    c.n_heads = json_int(j.at("n_heads"));
+    c.d_ff = json_int(j.at("d_ff"));
+    c.max_len = json_int(j.at("max_len"));
+    c.xl_dim = json_int(j.at("xl_dim"));
+    c.cope_npos = json_int(j.at("cope_npos"));
     Expected<RopeLayout> layout = parse_rope_layout(j.at("rope").at("layout").get<std::string>());
     if (!layout.ok()) return layout.status();
     c.rope.layout = layout.value();
-    c.rope.rotary_dim = j.at("rope").at("rotary_dim").get<std::int64_t>();
+    c.rope.rotary_dim = json_int(j.at("rope").at("rotary_dim"));
     c.rope.theta = j.at("rope").at("theta").get<double>();
     Expected<AlibiVariant> var = parse_alibi_variant(j.at("alibi").at("variant").get<std::string>());
     if (!var.ok()) return var.status();
     c.alibi.variant = var.value();
-    c.t5.num_buckets = j.at("t5").at("num_buckets").get<std::int64_t>();
-    c.t5.max_distance = j.at("t5").at("max_distance").get<std::int64_t>();
+    c.t5.num_buckets = json_int(j.at("t5").at("num_buckets"));
+    c.t5.max_distance = json_int(j.at("t5").at("max_distance"));
     c.sinusoid_base = j.at("sinusoid_base").get<double>();
     // Keys written since rope2d, mrope, xpos, KERPLE, Sandwich and FIRE joined the model (absent: the
     // defaults).
@@ -82,7 +83,7 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
       Expected<MropeVariant> v = parse_mrope_variant(j.at("mrope").at("variant").get<std::string>());
       if (!v.ok()) return v.status();
       c.mrope.variant = v.value();
-      c.mrope.mrope_section = j.at("mrope").at("mrope_section").get<std::vector<std::int64_t>>();
+      c.mrope.mrope_section = json_ints(j.at("mrope").at("mrope_section"));
     }
     if (j.contains("xpos")) {
       c.xpos.scale_base = j.at("xpos").at("scale_base").get<double>();
@@ -94,10 +95,10 @@ Expected<ModelConfig> config_from_json(const nlohmann::json& j) {
       c.kerple.kernel = k.value();
     }
     if (j.contains("sandwich")) {
-      c.sandwich.sinusoid_dim = j.at("sandwich").at("sinusoid_dim").get<std::int64_t>();
+      c.sandwich.sinusoid_dim = json_int(j.at("sandwich").at("sinusoid_dim"));
       c.sandwich.base = j.at("sandwich").at("base").get<double>();
     }
-    if (j.contains("fire_width")) c.fire_width = j.at("fire_width").get<std::int64_t>();
+    if (j.contains("fire_width")) c.fire_width = json_int(j.at("fire_width"));
   } catch (const nlohmann::json::exception& ex) {
     return Status::Invalid("checkpoint", std::string("bad posenc.config: ") + ex.what());
   }

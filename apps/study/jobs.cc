@@ -2,6 +2,7 @@
 #include "study/jobs.h"
 
 #include "study/extend.h"
+#include "study/json_int.h"
 #include "study/run.h"
 #include "study/temp_files.h"
 
@@ -166,14 +167,14 @@ Expected<PlannedStudy> study_config_from_json(const std::string& text) {
     Expected<StudyConfig> cfg = study_preset(ps.preset);
     if (!cfg.ok()) return Status::Invalid("plan", cfg.status().message());
     ps.cfg = std::move(cfg).value();
-    ps.cfg.train_len = j.at("train_len").get<std::int64_t>();
-    ps.cfg.steps = j.at("steps").get<std::int64_t>();
-    ps.cfg.batch = j.at("batch").get<std::int64_t>();
-    ps.cfg.seed = j.at("seed").get<std::uint64_t>();
-    ps.cfg.seeds = j.at("seeds").get<std::int64_t>();
-    ps.cfg.eval_multiples = j.at("eval_multiples").get<std::vector<std::int64_t>>();
-    ps.cfg.eval_tokens = j.at("eval_tokens").get<std::int64_t>();
-    ps.cfg.eval_examples = j.at("eval_examples").get<std::int64_t>();
+    ps.cfg.train_len = json_int(j.at("train_len"));
+    ps.cfg.steps = json_int(j.at("steps"));
+    ps.cfg.batch = json_int(j.at("batch"));
+    ps.cfg.seed = json_uint(j.at("seed"));
+    ps.cfg.seeds = json_int(j.at("seeds"));
+    ps.cfg.eval_multiples = json_ints(j.at("eval_multiples"));
+    ps.cfg.eval_tokens = json_int(j.at("eval_tokens"));
+    ps.cfg.eval_examples = json_int(j.at("eval_examples"));
     ps.cfg.extend = j.at("extend").get<bool>();
     if (!j.at("task").is_null()) {
       Expected<Task> t = parse_task(j.at("task").get<std::string>());

@@ -12,6 +12,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "posenc/registry.h"
+#include "study/json_int.h"
+
 namespace posenc {
 namespace {
 
@@ -70,14 +73,18 @@ Expected<StudyResult> result_from_json(const std::string& line) {
   try {
     StudyResult r;
     r.name = j.at("name").get<std::string>();
-    r.encoding = Encoding(j.at("encoding").get<int>());
-    r.seeds = {j.at("seed").get<std::uint64_t>()};
+    const std::int64_t enc = json_int(j.at("encoding"));
+    if (enc < 0 || enc >= std::int64_t(registry().size()))
+      return Status::Invalid("result", "expected an encoding's number in [0, " + std::to_string(registry().size()) +
+                                           "), got " + std::to_string(enc));
+    r.encoding = Encoding(enc);
+    r.seeds = {json_uint(j.at("seed"))};
     r.final_train_loss = j.at("final_train_loss").get<double>();
     r.train_seconds = j.at("train_seconds").get<double>();
     r.tokens_per_second = j.at("tokens_per_second").get<double>();
     for (const json& p : j.at("eval")) {
       EvalPoint pt;
-      pt.len = p.at("len").get<std::int64_t>();
+      pt.len = json_int(p.at("len"));
       if (!p.at("ppl").is_null()) pt.ppl = p.at("ppl").get<double>();
       if (!p.at("acc").is_null()) pt.acc = p.at("acc").get<double>();
       if (p.contains("depth")) pt.depth = p.at("depth").get<double>();
