@@ -57,11 +57,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "attention/attention_decode.h"
 #include "attention/attention_decode_rope2d.h"
 #include "attention/attention_decode_task.h"
 #include "attention/attention_tiles.h"
+#include "attention/tile_gemm_bf16.h"
 #include "core/fast_common.h"
 #include "enc/bias/alibi/alibi_math.h"
 #include "enc/bias/fire/fire_check.h"
@@ -72,6 +74,7 @@
 #include "enc/bias/xl/xl_math.h"
 #include "enc/contextual/cope/cope_math.h"
 #include "enc/rotary/rotary_plan.h"
+#include "posenc/half.h"
 #include "posenc/threads.h"
 
 namespace posenc {
@@ -274,7 +277,7 @@ struct PosData {
 // (q + v_h)·W_h (a float tile product, as the tile kernel's), each (sin, cos) pair rotated by the
 // query's angles α = ω·(qp − k_off) and scaled, so that Ỹ·s(j) = scale·Y·s(qp − kp) for key j = kp −
 // k_off (the angle-difference identities; docs/attention.md).
-void prepare_xl(const attn::Dims& d, const PosData& xl, I kh, const std::vector<double>& x, float* Q, float* Yt) {
+void prepare_xl(const attn::Dims& d, const PosData& xl, I kh, const std::vector<double>& x, float* Q, float* Qu, float* Yt) {
   const I ldy = d.Hkv * d.G * d.M;  // Ỹ is kept transposed, [X, Hkv·R]: Yt points at (kh·R)'s column
   const I M = d.M, G = d.G, D = d.D, X = d.R;
   std::vector<float> qv(ix(M * D)), y(ix(M * X));
@@ -288,6 +291,7 @@ void prepare_xl(const attn::Dims& d, const PosData& xl, I kh, const std::vector<
       for (I e = 0; e < D; ++e) {
         const double xe = x[ix((i * G + g) * D + e)];
         Q[(g * M + i) * D + e] = static_cast<float>(d.scale * (xe + xl.u[ix(h * D + e)]));
+        if (Qu) Qu[(g * M + i) * D + e] = static_cast<float>(xe + xl.u[ix(h * D + e)]);
         qv[ix(i * D + e)] = static_cast<float>(xe + xl.v[ix(h * D + e)]);
       }
     attn_fast::tile_gemm(xl.gemm, attn_fast::GemmForm::kNP, M, X, D, 1.f, qv.data(), D, xl.w + h * D * X, X, y.data(), X);
@@ -314,8 +318,10 @@ void prepare_cope(const attn::Dims& d, const PosData& pd, const std::vector<doub
 }
 
 // Q [R, D] of (b, kh): q_i of head kh·G + g, rotated (rotary encodings; in double, as the reference)
-// and scaled, at row g·M + i; xl: its Q and Ỹ (prepare_xl); cope: qe [R, ncol] (prepare_cope).
-void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd, float* Q, float* Yt, float* qe) {
+// and scaled, at row g·M + i; Qu (unless null): the same rows unscaled; xl: its Q and Ỹ (prepare_xl);
+// cope: qe [R, ncol] (prepare_cope).
+void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd, float* Q, float* Qu, float* Yt,
+               float* qe) {
   const I M = d.M, G = d.G, D = d.D;
   std::vector<double> x(ix(M * G * D));  // [1, M, G, D]
   std::vector<float> row(ix(M * D));       // head kh·G + g's M rows
@@ -329,11 +335,37 @@ void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd,
     const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
     rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1, kh * G);
   }
-  if (pd.X) return prepare_xl(d, pd, kh, x, Q, Yt);
+  if (pd.X) return prepare_xl(d, pd, kh, x, Q, Qu, Yt);
   if (pd.npos) prepare_cope(d, pd, x, qe);
   for (I i = 0; i < M; ++i)
     for (I g = 0; g < G; ++g)
-      for (I e = 0; e < D; ++e) Q[(g * M + i) * D + e] = static_cast<float>(d.scale * x[ix((i * G + g) * D + e)]);
+      for (I e = 0; e < D; ++e) {
+        const double xe = x[ix((i * G + g) * D + e)];
+        Q[(g * M + i) * D + e] = static_cast<float>(d.scale * xe);
+        if (Qu) Qu[(g * M + i) * D + e] = static_cast<float>(xe);
+      }
+}
+
+// The bfloat16 rate of a call (decode_impl::Task::dp): bfloat16 q, k, v with bf16_rate, an even D,
+// not rope2d mixed (its keys turned per head), and the VDPBF16PS kernels chosen for this CPU
+// (tile_gemm_bf16.h: AMD CPUs with AVX512_BF16, or their emulation for tests); 0 elsewhere.
+int bf16_rate(const AttentionParams& p, const attn::Dims& d, DType dt, bool mixed) {
+  if (dt != DType::kBF16 || !p.bf16_rate || d.D % 2 != 0 || mixed) return 0;
+  const attn_fast::Bf16Ops* ops = attn_fast::bf16_ops();
+  if (!ops) return 0;
+  const std::string name = ops->name;
+  return name == "vdpbf16" ? 1 : name == "emulated" ? 2 : 0;
+}
+
+// x [n] as hi + lo, each rounded to bfloat16 (to nearest even); returns whether every lo is 0.
+bool split_bf16(const float* x, I n, std::uint16_t* hi, std::uint16_t* lo) {
+  bool exact = true;
+  for (I e = 0; e < n; ++e) {
+    const bf16 h = to_bf16(x[e]), l = to_bf16(x[e] - to_float(h));
+    hi[e] = h.bits, lo[e] = l.bits;
+    exact = exact && to_float(l) == 0.f;
+  }
+  return exact;
 }
 
 }  // namespace
@@ -374,6 +406,7 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   const I X = pd.X, ncol = pd.ncol;
   const bool mixed = d.rotary && d.rot.per_head();  // rope2d mixed: the tables of the keys' rotations
   const std::shared_ptr<const decode_impl::MixedData> md = mixed ? decode_impl::mixed_tables(d, threads) : nullptr;
+  const int dp = bf16_rate(p, d, q.dtype, mixed);
   // visible keys per row r = g·M + i (and head): causal / nonsymmetric ALiBi's halves
   std::vector<I> lo(ix(Hkv * R)), hi(ix(Hkv * R));
   const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;
@@ -414,13 +447,14 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
 #pragma omp parallel num_threads(th) if (th > 1)
   {
     std::vector<float> scratch(ix(decode_impl::scratch_floats(Hkv, D, R, X, mixed))), Q(ix(HR * D)), Yt(ix(HR * X));
-    std::vector<float> qe(ix(HR * ncol)), mine(P > 1 ? 0 : ix(per));
+    std::vector<float> qe(ix(HR * ncol)), mine(P > 1 ? 0 : ix(per)), Qu(dp ? ix(HR * D) : 0);
+    std::vector<std::uint16_t> qhi(Qu.size()), qlo(Qu.size());
 #pragma omp for schedule(static)
     for (I task = 0; task < tasks; ++task) {
       if (bad.load(std::memory_order_relaxed)) continue;
       const I b = task / P, part = task % P;
       for (I kh = 0; kh < Hkv; ++kh)
-        prepare_q(d, q, b, kh, pd, &Q[ix(kh * R * D)], X ? Yt.data() + kh * R : nullptr,
+        prepare_q(d, q, b, kh, pd, &Q[ix(kh * R * D)], dp ? &Qu[ix(kh * R * D)] : nullptr, X ? Yt.data() + kh * R : nullptr,
                   ncol ? qe.data() + kh * R * ncol : nullptr);
       decode_impl::Task tk{D, G, M, d.Hq, Hkv, q.dtype, Q.data(),
                            static_cast<const char*>(k.data) + ix(b * k.strides[0]) * esz,
@@ -431,6 +465,10 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
       tk.npos = pd.npos, tk.ncol = ncol, tk.qe = qe.data();
       const decode_impl::MixedKeys mk = mixed ? md->row(d, b) : decode_impl::MixedKeys{};
       if (mixed) tk.mixed = &mk;
+      if (dp) {
+        tk.dp = dp, tk.qscale = static_cast<float>(d.scale), tk.qhi = qhi.data();
+        tk.qlo = split_bf16(Qu.data(), HR * D, qhi.data(), qlo.data()) ? nullptr : qlo.data();
+      }
       float* res = P > 1 ? &parts[ix(task * per)] : mine.data();
       if (!decode_impl::run_task(tk, scratch.data(), res, res + HR, res + 2 * HR)) {
         bad = true;

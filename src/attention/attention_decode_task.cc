@@ -21,6 +21,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include "attention/attention_decode_kernels-inl.h"
+#include "attention/attention_decode_bf16-inl.h"
 #include "attention/attention_decode_rope2d-inl.h"
 #include "enc/contextual/cope/cope_simd-inl.h"
 #include "core/simd-inl.h"
@@ -321,6 +322,51 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
   }
 }
 
+// Whether task t takes its products at the bfloat16 rate on this target (attention_decode_bf16-inl.h).
+template <class T>
+HWY_INLINE bool BfRate(const decode_impl::Task& t) {
+#if POSENC_DECODE_BF16
+  return std::is_same_v<T, hwy::bfloat16_t> && t.dp != 0;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// The logits of NR rows of kv head kh, rows r, r + ldr, … (S[x·lds + j] for x < NR) for keys j < n
+// at K: the float32 products of t.q, or at the bfloat16 rate those of qhi + qlo.
+template <int NR, class T>
+HWY_INLINE void RowLogits(const decode_impl::Task& t, I kh, I r, I ldr, const T* HWY_RESTRICT K, I n,
+                          float* HWY_RESTRICT S, I lds, Ahead& ahead) {
+  const I D = t.D, row = (kh * t.G * t.M + r) * D;
+#if POSENC_DECODE_BF16
+  if (BfRate<T>(t)) {
+    const auto* k = reinterpret_cast<const std::uint16_t*>(K);
+    const std::uint16_t* lo = t.qlo ? t.qlo + row : nullptr;
+    if (t.dp == 1) decode_bf16::LogitRows<NR, true>(t.qhi + row, lo, ldr * D, k, t.kld, n, D, t.qscale, S, lds, ahead);
+    else decode_bf16::LogitRows<NR, false>(t.qhi + row, lo, ldr * D, k, t.kld, n, D, t.qscale, S, lds, ahead);
+    return;
+  }
+#endif
+  LogitRows<NR>(t.q + row, ldr * D, K, t.kld, n, D, S, lds, ahead);
+}
+
+// o_x += P_x·V over n keys for NR rows (P_x = P + x·ldp, o_x = o + x·ldo): the float32 products,
+// or at the bfloat16 rate those of P rounded to bfloat16.
+template <int NR, class T>
+HWY_INLINE void RowsPV(const decode_impl::Task& t, const float* HWY_RESTRICT P, I ldp, const T* HWY_RESTRICT V, I n,
+                       float* HWY_RESTRICT o, I ldo, Ahead& ahead) {
+#if POSENC_DECODE_BF16
+  if (BfRate<T>(t)) {
+    const auto* v = reinterpret_cast<const std::uint16_t*>(V);
+    if (t.dp == 1) decode_bf16::AddPV<NR, true>(P, ldp, v, t.vld, n, t.D, o, ldo, ahead);
+    else decode_bf16::AddPV<NR, false>(P, ldp, v, t.vld, n, t.D, o, ldo, ahead);
+    return;
+  }
+#endif
+  decode_kernels::AddPV<NR>(P, ldp, V, t.vld, n, t.D, o, ldo, ahead);
+}
+
 // rope2d mixed: S[i·lds + j] = Q_i·R(θˣ·t_j)K_j for NR rows Q_i = Q + i·ldq (turned back by the
 // rest) and keys [j0, j0 + n) (K_j = K + j·kld), row i head h's (kHeads: head h + i's), four keys at
 // a time, each four one step of the prefetch (MixedLogitRowsR: the layout and the rotary width
@@ -531,8 +577,8 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
             const I r = g * t.M + i, ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
             if (ra >= re) continue;
             float* Sr = S + r * nb + (ra - a);
-            if (whole) LogitRows<kRows>(Q + r * D, t.M * D, Kh + ra * t.kld, t.kld, re - ra, D, Sr, t.M * nb, ahead);
-            else LogitRows<1>(Q + r * D, D, Kh + ra * t.kld, t.kld, re - ra, D, Sr, nb, ahead);
+            if (whole) RowLogits<kRows>(t, kh, r, t.M, Kh + ra * t.kld, re - ra, Sr, t.M * nb, ahead);
+            else RowLogits<1>(t, kh, r, 1, Kh + ra * t.kld, re - ra, Sr, nb, ahead);
           }
         }
       std::fill(act, act + R, 0.f);
@@ -577,8 +623,8 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
             if (act[r] == 0) continue;
             const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
             const float* P = S + r * nb + (ra - a);
-            if (whole) decode_kernels::AddPV<kRows>(P, t.M * nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, t.M * D, ahead);
-            else decode_kernels::AddPV<1>(P, nb, Vh + ra * t.vld, t.vld, re - ra, D, o + r * D, D, ahead);
+            if (whole) RowsPV<kRows>(t, P, t.M * nb, Vh + ra * t.vld, re - ra, o + r * D, t.M * D, ahead);
+            else RowsPV<1>(t, P, nb, Vh + ra * t.vld, re - ra, o + r * D, D, ahead);
           }
         }
     }

@@ -88,6 +88,13 @@ struct Task {
   I ncol = 0;                   // cope: the columns of qe, min(npos, N + 1)
   const float* qe = nullptr;    // cope: [Hkv, R, ncol], q·e_c of each row (q unscaled)
   const MixedKeys* mixed = nullptr;  // rope2d mixed: the keys' rotations (q: only its own)
+  // bfloat16 K and V at the bfloat16 rate (attention_decode_bf16-inl.h; AVX-512 targets): 1 VDPBF16PS,
+  // 2 its emulation, 0 the float32 products. The logits read the rows q/qscale as qhi + qlo, each
+  // [Hkv, R, D] bfloat16 (qlo null: every row exact in bfloat16), times qscale; not cope's counts.
+  int dp = 0;
+  const std::uint16_t* qhi = nullptr;
+  const std::uint16_t* qlo = nullptr;
+  float qscale = 1;
 };
 }  // namespace posenc::decode_impl
 
