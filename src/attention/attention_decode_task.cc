@@ -605,6 +605,8 @@ bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, f
         const float sum = ExpSubSum(Sr, n, mn);
         if (m[r] == -HUGE_VALF) {
           l[r] = sum;
+        } else if (mn == m[r]) {  // the max kept (the usual case after the first blocks): no rescaling
+          l[r] += sum;
         } else {
           const float corr = std::exp(m[r] - mn);
           if (corr != 1.f) ScaleRow(o + r * D, D, corr);
