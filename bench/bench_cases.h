@@ -60,7 +60,7 @@ struct Case {
   std::string kernel, encoding, shape;
   DType dtype;
   std::string unit = "GB/s";
-  std::string path;  // attention: attention_path(); decode rows: "decode"
+  std::string path;  // attention: attention_path(); decode rows: "decode" or "decode+vdpbf16"
   std::function<Bound(int threads)> setup;
   // Attention other than nope: nope's case of the same kernel, shape and dtype, timed in the same
   // rounds as this one for vs_nope.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 
+#include "attention/attention_decode.h"
 #include "bench/bench_cases.h"
 
 namespace posenc::bench_impl {
@@ -54,12 +55,20 @@ std::size_t cache_copies(std::size_t kv_bytes) {
 // of dtype dt (rope: keys_rotated, the cache holds rotated keys), not causal (the one query sees every
 // key either way). Rate: the K and V bytes read per second; baseline: sum_bytes over the same buffers.
 // Each call, of the kernel or of the baseline, reads the next of cache_copies() copies of K and V.
-Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt) {
+// rate: AttentionParams::bf16_rate. The path names the products: "decode", or "decode+vdpbf16" for
+// bfloat16 pairs (decode::bf16_products).
+Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt, bool rate = true) {
   Case c{"attention.decode", encoding_info(enc).name, shape_str({1, N, Hkv, D}) + "/" + std::to_string(Hq), dt};
-  c.path = "decode";
+  AttentionParams p0;
+  p0.encoding = enc;
+  p0.bf16_rate = rate;
+  if (enc == Encoding::kRope2d) p0.rope2d.variant = Rope2dVariant::kMixed;
+  const std::string pairs = decode::bf16_products(p0, D, dt);
+  c.path = pairs.empty() ? "decode" : "decode+" + pairs;
   c.setup = [=](int threads) {
     auto a = std::make_shared<AttnProblem>();
     a->p.encoding = enc;
+    a->p.bf16_rate = rate;
     a->p.keys_rotated = enc == Encoding::kRope;
     const std::size_t es = dtype_size(dt), kv = ix(N * Hkv * D) * es;
     auto qm = std::make_shared<Mem>(ix(Hq * D) * es, 1), om = std::make_shared<Mem>(ix(Hq * D) * es, 1);
@@ -140,6 +149,9 @@ std::vector<Case> decode_cases() {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
       for (Encoding e : decode_encodings()) cs.push_back(decode_case(e, N, 32, 8, 128, dt));
   for (DType dt : {DType::kF32, DType::kF16}) cs.push_back(decode_case(Encoding::kNope, 32768, 8, 2, 64, dt));
+  // bfloat16 with the float32 products (bf16_rate false), beside the rows above where they differ
+  if (!decode::bf16_products(AttentionParams{}, 128, DType::kBF16).empty())
+    cs.push_back(decode_case(Encoding::kNope, 32768, 32, 8, 128, DType::kBF16, false));
   return cs;
 }
 

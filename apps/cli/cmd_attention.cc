@@ -232,8 +232,8 @@ Command add_attention_command(CLI::App& root) {
                 "'posenc apply'); only q is rotated, and --grad-k is the rotated keys' gradient")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   app->add_flag("--float32-products", st->float32_products,
-                "bfloat16 q, k, v: keep the float32 tile products where the CPU has AMX (the same results "
-                "on every CPU) instead of products on bfloat16 pairs")
+                "bfloat16 q, k, v: keep the float32 products (the same results on every CPU) instead of "
+                "products on bfloat16 pairs where the CPU multiplies them (AMX; AVX512_BF16 on AMD)")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   st->scale_opt = add_text(app, "--scale", &st->scale, "multiplies q.k (default 1/sqrt(D))", "FLOAT");
   st->q_offset_opt =

@@ -22,9 +22,9 @@ struct AttentionParams {
   // Rotary encodings but rope2d mixed: k already carries its rotation at its positions (a KV cache
   // filled through rope_forward); only q is rotated, and dk is the gradient of those rotated keys.
   bool keys_rotated = false;
-  // bfloat16 q, k, v (and dout): the fused forward's and backward's products on bfloat16 pairs where
-  // the CPU has AMX (P, dS rounded to bfloat16, docs/attention.md). false: the float32 products, the
-  // same results on every CPU.
+  // bfloat16 q, k, v (and dout): the fused forward's and backward's products (the decode kernel's
+  // too) on bfloat16 pairs where the CPU multiplies them (AMX; AVX512_BF16 on AMD), P and dS rounded
+  // to bfloat16 (docs/attention.md). false: the float32 products, the same results on every CPU.
   bool bf16_rate = true;
   RopeParams rope;
   Rope2dParams rope2d;

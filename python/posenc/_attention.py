@@ -75,8 +75,8 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
     the learned tensors. return_lse: also the float64 log-sum-exp [B, Hq, M] (not differentiable).
     keys_rotated: k already carries its rotation (a cache of rotated keys; rotary encodings): q only
     is rotated. bf16_rate: bfloat16 q, k, v take the forward's and backward's products on bfloat16
-    pairs where the CPU has AMX (P, dS rounded to bfloat16); False keeps the float32 products, the
-    same results everywhere.
+    pairs where the CPU multiplies them (AMX; AVX512_BF16 on AMD; P, dS rounded to bfloat16); False
+    keeps the float32 products, the same results everywhere.
     """
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and
             q.dtype in FLOAT_DTYPES and k.dtype in FLOAT_DTYPES and v.dtype in FLOAT_DTYPES):

@@ -346,14 +346,9 @@ void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd,
       }
 }
 
-// The bfloat16 rate of a call (decode_impl::Task::dp): bfloat16 q, k, v with bf16_rate, an even D,
-// not rope2d mixed (its keys turned per head), and the VDPBF16PS kernels chosen for this CPU
-// (tile_gemm_bf16.h: AMD CPUs with AVX512_BF16, or their emulation for tests); 0 elsewhere.
-int bf16_rate(const AttentionParams& p, const attn::Dims& d, DType dt, bool mixed) {
-  if (dt != DType::kBF16 || !p.bf16_rate || d.D % 2 != 0 || mixed) return 0;
-  const attn_fast::Bf16Ops* ops = attn_fast::bf16_ops();
-  if (!ops) return 0;
-  const std::string name = ops->name;
+// The bfloat16 rate of a call as decode_impl::Task::dp: 1 VDPBF16PS, 2 its emulation, 0 none.
+int bf16_rate(const AttentionParams& p, const attn::Dims& d, DType dt) {
+  const std::string name = bf16_products(p, d.D, dt);
   return name == "vdpbf16" ? 1 : name == "emulated" ? 2 : 0;
 }
 
@@ -369,6 +364,17 @@ bool split_bf16(const float* x, I n, std::uint16_t* hi, std::uint16_t* lo) {
 }
 
 }  // namespace
+
+// bfloat16 q, k, v with bf16_rate, an even D, not rope2d mixed (its keys turned per head), and the
+// VDPBF16PS kernels chosen for this CPU (tile_gemm_bf16.h: AMD CPUs with AVX512_BF16, or their
+// emulation for tests).
+std::string bf16_products(const AttentionParams& p, I D, DType dt) {
+  const bool mixed = p.encoding == Encoding::kRope2d && p.rope2d.variant == Rope2dVariant::kMixed;
+  const attn_fast::Bf16Ops* ops = attn_fast::bf16_ops();
+  if (dt != DType::kBF16 || !p.bf16_rate || D % 2 != 0 || mixed || !ops) return "";
+  const std::string name = ops->name;
+  return name == "vdpbf16" || name == "emulated" ? name : "";
+}
 
 bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v) {
   if (d.M < 1 || d.M > kMaxQueries || d.N < 1) return false;
@@ -406,7 +412,7 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   const I X = pd.X, ncol = pd.ncol;
   const bool mixed = d.rotary && d.rot.per_head();  // rope2d mixed: the tables of the keys' rotations
   const std::shared_ptr<const decode_impl::MixedData> md = mixed ? decode_impl::mixed_tables(d, threads) : nullptr;
-  const int dp = bf16_rate(p, d, q.dtype, mixed);
+  const int dp = bf16_rate(p, d, q.dtype);
   // visible keys per row r = g·M + i (and head): causal / nonsymmetric ALiBi's halves
   std::vector<I> lo(ix(Hkv * R)), hi(ix(Hkv * R));
   const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "attention/attention_check.h"
 #include "posenc/attention.h"
@@ -18,6 +19,10 @@ constexpr std::int64_t kMaxQueries = 16;
 // key tables within kMixedTableBytes), or rope, xpos, mrope, rope2d axial with keys_rotated; q, k, v
 // float32, bfloat16 or float16 with unit inner stride; every key − query distance within ±2^24.
 bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v);
+
+// The products a covered call with these q, k, v takes on bfloat16 pairs (docs/attention.md, "bfloat16
+// at the bfloat16 rate"): "vdpbf16" or "emulated" (Bf16Mode::kEmulated), or "" for the float32 products.
+std::string bf16_products(const AttentionParams& p, std::int64_t D, DType dt);
 
 // The threads the dispatcher gives a call: posenc::num_threads(), or 1 below ~2^15 K elements.
 int threads_for(const attn::Dims& d);
