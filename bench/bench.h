@@ -26,7 +26,8 @@ struct BenchRow {
   std::string baseline;                 // "memcpy" / "memset" / "sgemm"; "" for memory rows
   double baseline_throughput = 0;       // the baseline's rate in `unit`, same run
   double ratio = 0;                     // throughput / baseline_throughput
-  std::string path;                     // attention: attention_path() (bench_cases.h); decode rows: "decode" or "decode+vdpbf16"; "" otherwise
+  std::string path;                     // attention: attention_path() (bench_cases.h), decode rows:
+                                        // "decode" or "decode+vdpbf16"; "" otherwise
   std::optional<double> vs_nope;        // attention: seconds / nope_seconds
   std::optional<double> nope_seconds;   // attention: median seconds of nope timed beside it (nope: seconds)
   std::optional<double> one_thread_seconds;  // attention, threads > 1: the same call on one thread, beside it

@@ -59,17 +59,16 @@ std::size_t cache_copies(std::size_t kv_bytes) {
 // bfloat16 pairs (decode::bf16_products).
 Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt, bool rate = true) {
   Case c{"attention.decode", encoding_info(enc).name, shape_str({1, N, Hkv, D}) + "/" + std::to_string(Hq), dt};
-  AttentionParams p0;
-  p0.encoding = enc;
-  p0.bf16_rate = rate;
-  if (enc == Encoding::kRope2d) p0.rope2d.variant = Rope2dVariant::kMixed;
-  const std::string pairs = decode::bf16_products(p0, D, dt);
+  AttentionParams p;
+  p.encoding = enc;
+  p.bf16_rate = rate;
+  p.keys_rotated = enc == Encoding::kRope;
+  if (enc == Encoding::kRope2d) p.rope2d.variant = Rope2dVariant::kMixed;  // keys on a grid (below)
+  const std::string pairs = decode::bf16_products(p, D, dt);
   c.path = pairs.empty() ? "decode" : "decode+" + pairs;
   c.setup = [=](int threads) {
     auto a = std::make_shared<AttnProblem>();
-    a->p.encoding = enc;
-    a->p.bf16_rate = rate;
-    a->p.keys_rotated = enc == Encoding::kRope;
+    a->p = p;
     const std::size_t es = dtype_size(dt), kv = ix(N * Hkv * D) * es;
     auto qm = std::make_shared<Mem>(ix(Hq * D) * es, 1), om = std::make_shared<Mem>(ix(Hq * D) * es, 1);
     a->mem = {qm, om};
@@ -101,7 +100,6 @@ Case decode_case(Encoding enc, I N, I Hq, I Hkv, I D, DType dt, bool rate = true
     }
     if (enc == Encoding::kCope) a->t.table = small({kCopeNpos, D}, -0.3, 0.0001);
     if (enc == Encoding::kRope2d) {  // mixed; keys on a grid 256 wide, the query on the next cell
-      a->p.rope2d.variant = Rope2dVariant::kMixed;
       a->t.freqs = small({2, Hq, D / 2}, 0.001, 0.0003);
       a->qpos.resize(ix(2 * N + 2));
       for (I j = 0; j <= N; ++j) a->qpos[ix(j)] = j % 256, a->qpos[ix(N + 1 + j)] = j / 256;

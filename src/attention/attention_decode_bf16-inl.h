@@ -22,6 +22,8 @@
 
 #include <hwy/highway.h>
 
+#include "attention/attention_decode_kernels-inl.h"
+
 #undef POSENC_DECODE_BF16
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
 #define POSENC_DECODE_BF16 1
@@ -44,6 +46,7 @@ HWY_BEFORE_NAMESPACE();
 namespace posenc {
 namespace HWY_NAMESPACE {
 namespace decode_bf16 {
+namespace hn = hwy::HWY_NAMESPACE;
 using I = std::int64_t;
 
 // acc + Σ of each lane's pair products a·b (the high halves' product added first, as the instruction).
@@ -77,20 +80,6 @@ POSENC_BF16_RATE HWY_INLINE __mmask16 PairLanes(I n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1u);
 }
 
-// out[0, 4) = scale · (the lane sums of a, b, c, e), of which the first nk are stored.
-POSENC_BF16_RATE HWY_INLINE void StoreSums4(__m512 a, __m512 b, __m512 c, __m512 e, float scale, I nk, float* out) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 ce = _mm512_add_ps(_mm512_unpacklo_ps(c, e), _mm512_unpackhi_ps(c, e));
-  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(ce);
-  const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  const __m128 q = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), _mm_set1_ps(scale));
-  if (nk == 4) return _mm_storeu_ps(out, q);
-  alignas(16) float t[4];
-  _mm_store_ps(t, q);
-  std::copy(t, t + nk, out);
-}
-
 // S[r·lds + k] = scale·(hi_r + lo_r)·K_k for NR rows (hi_r = hi + r·ldq bfloat16 elements; kLo false:
 // no low part) and the nk ≤ 4 keys K_k = K + k·kld, D (even) elements each (kD: D as a constant, 0:
 // read at run time).
@@ -121,8 +110,15 @@ POSENC_BF16_RATE HWY_INLINE void Logits4(const std::uint16_t* hi, const std::uin
       }
     }
   }
+  const hn::ScalableTag<float> d;  // 16 lanes: the AVX-512 vectors as Highway's
+  using V = hn::Vec<decltype(d)>;
+  const float zero[4] = {0.f, 0.f, 0.f, 0.f};
   HWY_UNROLL(4)
-  for (int r = 0; r < NR; ++r) StoreSums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], scale, nk, S + r * lds);
+  for (int r = 0; r < NR; ++r) {
+    float* out = S + r * lds;
+    decode_kernels::StoreSums4(d, V{acc[r][0]}, V{acc[r][1]}, V{acc[r][2]}, V{acc[r][3]}, zero, nk, out);
+    for (I k = 0; k < nk; ++k) out[k] *= scale;
+  }
 }
 
 template <int NR, bool kNative, bool kLo, int kD, class Step>
@@ -220,9 +216,6 @@ POSENC_BF16_RATE HWY_INLINE void AddPVChunks(const std::uint16_t* P, I ldp, cons
       if (left > 16) _mm512_mask_storeu_ps(y + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), second));
     }
 }
-
-// The passes AddPV makes over the keys for rows of D elements.
-inline I PVPasses(I D) { return (D + 63) / 64; }
 
 // The most keys AddPV takes at once.
 constexpr I kMaxKeys = 256;
