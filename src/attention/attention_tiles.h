@@ -1,6 +1,6 @@
-// Private: the tile machinery the fused attention kernels share (attention_cpu.cc for nope, rope,
-// alibi and t5; attention_xl_cpu.cc; attention_cope_cpu.cc): tile sizes, SIMD row helpers (Highway,
-// dispatched at run time, defined in attention_cpu.cc), row loads and stores between any-dtype,
+// Private: the tile machinery the fused attention kernels share (attention_fused_cpu.h for nope,
+// the rotary and the bias encodings; attention_xl_cpu.cc; attention_cope_cpu.cc): tile sizes, SIMD
+// row helpers (Highway, dispatched at run time, defined in attention_fused_simd.cc), row loads and stores between any-dtype,
 // any-stride [B, L, H, D] views and float [n, D] tiles, the online-softmax step, and the OpenBLAS
 // threading guard.
 #pragma once
@@ -87,7 +87,7 @@ struct Simd {
   bool (*below_inf)(const float* x, std::size_t n);  // every x < +inf: no NaN, no +inf (−inf passes)
 };
 
-// The best target's helpers on this CPU (attention_cpu.cc); a kernel fetches them once per call.
+// The best target's helpers on this CPU (attention_fused_simd.cc); a kernel fetches them once per call.
 Simd simd();
 
 // n floats from src to dst, inline: a head's row is short (D = 16 in the study's model), and a
