@@ -12,8 +12,8 @@
 //
 // Score tiles are kept transposed, At [Bk keys, Bq queries]: every per-row quantity (count,
 // carries, running max and sum) is one SIMD lane, the scans along keys are vector adds row after
-// row, and the table values q_i·e_⌊p⌋, q_i·(e_⌈p⌉ − e_⌊p⌋) are gathered lane by lane (Highway,
-// every target compiled, the best chosen at run time). A lane's ⌊p⌋ changes at most npos times
+// row, and the table values q_i·e_⌊p⌋, q_i·(e_⌈p⌉ − e_⌊p⌋) are gathered lane by lane
+// (attention_cope_tiles.cc: Highway, every target compiled, the best chosen at run time). A lane's ⌊p⌋ changes at most npos times
 // along its row, so they are gathered again only at keys where some lane's ⌊p⌋ moved: every key
 // while gates are dense (but then rows clamp within ~2·npos keys), rarely while they are sparse
 // (the case where rows stay unclamped).
@@ -87,7 +87,7 @@
 //
 // ---- precision ----------------------------------------------------------------------------------
 //   Tiles, logits and the softmax are float32 as in the other fused kernels. Counts are held as an
-//   integer part plus a fraction in [0, 1) (see the tile arguments below): a gate added to the
+//   integer part plus a fraction in [0, 1) (attention_cope_tiles.h): a gate added to the
 //   fraction rounds by at most 2^-24 however large the count (a plain float count near 64 rounds by
 //   up to 2^-18 per addition, an error that z multiplies by q·(e_⌈p⌉ − e_⌊p⌋), several units),
 //   the carry between tiles is double, so the error of p grows neither with the count nor with N;
@@ -97,344 +97,24 @@
 //   summed over tasks in double (in the order threads finish them, so with several threads dtable
 //   can differ in its last double bits between runs; out, lse, dq, dk, dv do not depend on the
 //   thread count).
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#include "attention/attention_tiles.h"
-
-#ifndef POSENC_ATTENTION_COPE_TILE_ARGS_
-#define POSENC_ATTENTION_COPE_TILE_ARGS_
-namespace posenc::cope_fast {
-
-using I = std::int64_t;
-
-// Counts are held as an integer part K (a float holding an integer) plus a fraction r ∈ [0, 1):
-// adding a gate to r rounds by at most 2^-24 (half an ulp below 2) however large the count,
-// ⌊p⌋ = K and w = r need no floor, and clamping (S ≥ top, top an integer) is the exact test
-// K ≥ top.
-//
-// One forward tile, At [nk, Bq] transposed (row j: key j0 + j; lane i: query i). The per-query
-// state arrays have Bq entries; lanes past nq are computed on (as masked) and ignored.
-struct FwdTile {
-  float* at = nullptr;  // in: scale·k_j·q_i; out: exp(logit − m_new), 0 where masked
-  I nk = 0, nq = 0, j0 = 0;
-  bool causal = false;
-  I base = 0;              // causal: (j, i) masked when i < j + base
-  bool saturated = false;  // every row's count is already ≥ top: the whole tile is clamped
-  bool track = false;      // record js, uk, ur (the backward's pass 1)
-  const float* qe = nullptr;              // [Bq, ncol]: q_i·e_r
-  const std::int32_t* rowbase = nullptr;  // [Bq]: i·ncol
-  const float* qetop = nullptr;           // [Bq]: q_i·e_{ncol − 1}
-  float top = 0, colmax = 0;              // npos − 1, ncol − 1
-  const float* ck = nullptr;  // count of the keys right of the tile: integer part
-  const float* cr = nullptr;  //   and fraction
-  float* tk = nullptr;        // out: Σ of the tile's gates, integer part
-  float* tr = nullptr;        //   and fraction
-  std::int32_t* js = nullptr;  // in/out: the leftmost unclamped key so far (j*)
-  float* uk = nullptr;         // in/out: its count, integer part
-  float* ur = nullptr;         //   and fraction
-  float* m = nullptr;          // in/out: running max
-  float* l = nullptr;          // in/out: running sum
-  float* corr = nullptr;       // out: e^{m_old − m_new}
-};
-
-// One backward tile: At as above, dPt [nk, Bq] = dO_i·v_j.
-struct BwdTile {
-  float* at = nullptr;  // in: scale·k_j·q_i; out: P
-  float* dp = nullptr;  // in: dO_i·v_j; out: da = ∂L/∂(scale·q_i·k_j)
-  I nk = 0, nq = 0, j0 = 0;
-  bool causal = false;
-  I base = 0;
-  bool clamped = false;  // every key of the tile lies left of every row's j*
-  const float* qe = nullptr;  // [Bq rows, ncol] of the block (rows past nq readable)
-  float* c = nullptr;         // [Bq rows, ncol] of the block (rows past nq writable: they get + 0)
-  const std::int32_t* rowbase = nullptr;
-  const float* qetop = nullptr;
-  float top = 0, colmax = 0;
-  const float* lse = nullptr;  // [Bq] (+inf for a row with no key: P = 0)
-  const float* dd = nullptr;   // [Bq] D_i = dO_i·out_i
-  const std::int32_t* js = nullptr;  // [Bq] j*
-  const float* bk = nullptr;  // [Bq] count at the tile's first key: U_i − (gates from j* passed),
-  const float* br = nullptr;  //   integer part and fraction
-  float* tk = nullptr;        // out: Σ of the tile's gates from j* on, integer part
-  float* tr = nullptr;        //   and fraction
-  float* dc = nullptr;        // in/out: dp prefix carry
-  float* ctop = nullptr;      // out (clamped tiles): Σ_j dl
-};
-
-struct Kernels {
-  void (*fwd)(const FwdTile&);
-  void (*bwd)(const BwdTile&);
-};
-
-}  // namespace posenc::cope_fast
-#endif  // POSENC_ATTENTION_COPE_TILE_ARGS_
-
-#undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention/attention_cope_cpu.cc"
-#include <hwy/foreach_target.h>  // IWYU pragma: keep
-#include <hwy/highway.h>
-#include <hwy/contrib/math/math-inl.h>
-
-#include "enc/contextual/cope/cope_simd-inl.h"
-
-HWY_BEFORE_NAMESPACE();
-namespace posenc {
-namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
-// Index rowbase + f of a float f ∈ [0, 2^23) holding an integer, without a conversion: the bits of
-// f + 2^23 are those of 2^23 plus f; rbm = rowbase − bits(2^23).
-template <class D, class DI, class V, class VI>
-HWY_INLINE VI CopeIndex(D d, DI di, V f, VI rbm) {
-  return hn::Add(hn::BitCast(di, hn::Add(f, hn::Set(d, 8388608.f))), rbm);
-}
-
-// Lanes [c0, c0 + L) that are real, unmasked queries of key row j.
-template <class D, class V>
-HWY_INLINE hn::Mask<D> CopeValid(D d, V iv, V nqf, bool causal, cope_fast::I j, cope_fast::I base,
-                                 cope_fast::I nq) {
-  auto valid = hn::Lt(iv, nqf);
-  if (causal) {
-    const cope_fast::I th = std::clamp<cope_fast::I>(j + base, 0, nq);
-    valid = hn::And(valid, hn::Ge(iv, hn::Set(d, static_cast<float>(th))));
-  }
-  return valid;
-}
-
-// r + g (r ∈ [0, 1), g ∈ [0, 1]) back into [0, 1), carrying 1 into k.
-template <class D, class V>
-HWY_INLINE void CopeAddFrac(D d, V g, V& k, V& r) {
-  r = hn::Add(r, g);
-  const V carry = hn::IfThenElseZero(hn::Ge(r, hn::Set(d, 1.f)), hn::Set(d, 1.f));
-  r = hn::Sub(r, carry);
-  k = hn::Add(k, carry);
-}
-
-// The forward's keys of one lane chunk whose counts are computed (the tile is not saturated), from
-// the tile's last key down. A lane's table row ⌊p⌋ changes at most npos times along its row, so
-// q·e_⌊p⌋ and q·(e_⌈p⌉ − e_⌊p⌋) are gathered only at keys where some lane's ⌊p⌋ moved: every key
-// while gates are dense (but then counts saturate within ~2·npos keys), rarely while they are
-// sparse (the case where rows stay unclamped for long). kTrack: record j* and its count (pass 1).
-template <bool kTrack, class D, class V>
-HWY_INLINE V CopeForwardCounts(D d, const cope_fast::FwdTile& t, cope_fast::I c0, V iv, V mx) {
-  using cope_fast::I;
-  const hn::RebindToSigned<D> di;
-  constexpr I kBq = attn_fast::kBq;
-  const V ninf = hn::Set(d, -HUGE_VALF), topv = hn::Set(d, t.top), colv = hn::Set(d, t.colmax);
-  const V one = hn::Set(d, 1.f), nqf = hn::Set(d, static_cast<float>(t.nq));
-  const V ck = hn::LoadU(d, t.ck + c0), cr = hn::LoadU(d, t.cr + c0);
-  const auto rb = hn::Sub(hn::LoadU(di, t.rowbase + c0), hn::Set(di, 0x4B000000));
-  V tk = hn::Zero(d), tr = hn::Zero(d);  // the tile's suffix sum of gates
-  auto js = hn::LoadU(di, t.js + c0);
-  V uk = hn::LoadU(d, t.uk + c0), ur = hn::LoadU(d, t.ur + c0);
-  V fcur = hn::Set(d, -1.f), qf = hn::Zero(d), qd = hn::Zero(d);
-  const I nk = t.nk, base = t.base, nq = t.nq, j0 = t.j0;
-  const bool causal = t.causal;
-  float* const at = t.at;
-  const float* const qe = t.qe;
-  for (I j = nk - 1; j >= 0; --j) {
-    float* row = at + j * kBq + c0;
-    const V a = hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, row), ninf);
-    CopeAddFrac(d, CopeSigmoid(d, a), tk, tr);
-    V K = hn::Add(ck, tk), r = hn::Add(cr, tr);  // S = K + r
-    const V over = hn::IfThenElseZero(hn::Ge(r, one), one);
-    r = hn::Sub(r, over);
-    K = hn::Add(K, over);
-    const auto uncl = hn::Lt(K, topv);
-    if (kTrack) {
-      const auto jv = hn::Set(di, static_cast<std::int32_t>(j0 + j));
-      js = hn::IfThenElse(hn::RebindMask(di, uncl), jv, js);
-      uk = hn::IfThenElse(uncl, K, uk);
-      ur = hn::IfThenElse(uncl, r, ur);
-    }
-    const V f = hn::Min(hn::IfThenElse(uncl, K, topv), colv);
-    const V w = hn::IfThenElseZero(uncl, r);
-    if (!hn::AllFalse(d, hn::Ne(f, fcur))) {
-      const V c = hn::Min(hn::Add(f, one), colv);
-      qf = hn::GatherIndex(d, qe, CopeIndex(d, di, f, rb));
-      qd = hn::Sub(hn::GatherIndex(d, qe, CopeIndex(d, di, c, rb)), qf);
-      fcur = f;
-    }
-    const V lg = hn::Add(a, hn::MulAdd(w, qd, qf));
-    hn::StoreU(lg, d, row);
-    mx = hn::Max(mx, lg);
-  }
-  hn::StoreU(tk, d, t.tk + c0);
-  hn::StoreU(tr, d, t.tr + c0);
-  if (kTrack) {
-    hn::StoreU(js, di, t.js + c0);
-    hn::StoreU(uk, d, t.uk + c0);
-    hn::StoreU(ur, d, t.ur + c0);
-  }
-  return mx;
-}
-
-void CopeForwardTile(const cope_fast::FwdTile& t) {
-  using cope_fast::I;
-  const hn::ScalableTag<float> d;
-  const I L = static_cast<I>(hn::Lanes(d));  // divides Bq = 128 on every target
-  constexpr I kBq = attn_fast::kBq;
-  const auto ninf = hn::Set(d, -HUGE_VALF);
-  const auto nqf = hn::Set(d, static_cast<float>(t.nq));
-  for (I c0 = 0; c0 < t.nq; c0 += L) {
-    const auto iv = hn::Iota(d, static_cast<float>(c0));
-    auto mx = hn::LoadU(d, t.m + c0);
-    const auto mold = mx;
-    if (t.saturated) {
-      const auto qt = hn::LoadU(d, t.qetop + c0);
-      for (I j = 0; j < t.nk; ++j) {
-        float* row = t.at + j * kBq + c0;
-        const auto a = hn::IfThenElse(CopeValid(d, iv, nqf, t.causal, j, t.base, t.nq),
-                                      hn::LoadU(d, row), ninf);
-        const auto lg = hn::Add(a, qt);
-        hn::StoreU(lg, d, row);
-        mx = hn::Max(mx, lg);
-      }
-    } else if (t.track) {
-      mx = CopeForwardCounts<true>(d, t, c0, iv, mx);
-    } else {
-      mx = CopeForwardCounts<false>(d, t, c0, iv, mx);
-    }
-    // online softmax in the lanes; a row still without a key keeps m = −inf and gets P = 0
-    const auto mu = hn::IfThenZeroElse(hn::Eq(mx, ninf), mx);
-    auto sum = hn::Zero(d);
-    for (I j = 0; j < t.nk; ++j) {
-      float* row = t.at + j * kBq + c0;
-      const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, row), mu));
-      hn::StoreU(e, d, row);
-      sum = hn::Add(sum, e);
-    }
-    const auto corr = ExpSoftmax(d, hn::Sub(mold, mu));  // 0 while m was −inf
-    hn::StoreU(hn::MulAdd(hn::LoadU(d, t.l + c0), corr, sum), d, t.l + c0);
-    hn::StoreU(mx, d, t.m + c0);
-    hn::StoreU(corr, d, t.corr + c0);
-  }
-}
-
-// C[idx] += acc lane by lane (the lanes are distinct rows, so the scatter never collides).
-template <class D, class V, class VI>
-HWY_INLINE void CopeScatterAdd(D d, float* c, VI idx, V acc) {
-  hn::ScatterIndex(hn::Add(hn::GatherIndex(d, c, idx), acc), d, c, idx);
-}
-
-void CopeBackwardTile(const cope_fast::BwdTile& t) {
-  using cope_fast::I;
-  const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  const I L = static_cast<I>(hn::Lanes(d));
-  constexpr I kBq = attn_fast::kBq;
-  const auto ninf = hn::Set(d, -HUGE_VALF);
-  const auto topv = hn::Set(d, t.top), colv = hn::Set(d, t.colmax), one = hn::Set(d, 1.f);
-  const auto zero = hn::Zero(d);
-  const auto nqf = hn::Set(d, static_cast<float>(t.nq));
-  const I nk = t.nk, base = t.base, nq = t.nq, j0 = t.j0;
-  const bool causal = t.causal;
-  for (I c0 = 0; c0 < nq; c0 += L) {
-    const auto iv = hn::Iota(d, static_cast<float>(c0));
-    const auto lse = hn::LoadU(d, t.lse + c0);
-    const auto dd = hn::LoadU(d, t.dd + c0);
-    if (t.clamped) {
-      const auto qt = hn::LoadU(d, t.qetop + c0);
-      auto ct = zero;
-      for (I j = 0; j < nk; ++j) {
-        float* ar = t.at + j * kBq + c0;
-        float* dr = t.dp + j * kBq + c0;
-        const auto a =
-            hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, ar), ninf);
-        const auto P = ExpSoftmax(d, hn::Sub(hn::Add(a, qt), lse));
-        const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
-        ct = hn::Add(ct, dl);
-        hn::StoreU(P, d, ar);
-        hn::StoreU(dl, d, dr);
-      }
-      hn::StoreU(ct, d, t.ctop + c0);
-      continue;
-    }
-    const auto rb = hn::Sub(hn::LoadU(di, t.rowbase + c0), hn::Set(di, 0x4B000000));
-    const auto js = hn::LoadU(di, t.js + c0);
-    const auto bk = hn::LoadU(d, t.bk + c0), br = hn::LoadU(d, t.br + c0);
-    auto tk = zero, tr = zero;          // Σ_{j* ≤ t < j} g_t within the tile
-    auto dg = hn::LoadU(d, t.dc + c0);  // Σ_{t ≤ j} dp_t
-    // table values of the lanes' current ⌊p⌋ (see CopeForwardCounts), and the C updates for
-    // ⌊p⌋ and ⌈p⌉ summed in registers until ⌊p⌋ moves
-    auto fcur = hn::Set(d, -1.f), qf = zero, qd = zero, accf = zero, accc = zero;
-    auto idf = hn::Zero(di), idc = hn::Zero(di);
-    bool have = false;
-    for (I j = 0; j < nk; ++j) {
-      float* ar = t.at + j * kBq + c0;
-      float* dr = t.dp + j * kBq + c0;
-      const auto a =
-          hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, ar), ninf);
-      const auto next = hn::Set(di, static_cast<std::int32_t>(j0 + j + 1));
-      const auto cand = hn::RebindMask(d, hn::Lt(js, next));  // j ≥ j*
-      const auto g = hn::IfThenElseZero(cand, CopeSigmoid(d, a));
-      auto K = hn::Sub(bk, tk), r = hn::Sub(br, tr);  // S = K + r, r back into [0, 1)
-      const auto under = hn::IfThenElseZero(hn::Lt(r, zero), one);
-      r = hn::Add(r, under);
-      K = hn::Sub(K, under);
-      CopeAddFrac(d, g, tk, tr);
-      // clamped at top; a count rounded below 0 (at most an ulp) reads row 0
-      const auto uncl = hn::And(cand, hn::Lt(K, topv));
-      const auto pos = hn::Ge(K, zero);
-      const auto f = hn::Min(hn::IfThenElse(uncl, hn::IfThenElseZero(pos, K), topv), colv);
-      const auto w = hn::IfThenElseZero(hn::And(uncl, pos), r);
-      if (!hn::AllFalse(d, hn::Ne(f, fcur))) {
-        if (have) {
-          CopeScatterAdd(d, t.c, idf, accf);
-          CopeScatterAdd(d, t.c, idc, accc);  // ⌈p⌉ = ⌊p⌋ at the last row: accc is 0 there
-        }
-        have = true;
-        accf = accc = zero;
-        idf = CopeIndex(d, di, f, rb);
-        idc = CopeIndex(d, di, hn::Min(hn::Add(f, one), colv), rb);
-        qf = hn::GatherIndex(d, t.qe, idf);
-        qd = hn::Sub(hn::GatherIndex(d, t.qe, idc), qf);
-        fcur = f;
-      }
-      const auto P = ExpSoftmax(d, hn::Sub(hn::Add(a, hn::MulAdd(w, qd, qf)), lse));
-      const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
-      const auto dlw = hn::Mul(dl, w);
-      accf = hn::Add(accf, hn::Sub(dl, dlw));
-      accc = hn::Add(accc, dlw);
-      dg = hn::Add(dg, hn::IfThenElseZero(uncl, hn::Mul(dl, qd)));
-      hn::StoreU(P, d, ar);
-      hn::StoreU(hn::MulAdd(hn::Mul(dg, g), hn::Sub(one, g), dl), d, dr);
-    }
-    if (have) {
-      CopeScatterAdd(d, t.c, idf, accf);
-      CopeScatterAdd(d, t.c, idc, accc);
-    }
-    hn::StoreU(tk, d, t.tk + c0);
-    hn::StoreU(tr, d, t.tr + c0);
-    hn::StoreU(dg, d, t.dc + c0);
-  }
-}
-
-cope_fast::Kernels GetCopeKernels() {
-  return cope_fast::Kernels{&CopeForwardTile, &CopeBackwardTile};
-}
-
-}  // namespace HWY_NAMESPACE
-}  // namespace posenc
-HWY_AFTER_NAMESPACE();
-
-#if HWY_ONCE
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
+#include "attention/attention_cope_tiles.h"
 #include "attention/attention_fused.h"
+#include "attention/attention_tiles.h"
 #include "attention/tile_gemm.h"
 #include "enc/contextual/cope/cope_math.h"
 
 namespace posenc {
-HWY_EXPORT(GetCopeKernels);
 
 namespace {
 
@@ -530,7 +210,7 @@ class Cope {
   Cope(const Dims& d, const View& q, const View& k, const View& v, const View& table, bool causal,
        int threads)
       : d_(d), q_(q), k_(k), v_(v), causal_(causal), threads_(threads), simd_(simd()),
-        kern_(HWY_DYNAMIC_DISPATCH(GetCopeKernels)()), gemm_(attn_fast::tile_gemm_for(d.D)) {
+        kern_(cope_fast::kernels()), gemm_(attn_fast::tile_gemm_for(d.D)) {
     ncol_ = cope::rows_reached(d.npos, d.N);
     const std::vector<double> e = to_doubles(table);  // [npos, D]
     E_.assign(e.begin(), e.begin() + ncol_ * d.D);
@@ -576,13 +256,100 @@ class Cope {
   // was: the caller runs the reference instead).
   bool backward(const View& dout, const View& dq, const View& dk, const View& dv,
                 const View& dtable) const {
-    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D, G = d_.G, nc = ncol_;
-    // pass 1: lse, D = rowsum(dO ⊙ out), j*, U per row [B, Hq, M]
-    std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
-    std::vector<double> U(ix(B * Hq * M));
-    std::vector<std::int32_t> J(ix(B * Hq * M));
+    const I D = d_.D, M = d_.M, nc = ncol_;
+    Stats st;
+    if (!pass1(dout, &st)) return false;
+    // pass 2: per (b, kv head), its query rows in chunks of mc rows per head
+    const I kvtasks = d_.B * d_.Hkv;
+    const int nthr = threads_ > 1 ? threads_ : 1;
+    const I mc = std::max<I>(1, std::min(chunk_rows(), M)), nchunks = (M + mc - 1) / mc;
+    std::vector<std::vector<double>> dE(ix(nthr));  // per thread [ncol, D]
+    RegionGuard guard;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      Scratch w;
+      Chunk c;
+      std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
+      guard.run([&] {
+        w.init(D, nc);
+        w.init_backward(D);
+        c.init(d_, mc, nc);
+        dEs.assign(ix(nc * D), 0.0);
+        // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
+        // in place (the task owns its kv head: no race); a 16-bit one, when there are several
+        // chunks, in float32 split between itself and a SplitSum, rounded once at the end.
+        if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) c.dka.size_for(d_.N, D);
+        if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) c.dva.size_for(d_.N, D);
+      });
+#pragma omp for schedule(dynamic, 1)
+      for (I task = 0; task < kvtasks; ++task) {
+        if (guard.failed()) continue;
+        const Grads gr{dout, dq, dk, dv, dtable.present()};
+        unit(gr, st, task / d_.Hkv, task % d_.Hkv, &w, &c);
+        if (gr.dtable)
+          for (I g = 0; g < d_.G; ++g)
+            for (I x = 0; x < nc * D; ++x) dEs[ix(x)] += static_cast<double>(c.dEt[ix(g * nc * D + x)]);
+      }
+    }
+    guard.rethrow();
+    if (dtable.present()) {  // rows past ncol are never reached: 0
+      std::vector<double> tot(ix(d_.npos * D), 0.0);
+      for (const auto& part : dE)
+        for (std::size_t x = 0; x < part.size(); ++x) tot[x] += part[x];
+      from_doubles(tot, dtable);
+    }
+    return true;
+  }
+
+ private:
+  // What pass 1 leaves per row [B, Hq, M]: lse, D = rowsum(dO ⊙ out), j* and the count U at j*.
+  struct Stats {
+    std::vector<float> lse, Dv;
+    std::vector<double> U;
+    std::vector<std::int32_t> J;
+  };
+
+  // The backward's outputs (absent views: not wanted) and its dout.
+  struct Grads {
+    const View &dout, &dq, &dk, &dv;
+    bool dtable;
+  };
+
+  // A thread's pass-2 arrays for a chunk of mc query rows per head of its unit: dQ, QE and C
+  // [G, mc, ·] (Bq rows of padding: lanes past a block's end read and add 0 there), the per-row
+  // carries (dp prefix, count from j*), the unit's dE per query head [G, ncol, D], the chunk's Q and
+  // dO rows [G, mc, D], copied once per chunk, and transposed [G, D, ldq] (the B of K·Qᵀ and V·dOᵀ,
+  // kNP); dK and dV's 16-bit sums (SplitSum).
+  struct Chunk {
+    I mc = 0, ldq = 0;
+    std::vector<float> dqt, qe, C, dct, dEt, qd, dod, qdt, dodt;
+    std::vector<double> gc;
+    SplitSum dka, dva;
+    void init(const Dims& d, I rows, I nc) {
+      const I G = d.G, D = d.D;
+      mc = rows;
+      ldq = (mc + 15) / 16 * 16 + 16;  // off a multiple of 4 KiB: Bᵀ's rows spread over the L1 sets
+      for (auto* x : {&dqt, &qd, &dod}) x->resize(ix(G * mc * D));
+      qdt.resize(ix(G * D * ldq));
+      dodt.resize(ix(G * D * ldq));
+      qe.resize(ix((G * mc + kBq) * nc));
+      C.resize(qe.size());
+      dct.resize(ix(G * mc));
+      gc.resize(ix(G * mc));
+      dEt.resize(ix(G * nc * D));
+    }
+  };
+
+  // Pass 1: st's lse, D, j*, U of every row, from the forward again. False where a row that sees
+  // keys has a non-finite lse or D, or a row that sees none a non-finite q (it still enters dE).
+  bool pass1(const View& dout, Stats* st) const {
+    const I B = d_.B, M = d_.M, Hq = d_.Hq, D = d_.D, nc = ncol_;
+    st->lse.resize(ix(B * Hq * M));
+    st->Dv.resize(ix(B * Hq * M));
+    st->U.resize(ix(B * Hq * M));
+    st->J.resize(ix(B * Hq * M));
     const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
-    std::vector<float> kv = key_rows();  // released after pass 1
+    const std::vector<float> kv = key_rows();
     RegionGuard guard;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
     {
@@ -602,216 +369,162 @@ class Cope {
         load_rows(dout, D, b, q0, nq, h, w.dout.data());
         for (I i = 0; i < nq; ++i) {
           const std::size_t at = ix((b * Hq + h) * M + q0 + i);
-          lse[at] = static_cast<float>(l[ix(i)]);
-          Dv[at] = simd_.dot(&w.dout[ix(i * D)], &w.o[ix(i * D)], ix(D));
-          J[at] = w.js[ix(i)];
-          U[at] = static_cast<double>(w.uk[ix(i)]) + static_cast<double>(w.ur[ix(i)]);
+          st->lse[at] = static_cast<float>(l[ix(i)]);
+          st->Dv[at] = simd_.dot(&w.dout[ix(i * D)], &w.o[ix(i * D)], ix(D));
+          st->J[at] = w.js[ix(i)];
+          st->U[at] = static_cast<double>(w.uk[ix(i)]) + static_cast<double>(w.ur[ix(i)]);
         }
       }
     }
     guard.rethrow();
-    kv = std::vector<float>();
     for (I r = 0; r < B * Hq * M; ++r)  // a row that sees keys has a finite lse and D from finite inputs
-      if (sees_keys(r % M) && (!std::isfinite(lse[ix(r)]) || !std::isfinite(Dv[ix(r)]))) return false;
-    {  // the rows that see no key (a prefix) still enter dE = Cᵀ·Q with C = 0: 0·NaN from their q
-      const I none = d_.N == 0 ? M : causal_ ? std::clamp<I>(d_.k_off - d_.q_off, 0, M) : 0;
-      std::vector<float> row(ix(D));
-      for (I b = 0; b < B; ++b)
-        for (I h = 0; h < Hq; ++h)
-          for (I i = 0; i < none; ++i) {
-            load_rows(q_, D, b, i, 1, h, row.data());
-            if (!simd_.finite(row.data(), ix(D))) return false;
-          }
-    }
-    // pass 2: per (b, kv head), its query rows in chunks of mc rows per head
-    const I kvtasks = B * d_.Hkv;
-    const float sc = static_cast<float>(d_.scale);
-    const int nthr = threads_ > 1 ? threads_ : 1;
-    const I mc = std::max<I>(1, std::min(chunk_rows(), M)), nchunks = (M + mc - 1) / mc;
-    const I ldq = (mc + 15) / 16 * 16 + 16;  // off a multiple of 4 KiB: Bᵀ's rows spread over the L1 sets
-    std::vector<std::vector<double>> dE(ix(nthr));  // per thread [ncol, D]
-#pragma omp parallel num_threads(threads_) if (threads_ > 1)
-    {
-      Scratch w;
-      // the chunk's dQ, QE and C [G, mc, ·] (Bq rows of padding: lanes past a block's end read and
-      // add 0 there), its per-row carries (count from j*, dp prefix), the task's dE per query head
-      std::vector<float> dqt, qe, C, dct, dEt;
-      std::vector<float> qd, dod;  // the chunk's Q and dO rows [G, mc, D], copied once per chunk
-      std::vector<float> qdt, dodt;  // and transposed [G, D, ldq], the B of K·Qᵀ and V·dOᵀ (kNP)
-      std::vector<double> gc;
-      std::vector<double>& dEs = dE[ix(omp_get_thread_num())];
-      // dK, dV of a key block get a part from each chunk that sees it. A float32 dk (dv) sums them
-      // in place (the task owns its kv head: no race); a 16-bit one, when there are several
-      // chunks, in float32 split between itself and a SplitSum, rounded once at the end.
-      SplitSum dka, dva;
-      guard.run([&] {
-        w.init(D, nc);
-        w.init_backward(D);
-        dqt.resize(ix(G * mc * D));
-        qd.resize(ix(G * mc * D));
-        dod.resize(ix(G * mc * D));
-        qdt.resize(ix(G * D * ldq));
-        dodt.resize(ix(G * D * ldq));
-        qe.resize(ix((G * mc + kBq) * nc));
-        C.resize(qe.size());
-        dct.resize(ix(G * mc));
-        gc.resize(ix(G * mc));
-        dEt.resize(ix(G * nc * D));
-        dEs.assign(ix(nc * D), 0.0);
-        if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) dka.size_for(N, D);
-        if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) dva.size_for(N, D);
-      });
-#pragma omp for schedule(dynamic, 1)
-      for (I task = 0; task < kvtasks; ++task) {
-        if (guard.failed()) continue;
-        const I b = task / d_.Hkv, kh = task % d_.Hkv;
-        // a key block's part: stored where no earlier chunk reached it (j0 ≥ done), added elsewhere
-        const auto put = [&](const View& out, SplitSum& acc, I j0, I nk, const float* x, bool first) {
-          if (!out.present()) return;
-          if (!acc.empty()) acc.put(out, D, b, kh, j0, nk, x, first);
-          else if (first) store_rows(out, D, b, j0, nk, kh, x);
-          else add_rows(out, D, b, j0, nk, kh, x);  // float32 (else acc is there)
-        };
-        I done = 0;  // keys [0, done) have had a part from an earlier chunk
-        std::fill(dEt.begin(), dEt.end(), 0.f);
-        for (I c0 = 0; c0 < M; c0 += mc) {
-          const I mq = std::min(mc, M - c0);  // the chunk: rows [c0, c0 + mq) of each query head
-          std::fill(dqt.begin(), dqt.end(), 0.f);
-          std::fill(C.begin(), C.end(), 0.f);
-          std::fill(dct.begin(), dct.end(), 0.f);
-          std::fill(gc.begin(), gc.end(), 0.0);
-          for (I g = 0; g < G; ++g)  // Q, dO and QE [mq, ncol] of each query head
-            for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
-              const I nq = std::min(kBq, c0 + mq - i0), gm = g * mc + i0 - c0;
-              load_rows(q_, D, b, i0, nq, kh * G + g, &qd[ix(gm * D)]);
-              load_rows(dout, D, b, i0, nq, kh * G + g, &dod[ix(gm * D)]);
-              tile_gemm(gemm_, GemmForm::kNT, nq, cols(i0, nq), D, 1.f, &qd[ix(gm * D)], D, E_.data(), D,
-                        &qe[ix(gm * nc)], nc);
-            }
-          for (I g = 0; g < G; ++g) {  // transposed once per chunk, not per key block
-            tr_(&qd[ix(g * mc * D)], D, mq, D, &qdt[ix(g * D * ldq)], ldq);
-            tr_(&dod[ix(g * mc * D)], D, mq, D, &dodt[ix(g * D * ldq)], ldq);
-          }
-          // the keys the chunk's rows see (causal: up to its last row)
-          const I jhi = causal_ ? std::clamp<I>(d_.q_off + c0 + mq - d_.k_off, 0, N) : N;
-          for (I j0 = 0; j0 < jhi; j0 += kBk) {
-            const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
-            load_rows(k_, D, b, j0, nk, kh, w.k.data());
-            load_rows(v_, D, b, j0, nk, kh, w.v.data());
-            std::fill(w.dk.begin(), w.dk.begin() + nk * D, 0.f);
-            std::fill(w.dv.begin(), w.dv.begin() + nk * D, 0.f);
-            for (I g = 0; g < G; ++g) {
-              const I h = kh * G + g;
-              const I ilo = causal_ ? std::clamp<I>(kp0 - d_.q_off, c0, c0 + mq) : c0;
-              for (I i0 = ilo; i0 < c0 + mq; i0 += kBq) {
-                const I nq = std::min(kBq, c0 + mq - i0), row = (b * Hq + h) * M + i0;
-                const I gm = g * mc + i0 - c0;  // the row in the chunk's arrays
-                const float* Q = &qd[ix(gm * D)];
-                const float* dO = &dod[ix(gm * D)];
-                const I tc = g * D * ldq + i0 - c0;  // the tile's first column of Qᵀ and dOᵀ
-                tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, sc, w.k.data(), D, &qdt[ix(tc)], ldq, w.at.data(), kBq);
-                tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, 1.f, w.v.data(), D, &dodt[ix(tc)], ldq, w.dpt.data(),
-                          kBq);
-                std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
-                for (I i = 0; i < kBq; ++i) {
-                  const bool real = i < nq;
-                  const float L = real ? lse[ix(row + i)] : kNegInfF;
-                  w.lse[ix(i)] = L == kNegInfF ? kPosInfF : L;
-                  w.dd[ix(i)] = real ? Dv[ix(row + i)] : 0.f;
-                  w.js[ix(i)] = real ? J[ix(row + i)] : 0;
-                  const double bc = real ? U[ix(row + i)] - gc[ix(gm + i)] : 0.0;  // count at j0
-                  w.ck[ix(i)] = static_cast<float>(std::floor(bc));
-                  w.cr[ix(i)] = static_cast<float>(bc - std::floor(bc));
-                  w.dc[ix(i)] = real ? dct[ix(gm + i)] : 0.f;
-                  w.qetop[ix(i)] = real ? qe[ix((gm + i) * nc + nc - 1)] : 0.f;
-                  if (real) minjs = std::min(minjs, w.js[ix(i)]);
-                }
-                cope_fast::BwdTile t;
-                t.at = w.at.data();
-                t.dp = w.dpt.data();
-                t.nk = nk;
-                t.nq = nq;
-                t.j0 = j0;
-                t.causal = causal_;
-                t.base = kp0 - (d_.q_off + i0);
-                t.clamped = j0 + nk <= minjs;
-                t.qe = &qe[ix(gm * nc)];
-                t.c = &C[ix(gm * nc)];
-                t.rowbase = w.rowbase.data();
-                t.qetop = w.qetop.data();
-                t.top = top_;
-                t.colmax = static_cast<float>(nc - 1);
-                t.lse = w.lse.data();
-                t.dd = w.dd.data();
-                t.js = w.js.data();
-                t.bk = w.ck.data();
-                t.br = w.cr.data();
-                t.tk = w.tk.data();
-                t.tr = w.tr.data();
-                t.dc = w.dc.data();
-                t.ctop = w.ctop.data();
-                kern_.bwd(t);
-                if (t.clamped) {
-                  for (I i = 0; i < nq; ++i) C[ix((gm + i) * nc + nc - 1)] += w.ctop[ix(i)];
-                } else {
-                  for (I i = 0; i < nq; ++i) {
-                    gc[ix(gm + i)] +=
-                        static_cast<double>(w.tk[ix(i)]) + static_cast<double>(w.tr[ix(i)]);
-                    dct[ix(gm + i)] = w.dc[ix(i)];
-                  }
-                }
-                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, 1.f, w.at.data(), kBq, dO, D, w.dv.data(), D);
-                tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, sc, w.dpt.data(), kBq, Q, D, w.dk.data(), D);
-                tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, sc, w.dpt.data(), kBq, w.k.data(), D,
-                          &dqt[ix(gm * D)], D);
-              }
-            }
-            put(dk, dka, j0, nk, w.dk.data(), j0 >= done);
-            put(dv, dva, j0, nk, w.dv.data(), j0 >= done);
-          }
-          done = std::max(done, std::min(N, (jhi + kBk - 1) / kBk * kBk));
-          // the z term's direct paths: dQ += C·E, dE += Cᵀ·Q
-          for (I g = 0; g < G; ++g) {
-            const I h = kh * G + g;
-            for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
-              const I nq = std::min(kBq, c0 + mq - i0), ncb = cols(i0, nq), gm = g * mc + i0 - c0;
-              const float* Cb = &C[ix(gm * nc)];
-              tile_gemm(gemm_, GemmForm::kNN, nq, D, ncb, 1.f, Cb, nc, E_.data(), D,
-                        &dqt[ix(gm * D)], D);
-              if (!dtable.present()) continue;
-              tile_gemm(gemm_, GemmForm::kTN, ncb, D, nq, 1.f, Cb, nc, &qd[ix(gm * D)], D, &dEt[ix(g * nc * D)], D);
-            }
-            if (dq.present()) store_rows(dq, D, b, c0, mq, h, &dqt[ix(g * mc * D)]);
-          }
+      if (sees_keys(r % M) && (!std::isfinite(st->lse[ix(r)]) || !std::isfinite(st->Dv[ix(r)]))) return false;
+    // the rows that see no key (a prefix) still enter dE = Cᵀ·Q with C = 0: 0·NaN from their q
+    const I none = d_.N == 0 ? M : causal_ ? std::clamp<I>(d_.k_off - d_.q_off, 0, M) : 0;
+    std::vector<float> row(ix(D));
+    for (I b = 0; b < B; ++b)
+      for (I h = 0; h < Hq; ++h)
+        for (I i = 0; i < none; ++i) {
+          load_rows(q_, D, b, i, 1, h, row.data());
+          if (!simd_.finite(row.data(), ix(D))) return false;
         }
-        // keys no chunk saw (causal: right of the last query) get 0; the accumulators go out
-        std::fill(w.dk.begin(), w.dk.end(), 0.f);
-        for (auto [out, acc] : {std::pair{&dk, &dka}, std::pair{&dv, &dva}}) {
-          if (!out->present()) continue;
-          if (acc->empty()) {
-            for (I j0 = done; j0 < N; j0 += kBk)
-              store_rows(*out, D, b, j0, std::min(kBk, N - j0), kh, w.dk.data());
-          } else {
-            acc->finish(*out, D, b, kh, done, N);
-          }
-        }
-        if (dtable.present())
-          for (I g = 0; g < G; ++g)
-            for (I x = 0; x < nc * D; ++x)
-              dEs[ix(x)] += static_cast<double>(dEt[ix(g * nc * D + x)]);
-      }
-    }
-    guard.rethrow();
-    if (dtable.present()) {  // rows past ncol are never reached: 0
-      std::vector<double> tot(ix(d_.npos * D), 0.0);
-      for (const auto& part : dE)
-        for (std::size_t x = 0; x < part.size(); ++x) tot[x] += part[x];
-      from_doubles(tot, dtable);
-    }
     return true;
   }
 
- private:
+  // Pass 2 of one unit (b, kv head kh), its query rows a chunk at a time: dk, dv of its keys and dq
+  // of its query heads stored; its dE per query head left in c->dEt (when gr.dtable).
+  void unit(const Grads& gr, const Stats& st, I b, I kh, Scratch* w, Chunk* c) const {
+    const I D = d_.D, M = d_.M, N = d_.N, G = d_.G, nc = ncol_, mc = c->mc;
+    // a key block's part: stored where no earlier chunk reached it (j0 ≥ done), added elsewhere
+    const auto put = [&](const View& out, SplitSum& acc, I j0, I nk, const float* x, bool first) {
+      if (!out.present()) return;
+      if (!acc.empty()) acc.put(out, D, b, kh, j0, nk, x, first);
+      else if (first) store_rows(out, D, b, j0, nk, kh, x);
+      else add_rows(out, D, b, j0, nk, kh, x);  // float32 (else acc is there)
+    };
+    I done = 0;  // keys [0, done) have had a part from an earlier chunk
+    std::fill(c->dEt.begin(), c->dEt.end(), 0.f);
+    for (I c0 = 0; c0 < M; c0 += mc) {
+      const I mq = std::min(mc, M - c0);  // the chunk: rows [c0, c0 + mq) of each query head
+      for (auto* x : {&c->dqt, &c->C, &c->dct}) std::fill(x->begin(), x->end(), 0.f);
+      std::fill(c->gc.begin(), c->gc.end(), 0.0);
+      for (I g = 0; g < G; ++g)  // Q, dO and QE [mq, ncol] of each query head
+        for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
+          const I nq = std::min(kBq, c0 + mq - i0), gm = g * mc + i0 - c0;
+          load_rows(q_, D, b, i0, nq, kh * G + g, &c->qd[ix(gm * D)]);
+          load_rows(gr.dout, D, b, i0, nq, kh * G + g, &c->dod[ix(gm * D)]);
+          tile_gemm(gemm_, GemmForm::kNT, nq, cols(i0, nq), D, 1.f, &c->qd[ix(gm * D)], D, E_.data(), D,
+                    &c->qe[ix(gm * nc)], nc);
+        }
+      for (I g = 0; g < G; ++g) {  // transposed once per chunk, not per key block
+        tr_(&c->qd[ix(g * mc * D)], D, mq, D, &c->qdt[ix(g * D * c->ldq)], c->ldq);
+        tr_(&c->dod[ix(g * mc * D)], D, mq, D, &c->dodt[ix(g * D * c->ldq)], c->ldq);
+      }
+      // the keys the chunk's rows see (causal: up to its last row)
+      const I jhi = causal_ ? std::clamp<I>(d_.q_off + c0 + mq - d_.k_off, 0, N) : N;
+      for (I j0 = 0; j0 < jhi; j0 += kBk) {
+        const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
+        load_rows(k_, D, b, j0, nk, kh, w->k.data());
+        load_rows(v_, D, b, j0, nk, kh, w->v.data());
+        std::fill(w->dk.begin(), w->dk.begin() + nk * D, 0.f);
+        std::fill(w->dv.begin(), w->dv.begin() + nk * D, 0.f);
+        for (I g = 0; g < G; ++g) {
+          const I ilo = causal_ ? std::clamp<I>(kp0 - d_.q_off, c0, c0 + mq) : c0;
+          for (I i0 = ilo; i0 < c0 + mq; i0 += kBq)
+            tile(st, b, kh * G + g, g * mc + i0 - c0, i0, std::min(kBq, c0 + mq - i0), j0, nk, w, c);
+        }
+        put(gr.dk, c->dka, j0, nk, w->dk.data(), j0 >= done);
+        put(gr.dv, c->dva, j0, nk, w->dv.data(), j0 >= done);
+      }
+      done = std::max(done, std::min(N, (jhi + kBk - 1) / kBk * kBk));
+      // the z term's direct paths: dQ += C·E, dE += Cᵀ·Q
+      for (I g = 0; g < G; ++g) {
+        for (I i0 = c0; i0 < c0 + mq; i0 += kBq) {
+          const I nq = std::min(kBq, c0 + mq - i0), ncb = cols(i0, nq), gm = g * mc + i0 - c0;
+          const float* Cb = &c->C[ix(gm * nc)];
+          tile_gemm(gemm_, GemmForm::kNN, nq, D, ncb, 1.f, Cb, nc, E_.data(), D, &c->dqt[ix(gm * D)], D);
+          if (!gr.dtable) continue;
+          tile_gemm(gemm_, GemmForm::kTN, ncb, D, nq, 1.f, Cb, nc, &c->qd[ix(gm * D)], D, &c->dEt[ix(g * nc * D)],
+                    D);
+        }
+        if (gr.dq.present()) store_rows(gr.dq, D, b, c0, mq, kh * G + g, &c->dqt[ix(g * mc * D)]);
+      }
+    }
+    // keys no chunk saw (causal: right of the last query) get 0; the accumulators go out
+    std::fill(w->dk.begin(), w->dk.end(), 0.f);
+    for (auto [out, acc] : {std::pair{&gr.dk, &c->dka}, std::pair{&gr.dv, &c->dva}}) {
+      if (!out->present()) continue;
+      if (acc->empty()) {
+        for (I j0 = done; j0 < N; j0 += kBk) store_rows(*out, D, b, j0, std::min(kBk, N - j0), kh, w->dk.data());
+      } else {
+        acc->finish(*out, D, b, kh, done, N);
+      }
+    }
+  }
+
+  // One tile of pass 2: query rows [i0, i0 + nq) of head h (row gm of the chunk's arrays) against
+  // keys [j0, j0 + nk) (their rows in w->k, w->v): P and da by the backward tile step, then
+  // dV += Pᵀ·dO, dK += scale·daᵀ·Q (w->dv, w->dk) and dQ += scale·da·K (c->dqt); the rows' carries
+  // and C updated.
+  void tile(const Stats& st, I b, I h, I gm, I i0, I nq, I j0, I nk, Scratch* w, Chunk* c) const {
+    const I D = d_.D, nc = ncol_, row = (b * d_.Hq + h) * d_.M + i0;
+    const I tc = (gm / c->mc) * D * c->ldq + gm % c->mc;  // the tile's first column of Qᵀ and dOᵀ
+    const float sc = static_cast<float>(d_.scale);
+    tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, sc, w->k.data(), D, &c->qdt[ix(tc)], c->ldq, w->at.data(), kBq);
+    tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, 1.f, w->v.data(), D, &c->dodt[ix(tc)], c->ldq, w->dpt.data(), kBq);
+    std::int32_t minjs = std::numeric_limits<std::int32_t>::max();
+    for (I i = 0; i < kBq; ++i) {
+      const bool real = i < nq;
+      const float L = real ? st.lse[ix(row + i)] : kNegInfF;
+      w->lse[ix(i)] = L == kNegInfF ? kPosInfF : L;
+      w->dd[ix(i)] = real ? st.Dv[ix(row + i)] : 0.f;
+      w->js[ix(i)] = real ? st.J[ix(row + i)] : 0;
+      const double bc = real ? st.U[ix(row + i)] - c->gc[ix(gm + i)] : 0.0;  // count at j0
+      w->ck[ix(i)] = static_cast<float>(std::floor(bc));
+      w->cr[ix(i)] = static_cast<float>(bc - std::floor(bc));
+      w->dc[ix(i)] = real ? c->dct[ix(gm + i)] : 0.f;
+      w->qetop[ix(i)] = real ? c->qe[ix((gm + i) * nc + nc - 1)] : 0.f;
+      if (real) minjs = std::min(minjs, w->js[ix(i)]);
+    }
+    cope_fast::BwdTile t;
+    t.at = w->at.data();
+    t.dp = w->dpt.data();
+    t.nk = nk;
+    t.nq = nq;
+    t.j0 = j0;
+    t.causal = causal_;
+    t.base = (d_.k_off + j0) - (d_.q_off + i0);
+    t.clamped = j0 + nk <= minjs;
+    t.qe = &c->qe[ix(gm * nc)];
+    t.c = &c->C[ix(gm * nc)];
+    t.rowbase = w->rowbase.data();
+    t.qetop = w->qetop.data();
+    t.top = top_;
+    t.colmax = static_cast<float>(nc - 1);
+    t.lse = w->lse.data();
+    t.dd = w->dd.data();
+    t.js = w->js.data();
+    t.bk = w->ck.data();
+    t.br = w->cr.data();
+    t.tk = w->tk.data();
+    t.tr = w->tr.data();
+    t.dc = w->dc.data();
+    t.ctop = w->ctop.data();
+    kern_.bwd(t);
+    if (t.clamped) {
+      for (I i = 0; i < nq; ++i) c->C[ix((gm + i) * nc + nc - 1)] += w->ctop[ix(i)];
+    } else {
+      for (I i = 0; i < nq; ++i) {
+        c->gc[ix(gm + i)] += static_cast<double>(w->tk[ix(i)]) + static_cast<double>(w->tr[ix(i)]);
+        c->dct[ix(gm + i)] = w->dc[ix(i)];
+      }
+    }
+    const float* Q = &c->qd[ix(gm * D)];
+    const float* dO = &c->dod[ix(gm * D)];
+    tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, 1.f, w->at.data(), kBq, dO, D, w->dv.data(), D);
+    tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, sc, w->dpt.data(), kBq, Q, D, w->dk.data(), D);
+    tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, sc, w->dpt.data(), kBq, w->k.data(), D, &c->dqt[ix(gm * D)], D);
+  }
   // Whether query row i sees any key (else its lse is −inf and its out 0 whatever the inputs).
   bool sees_keys(I i) const { return d_.N > 0 && (!causal_ || d_.q_off + i >= d_.k_off); }
 
@@ -1000,4 +713,3 @@ Status cope_backward(const AttentionParams& p, const attn::Dims& d, const View& 
 
 }  // namespace fused
 }  // namespace posenc
-#endif  // HWY_ONCE
