@@ -142,12 +142,11 @@ std::string lower(std::string s) {
   return s;
 }
 
-}  // namespace
-
-Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
+// config.json's text as JSON. A key given twice in one object is refused: the JSON library keeps the
+// last, so which the user meant is unknown (the parser's callback sees every key with its object's
+// depth).
+Expected<json> parse_config(const std::string& text) {
   json j;
-  // A key given twice in one object: the JSON library keeps the last, so which the user meant is
-  // unknown; refused. The parser's callback sees every key with its object's depth.
   std::vector<std::set<std::string>> keys;
   std::string twice;
   const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
@@ -171,15 +170,14 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
   }
   if (!twice.empty()) return Status::Invalid(twice, "given twice in one object of the config");
   if (!j.is_object()) return Status::Invalid("config", "expected a JSON object (a config.json)");
-  const Reader top{j, ""};
-  RopeModelConfig out;
-  RopeParams& p = out.params;
+  return j;
+}
 
-  POSENC_TAKE(model_type, top.string("model_type"));
-  out.model_type = model_type.value_or("");
-  const std::string& mt = out.model_type;
-
-  // Top-level keys about rotary embeddings that this reader does not understand are errors.
+// The top level's keys: one about rotary embeddings that this reader does not understand is an
+// error; so is a model without rotary embeddings (absolute, learned or relative positions, ALiBi):
+// known model types, or position_embedding_type (BERT's family) other than "rotary", with no RoPE
+// field.
+Status check_top(const json& j, const Reader& top, const std::string& mt) {
   static const std::set<std::string> known = {
       "rope_theta", "rope_scaling", "partial_rotary_factor", "rotary_pct", "rotary_emb_base", "qk_rope_head_dim",
       "rope_interleave"};
@@ -192,23 +190,21 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
       return Status::Invalid(key, "not understood (posenc reads rope_theta, rope_scaling, partial_rotary_factor, "
                                   "rotary_pct, rotary_emb_base, qk_rope_head_dim, rope_interleave)");
   }
+  static const std::set<std::string> no_rotary = {
+      "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
+      "gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "t5", "mt5", "bart", "mbart", "whisper"};
+  POSENC_TAKE(pet, top.string("position_embedding_type"));
+  const bool rope_fields = top.has("rope_theta") || top.has("rotary_emb_base") || top.has("rope_scaling");
+  if (!rope_fields && (no_rotary.count(mt) || (pet && *pet != "rotary")))
+    return Status::Invalid("config", "this model has no rotary embedding (model_type " +
+                                         (mt.empty() ? std::string("absent") : mt) +
+                                         (pet && !no_rotary.count(mt) ? ", position_embedding_type " + *pet : "") +
+                                         ")");
+  return Status::Ok();
+}
 
-  // ---- a model without rotary embeddings (absolute, learned or relative positions, ALiBi): known
-  // model types, or position_embedding_type (BERT's family) other than "rotary", with no RoPE field.
-  {
-    static const std::set<std::string> no_rotary = {
-        "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
-        "gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "t5", "mt5", "bart", "mbart", "whisper"};
-    POSENC_TAKE(pet, top.string("position_embedding_type"));
-    const bool rope_fields = top.has("rope_theta") || top.has("rotary_emb_base") || top.has("rope_scaling");
-    if (!rope_fields && (no_rotary.count(mt) || (pet && *pet != "rotary")))
-      return Status::Invalid("config", "this model has no rotary embedding (model_type " +
-                                           (mt.empty() ? std::string("absent") : mt) +
-                                           (pet && !no_rotary.count(mt) ? ", position_embedding_type " + *pet : "") +
-                                           ")");
-  }
-
-  // ---- theta
+// theta: rope_theta, or GPT-NeoX's rotary_emb_base.
+Expected<double> read_theta(const Reader& top, const std::string& mt) {
   POSENC_TAKE(rope_theta, top.positive("rope_theta"));
   POSENC_TAKE(rotary_emb_base, top.positive("rotary_emb_base"));
   if (rotary_emb_base) {
@@ -217,15 +213,15 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
     if (rope_theta && *rope_theta != *rotary_emb_base)
       return Status::Invalid("rope_theta", "GPT-NeoX takes rotary_emb_base = " + num(*rotary_emb_base) +
                                                " as its theta, but rope_theta says " + num(*rope_theta));
-    p.theta = *rotary_emb_base;
-  } else if (rope_theta) {
-    p.theta = *rope_theta;
-  } else {
-    return Status::Invalid(mt.rfind("gpt_neox", 0) == 0 ? "rotary_emb_base" : "rope_theta",
-                           "missing (transformers would take its model class's default; give it explicitly)");
+    return *rotary_emb_base;
   }
+  if (rope_theta) return *rope_theta;
+  return Status::Invalid(mt.rfind("gpt_neox", 0) == 0 ? "rotary_emb_base" : "rope_theta",
+                         "missing (transformers would take its model class's default; give it explicitly)");
+}
 
-  // ---- head dimension
+// head_dim: DeepSeek's qk_rope_head_dim, head_dim, or hidden_size / num_attention_heads.
+Expected<std::int64_t> read_head_dim(const Reader& top, const std::string& mt) {
   POSENC_TAKE(head_dim, top.integer("head_dim"));
   POSENC_TAKE(qk_rope, top.integer("qk_rope_head_dim"));
   if (qk_rope && !is_deepseek(mt))
@@ -236,20 +232,20 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
     if (head_dim && *head_dim != *qk_rope)
       return Status::Invalid("head_dim", "DeepSeek rotates qk_rope_head_dim = " + std::to_string(*qk_rope) +
                                              " dimensions, but head_dim says " + std::to_string(*head_dim));
-    out.head_dim = *qk_rope;
-  } else if (head_dim) {
-    out.head_dim = *head_dim;
-  } else {
-    POSENC_TAKE(hidden, top.integer("hidden_size"));
-    POSENC_TAKE(heads, top.integer("num_attention_heads"));
-    if (!hidden) return Status::Invalid("hidden_size", "missing (needed for head_dim = hidden_size / num_attention_heads)");
-    if (!heads) return Status::Invalid("num_attention_heads", "missing (needed for head_dim = hidden_size / num_attention_heads)");
-    if (*hidden % *heads != 0)
-      return Status::Invalid("num_attention_heads", "does not divide hidden_size = " + std::to_string(*hidden));
-    out.head_dim = *hidden / *heads;
+    return *qk_rope;
   }
+  if (head_dim) return *head_dim;
+  POSENC_TAKE(hidden, top.integer("hidden_size"));
+  POSENC_TAKE(heads, top.integer("num_attention_heads"));
+  if (!hidden) return Status::Invalid("hidden_size", "missing (needed for head_dim = hidden_size / num_attention_heads)");
+  if (!heads) return Status::Invalid("num_attention_heads", "missing (needed for head_dim = hidden_size / num_attention_heads)");
+  if (*hidden % *heads != 0)
+    return Status::Invalid("num_attention_heads", "does not divide hidden_size = " + std::to_string(*hidden));
+  return *hidden / *heads;
+}
 
-  // ---- rotated dimensions: int(head_dim · partial_rotary_factor)
+// The rotated dimensions: int(head_dim · partial_rotary_factor) (GPT-NeoX: rotary_pct).
+Expected<std::int64_t> read_rotary_dim(const Reader& top, const std::string& mt, std::int64_t head_dim) {
   POSENC_TAKE(prf, top.positive("partial_rotary_factor"));
   POSENC_TAKE(rotary_pct, top.positive("rotary_pct"));
   double fraction = 1.0;
@@ -268,31 +264,18 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
     fraction = *prf;
   }
   if (fraction > 1) return Status::Invalid(fraction_field, "expected a fraction in (0, 1], got " + num(fraction));
-  const double rd = std::trunc(static_cast<double>(out.head_dim) * fraction);  // Python's int(head_dim * f)
+  const double rd = std::trunc(static_cast<double>(head_dim) * fraction);  // Python's int(head_dim * f)
   const std::int64_t r = static_cast<std::int64_t>(rd);
   if (r < 2 || r % 2 != 0)
-    return Status::Invalid(fraction_field, "gives int(" + std::to_string(out.head_dim) + " * " + num(fraction) + ") = " +
+    return Status::Invalid(fraction_field, "gives int(" + std::to_string(head_dim) + " * " + num(fraction) + ") = " +
                                                std::to_string(r) + " rotated dimensions: expected an even number >= 2");
-  p.rotary_dim = r;
+  return r;
+}
 
-  // ---- layout: transformers rotates halves (rotate_half) but for DeepSeek's interleaved pairs
-  POSENC_TAKE(interleave, top.boolean("rope_interleave"));
-  const bool interleaved = interleave ? *interleave : is_deepseek(mt);
-  p.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf;
-
-  POSENC_TAKE(max_pos, top.integer("max_position_embeddings"));
-  out.max_position_embeddings = max_pos.value_or(0);
-  POSENC_TAKE(top_original, top.integer("original_max_position_embeddings"));
-
-  // ---- rope_scaling
-  if (!top.has("rope_scaling")) {
-    if (top_original)
-      out.notes.push_back("original_max_position_embeddings: not read by the default scheme");
-    return out;
-  }
-  const json& sc = j.at("rope_scaling");
-  if (!sc.is_object()) return Status::Invalid("rope_scaling", "expected an object or null, got " + shown(sc));
-  const Reader rs{sc, "rope_scaling."};
+// rope_scaling's scheme (rope_type, or type; renamed as Phi3Config and Qwen2VLConfig rename it), its
+// mrope_section into out, and no field the scheme does not read. r: the rotated dimensions.
+Expected<std::string> read_scheme(const json& sc, const Reader& rs, const std::string& mt, std::int64_t r,
+                                  RopeModelConfig* out) {
   POSENC_TAKE(rope_type, rs.string("rope_type"));
   POSENC_TAKE(type, rs.string("type"));
   if (rope_type && type && *rope_type != *type)
@@ -301,7 +284,7 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
   const char* type_field = rope_type ? "rope_scaling.rope_type" : "rope_scaling.type";
   std::string scheme = rope_type ? *rope_type : *type;
   if (mt == "phi3" && (scheme == "su" || scheme == "yarn")) {
-    out.notes.push_back(std::string(type_field) + ": Phi3Config renames '" + scheme + "' to 'longrope'");
+    out->notes.push_back(std::string(type_field) + ": Phi3Config renames '" + scheme + "' to 'longrope'");
     scheme = "longrope";
   }
   // M-RoPE (Qwen2VLConfig): "mrope" is the default frequencies; mrope_section splits the pairs
@@ -309,8 +292,8 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
   if (scheme == "mrope") {
     if (!rs.has("mrope_section"))
       return Status::Invalid("rope_scaling.mrope_section", "missing (rope_type mrope requires it: [s_t, s_h, s_w])");
-    out.notes.push_back(std::string(type_field) + ": 'mrope' is the default frequencies split by mrope_section "
-                        "(Qwen2VLConfig)");
+    out->notes.push_back(std::string(type_field) + ": 'mrope' is the default frequencies split by mrope_section "
+                         "(Qwen2VLConfig)");
     scheme = "default";
   }
   if (rs.has("mrope_section")) {
@@ -322,7 +305,7 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
     for (const json& e : v) {
       if (!e.is_number_integer() || e.get<std::int64_t>() < 0 || e.get<std::int64_t>() > r)
         return Status::Invalid("rope_scaling.mrope_section", "expected " + want + ", got " + shown(v));
-      out.mrope_section.push_back(e.get<std::int64_t>());
+      out->mrope_section.push_back(e.get<std::int64_t>());
       sum += e.get<std::int64_t>();
     }
     if (sum != r / 2)
@@ -341,123 +324,186 @@ Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
                                                          (reads.empty() ? std::string("none") : reads) + ")");
     }
   }
-  p.rope_type = parse_rope_type(scheme).value();
+  return scheme;
+}
 
+// What the schemes' readers share: rope_scaling, the scheme, the model type, the rotated dimensions,
+// the fields several schemes read, and the top level's max_position_embeddings and
+// original_max_position_embeddings.
+struct Scaling {
+  const Reader& rs;
+  std::string scheme, mt;
+  std::int64_t r = 0;
+  std::optional<double> factor, attention_factor;
+  std::optional<std::int64_t> sc_original, max_pos, top_original;
+
+  Status need_factor(RopeParams* p) const {
+    if (!factor) return Status::Invalid("rope_scaling.factor", "missing (rope_type " + scheme + " requires it)");
+    p->factor = *factor;
+    return Status::Ok();
+  }
+  Status need_max_pos(const std::string& why) const {
+    if (!max_pos) return Status::Invalid("max_position_embeddings", "missing (" + why + ")");
+    return Status::Ok();
+  }
+  std::string ignored_top() const {
+    return "original_max_position_embeddings: not read by transformers 4.56's " + scheme + " scaling";
+  }
+};
+
+Status read_yarn(const Scaling& s, RopeModelConfig* out) {
+  RopeParams& p = out->params;
+  POSENC_RETURN_IF_ERROR(s.need_factor(&p));
+  if (s.sc_original) {
+    p.original_max_position = *s.sc_original;
+  } else {
+    POSENC_RETURN_IF_ERROR(s.need_max_pos("yarn without rope_scaling.original_max_position_embeddings takes it"));
+    p.original_max_position = *s.max_pos;
+  }
+  if (s.sc_original && s.max_pos) {
+    const double implicit = static_cast<double>(*s.max_pos) / static_cast<double>(*s.sc_original);
+    if (implicit != p.factor)
+      out->notes.push_back("rope_scaling.factor = " + num(p.factor) +
+                           " differs from max_position_embeddings / original_max_position_embeddings = " +
+                           num(implicit) + ": transformers >= 4.56 uses the explicit factor (<= 4.55 used the ratio)");
+  }
+  POSENC_TAKE(beta_fast, s.rs.positive("beta_fast"));
+  POSENC_TAKE(beta_slow, s.rs.positive("beta_slow"));
+  POSENC_TAKE(mscale, s.rs.number("mscale"));
+  POSENC_TAKE(mscale_all_dim, s.rs.number("mscale_all_dim"));
+  POSENC_TAKE(truncate, s.rs.boolean("truncate"));
+  p.beta_fast = beta_fast.value_or(32.0);
+  p.beta_slow = beta_slow.value_or(1.0);
+  p.mscale = mscale.value_or(0.0);
+  p.mscale_all_dim = mscale_all_dim.value_or(0.0);
+  p.truncate = truncate.value_or(true);
+  if (s.attention_factor) p.attention_factor = *s.attention_factor;
+  if (s.top_original) out->notes.push_back(s.ignored_top() + " (it reads rope_scaling.original_max_position_embeddings)");
+  if (is_deepseek(s.mt) && p.mscale_all_dim != 0) {
+    // DeepseekV3Attention: scaling = qk_head_dim^-0.5 · m(factor, mscale_all_dim)², not part of RoPE.
+    const double m = p.factor <= 1 ? 1.0 : 0.1 * p.mscale_all_dim * std::log(p.factor) + 1.0;
+    out->notes.push_back("DeepSeek's attention multiplies its softmax scale qk_head_dim^-0.5 by m(factor, "
+                         "mscale_all_dim)^2 = " + num(m * m) + " (transformers' DeepseekV3Attention; not part of "
+                         "RoPE: give it to posenc attention --scale), and rotates only the last qk_rope_head_dim "
+                         "dimensions of q and k (q_pe, k_pe)");
+  }
+  return Status::Ok();
+}
+
+Status read_llama3(const Scaling& s, RopeModelConfig* out) {
+  RopeParams& p = out->params;
+  POSENC_RETURN_IF_ERROR(s.need_factor(&p));
+  POSENC_TAKE(low, s.rs.positive("low_freq_factor"));
+  POSENC_TAKE(high, s.rs.positive("high_freq_factor"));
+  if (!low) return Status::Invalid("rope_scaling.low_freq_factor", "missing (rope_type llama3 requires it)");
+  if (!high) return Status::Invalid("rope_scaling.high_freq_factor", "missing (rope_type llama3 requires it)");
+  if (!(*high > *low))
+    return Status::Invalid("rope_scaling.high_freq_factor", "expected a number > low_freq_factor = " + num(*low) +
+                                                               ", got " + num(*high));
+  if (!s.sc_original)
+    return Status::Invalid("rope_scaling.original_max_position_embeddings", "missing (rope_type llama3 requires it)");
+  p.low_freq_factor = *low;
+  p.high_freq_factor = *high;
+  p.original_max_position = *s.sc_original;
+  if (s.top_original) out->notes.push_back(s.ignored_top() + " (it reads rope_scaling.original_max_position_embeddings)");
+  return Status::Ok();
+}
+
+Status read_longrope(const Scaling& s, RopeModelConfig* out) {
+  RopeParams& p = out->params;
+  POSENC_TAKE(sf, s.rs.list("short_factor", s.r / 2));
+  POSENC_TAKE(lf, s.rs.list("long_factor", s.r / 2));
+  p.short_factor = std::move(sf);
+  p.long_factor = std::move(lf);
+  if (s.top_original) {
+    POSENC_RETURN_IF_ERROR(s.need_max_pos("longrope's factor is max_position_embeddings / original_max_position_embeddings"));
+    p.original_max_position = *s.top_original;
+    p.factor = static_cast<double>(*s.max_pos) / static_cast<double>(*s.top_original);
+    if (s.factor)
+      out->notes.push_back("rope_scaling.factor: not read by transformers 4.56's longrope when the config has "
+                           "original_max_position_embeddings (it takes max_position_embeddings / "
+                           "original_max_position_embeddings = " + num(p.factor) + ")");
+  } else {
+    POSENC_RETURN_IF_ERROR(s.need_max_pos("longrope without original_max_position_embeddings switches there"));
+    p.original_max_position = *s.max_pos;
+    if (!s.factor)
+      return Status::Invalid("rope_scaling.factor", "missing (longrope's attention factor needs it when the config "
+                                                    "has no top-level original_max_position_embeddings)");
+    p.factor = *s.factor;
+  }
+  if (s.sc_original)
+    out->notes.push_back("rope_scaling.original_max_position_embeddings: not read by transformers 4.56's longrope "
+                         "(it reads the top-level original_max_position_embeddings)");
+  if (s.attention_factor) p.attention_factor = *s.attention_factor;
+  return Status::Ok();
+}
+
+// The scheme's fields of rope_scaling into out->params (and notes on fields transformers ignores).
+Status read_scaling(const Scaling& s, RopeModelConfig* out) {
+  RopeParams& p = out->params;
+  p.rope_type = parse_rope_type(s.scheme).value();
+  switch (p.rope_type) {
+    case RopeType::kDefault:
+      if (s.top_original) out->notes.push_back(s.ignored_top());
+      return Status::Ok();
+    case RopeType::kLinear:
+    case RopeType::kNtk:
+      POSENC_RETURN_IF_ERROR(s.need_factor(&p));
+      if (s.top_original) out->notes.push_back(s.ignored_top());
+      return Status::Ok();
+    case RopeType::kDynamic:
+      POSENC_RETURN_IF_ERROR(s.need_factor(&p));
+      POSENC_RETURN_IF_ERROR(s.need_max_pos("dynamic NTK's window is max_position_embeddings"));
+      p.original_max_position = *s.max_pos;
+      if (s.sc_original)
+        out->notes.push_back("rope_scaling.original_max_position_embeddings: not read by transformers 4.56's dynamic "
+                             "scaling (its window is max_position_embeddings = " + std::to_string(*s.max_pos) + ")");
+      if (s.top_original) out->notes.push_back(s.ignored_top());
+      return Status::Ok();
+    case RopeType::kYarn: return read_yarn(s, out);
+    case RopeType::kLlama3: return read_llama3(s, out);
+    case RopeType::kLongrope: return read_longrope(s, out);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Expected<RopeModelConfig> rope_config_from_json(const std::string& text) {
+  POSENC_TAKE(j, parse_config(text));
+  const Reader top{j, ""};
+  RopeModelConfig out;
+  RopeParams& p = out.params;
+  POSENC_TAKE(model_type, top.string("model_type"));
+  out.model_type = model_type.value_or("");
+  const std::string& mt = out.model_type;
+  POSENC_RETURN_IF_ERROR(check_top(j, top, mt));
+  POSENC_TAKE(theta, read_theta(top, mt));
+  p.theta = theta;
+  POSENC_TAKE(head_dim, read_head_dim(top, mt));
+  out.head_dim = head_dim;
+  POSENC_TAKE(r, read_rotary_dim(top, mt, head_dim));
+  p.rotary_dim = r;
+  // layout: transformers rotates halves (rotate_half) but for DeepSeek's interleaved pairs
+  POSENC_TAKE(interleave, top.boolean("rope_interleave"));
+  const bool interleaved = interleave ? *interleave : is_deepseek(mt);
+  p.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+  POSENC_TAKE(max_pos, top.integer("max_position_embeddings"));
+  out.max_position_embeddings = max_pos.value_or(0);
+  POSENC_TAKE(top_original, top.integer("original_max_position_embeddings"));
+  if (!top.has("rope_scaling")) {
+    if (top_original) out.notes.push_back("original_max_position_embeddings: not read by the default scheme");
+    return out;
+  }
+  const json& sc = j.at("rope_scaling");
+  if (!sc.is_object()) return Status::Invalid("rope_scaling", "expected an object or null, got " + shown(sc));
+  const Reader rs{sc, "rope_scaling."};
+  POSENC_TAKE(scheme, read_scheme(sc, rs, mt, r, &out));
   POSENC_TAKE(factor, rs.positive("factor"));
   POSENC_TAKE(sc_original, rs.integer("original_max_position_embeddings"));
   POSENC_TAKE(attention_factor, rs.positive("attention_factor"));
-  auto need_factor = [&]() -> Status {
-    if (!factor) return Status::Invalid("rope_scaling.factor", "missing (rope_type " + scheme + " requires it)");
-    p.factor = *factor;
-    return Status::Ok();
-  };
-  auto need_max_pos = [&](const std::string& why) -> Status {
-    if (!max_pos) return Status::Invalid("max_position_embeddings", "missing (" + why + ")");
-    return Status::Ok();
-  };
-  const std::string ignored_top =
-      "original_max_position_embeddings: not read by transformers 4.56's " + scheme + " scaling";
-
-  switch (p.rope_type) {
-    case RopeType::kDefault:
-      if (top_original) out.notes.push_back(ignored_top);
-      break;
-    case RopeType::kLinear:
-    case RopeType::kNtk:
-      POSENC_RETURN_IF_ERROR(need_factor());
-      if (top_original) out.notes.push_back(ignored_top);
-      break;
-    case RopeType::kDynamic:
-      POSENC_RETURN_IF_ERROR(need_factor());
-      POSENC_RETURN_IF_ERROR(need_max_pos("dynamic NTK's window is max_position_embeddings"));
-      p.original_max_position = *max_pos;
-      if (sc_original)
-        out.notes.push_back("rope_scaling.original_max_position_embeddings: not read by transformers 4.56's dynamic "
-                            "scaling (its window is max_position_embeddings = " + std::to_string(*max_pos) + ")");
-      if (top_original) out.notes.push_back(ignored_top);
-      break;
-    case RopeType::kYarn: {
-      POSENC_RETURN_IF_ERROR(need_factor());
-      if (sc_original) {
-        p.original_max_position = *sc_original;
-      } else {
-        POSENC_RETURN_IF_ERROR(need_max_pos("yarn without rope_scaling.original_max_position_embeddings takes it"));
-        p.original_max_position = *max_pos;
-      }
-      if (sc_original && max_pos) {
-        const double implicit = static_cast<double>(*max_pos) / static_cast<double>(*sc_original);
-        if (implicit != p.factor)
-          out.notes.push_back("rope_scaling.factor = " + num(p.factor) +
-                              " differs from max_position_embeddings / original_max_position_embeddings = " +
-                              num(implicit) + ": transformers >= 4.56 uses the explicit factor (<= 4.55 used the ratio)");
-      }
-      POSENC_TAKE(beta_fast, rs.positive("beta_fast"));
-      POSENC_TAKE(beta_slow, rs.positive("beta_slow"));
-      POSENC_TAKE(mscale, rs.number("mscale"));
-      POSENC_TAKE(mscale_all_dim, rs.number("mscale_all_dim"));
-      POSENC_TAKE(truncate, rs.boolean("truncate"));
-      p.beta_fast = beta_fast.value_or(32.0);
-      p.beta_slow = beta_slow.value_or(1.0);
-      p.mscale = mscale.value_or(0.0);
-      p.mscale_all_dim = mscale_all_dim.value_or(0.0);
-      p.truncate = truncate.value_or(true);
-      if (attention_factor) p.attention_factor = *attention_factor;
-      if (top_original) out.notes.push_back(ignored_top + " (it reads rope_scaling.original_max_position_embeddings)");
-      if (is_deepseek(mt) && p.mscale_all_dim != 0) {
-        // DeepseekV3Attention: scaling = qk_head_dim^-0.5 · m(factor, mscale_all_dim)², not part of RoPE.
-        const double m = p.factor <= 1 ? 1.0 : 0.1 * p.mscale_all_dim * std::log(p.factor) + 1.0;
-        out.notes.push_back("DeepSeek's attention multiplies its softmax scale qk_head_dim^-0.5 by m(factor, "
-                            "mscale_all_dim)^2 = " + num(m * m) + " (transformers' DeepseekV3Attention; not part of "
-                            "RoPE: give it to posenc attention --scale), and rotates only the last qk_rope_head_dim "
-                            "dimensions of q and k (q_pe, k_pe)");
-      }
-      break;
-    }
-    case RopeType::kLlama3: {
-      POSENC_RETURN_IF_ERROR(need_factor());
-      POSENC_TAKE(low, rs.positive("low_freq_factor"));
-      POSENC_TAKE(high, rs.positive("high_freq_factor"));
-      if (!low) return Status::Invalid("rope_scaling.low_freq_factor", "missing (rope_type llama3 requires it)");
-      if (!high) return Status::Invalid("rope_scaling.high_freq_factor", "missing (rope_type llama3 requires it)");
-      if (!(*high > *low))
-        return Status::Invalid("rope_scaling.high_freq_factor", "expected a number > low_freq_factor = " + num(*low) +
-                                                                   ", got " + num(*high));
-      if (!sc_original)
-        return Status::Invalid("rope_scaling.original_max_position_embeddings", "missing (rope_type llama3 requires it)");
-      p.low_freq_factor = *low;
-      p.high_freq_factor = *high;
-      p.original_max_position = *sc_original;
-      if (top_original) out.notes.push_back(ignored_top + " (it reads rope_scaling.original_max_position_embeddings)");
-      break;
-    }
-    case RopeType::kLongrope: {
-      POSENC_TAKE(sf, rs.list("short_factor", r / 2));
-      POSENC_TAKE(lf, rs.list("long_factor", r / 2));
-      p.short_factor = std::move(sf);
-      p.long_factor = std::move(lf);
-      if (top_original) {
-        POSENC_RETURN_IF_ERROR(need_max_pos("longrope's factor is max_position_embeddings / original_max_position_embeddings"));
-        p.original_max_position = *top_original;
-        p.factor = static_cast<double>(*max_pos) / static_cast<double>(*top_original);
-        if (factor)
-          out.notes.push_back("rope_scaling.factor: not read by transformers 4.56's longrope when the config has "
-                              "original_max_position_embeddings (it takes max_position_embeddings / "
-                              "original_max_position_embeddings = " + num(p.factor) + ")");
-      } else {
-        POSENC_RETURN_IF_ERROR(need_max_pos("longrope without original_max_position_embeddings switches there"));
-        p.original_max_position = *max_pos;
-        if (!factor)
-          return Status::Invalid("rope_scaling.factor", "missing (longrope's attention factor needs it when the config "
-                                                        "has no top-level original_max_position_embeddings)");
-        p.factor = *factor;
-      }
-      if (sc_original)
-        out.notes.push_back("rope_scaling.original_max_position_embeddings: not read by transformers 4.56's longrope "
-                            "(it reads the top-level original_max_position_embeddings)");
-      if (attention_factor) p.attention_factor = *attention_factor;
-      break;
-    }
-  }
+  const Scaling s{rs, scheme, mt, r, factor, attention_factor, sc_original, max_pos, top_original};
+  POSENC_RETURN_IF_ERROR(read_scaling(s, &out));
   return out;
 }
 
