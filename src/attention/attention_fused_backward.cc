@@ -25,48 +25,8 @@ void Fused::backward(const View& dout, const View& dq, const View& dk, const Vie
             : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
             : bw.freq              ? 2 * d_.rot.half
                                    : 0;
-  // Pass 1 at the rate too, unless there are parameter gradients: they sum dS over whole rows, and
-  // Σ_j dS_ij = 0 needs D of the out pass 2's P gives (the float32 products' out)
-  const bool rate1 = bw.rate && bw.npar == 0;
-  // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
-  bw.lse.resize(ix(B * Hq * M));
-  bw.Dv.resize(ix(B * Hq * M));
-  const I nqb = (M + kBq - 1) / kBq;
-  Panels panels = saved ? Panels{} : key_panels(rate1);  // released after pass 1
+  pass1(&bw, saved);
   attn_fast::RegionGuard guard;
-#pragma omp parallel num_threads(threads_) if (threads_ > 1)
-  {
-    Scratch& w = thread_scratch();
-    std::vector<double> l;
-    guard.run([&] {
-      w.init(D);
-      w.init_backward(D);
-      if (rate1) w.init_bf16(D);
-      l.resize(ix(kBq));
-    });
-#pragma omp for schedule(dynamic, 1)
-    for (I task = 0; task < B * Hq * nqb; ++task) {
-      if (guard.failed()) continue;
-      I b, h, q0, nq;
-      query_task(task, nqb, &b, &h, &q0, &nq);
-      if (saved) {
-        attn_fast::load_rows(saved->out, D, b, q0, nq, h, w.o.data());
-        const View& ls = saved->lse;
-        const double* base = static_cast<const double*>(ls.data);
-        for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
-      } else {
-        forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw.careful, rate1, &panels);
-      }
-      const Tile dO = rows(dout, bw.dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
-      for (I i = 0; i < nq; ++i) {
-        const std::size_t at = ix((b * Hq + h) * M + q0 + i);
-        bw.lse[at] = static_cast<float>(l[ix(i)]);
-        bw.Dv[at] = simd_.dot(dO.p + i * dO.ld, &w.o[ix(i * D)], ix(D));
-      }
-    }
-  }
-  guard.rethrow();
-  panels = Panels{};
   // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
   // over the key blocks (see the file comment).
   const I npar = bw.npar;
@@ -103,7 +63,56 @@ void Fused::backward(const View& dout, const View& dq, const View& dk, const Vie
   }
   guard.rethrow();
   for (I u = whole; u < U; ++u) split_unit(bw, u / Hkv, u % Hkv, dq_dir, &gw);
-  // Parameter gradients: per (b, h) in gw, summed over the batch here.
+  write_param_grads(gw, bw, g);
+}
+
+void Fused::pass1(Bwd* bw, const Saved* saved) const {
+  const I B = d_.B, M = d_.M, Hq = d_.Hq, D = d_.D;
+  // Pass 1 at the rate too, unless there are parameter gradients: they sum dS over whole rows, and
+  // Σ_j dS_ij = 0 needs D of the out pass 2's P gives (the float32 products' out)
+  const bool rate1 = bw->rate && bw->npar == 0;
+  // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
+  bw->lse.resize(ix(B * Hq * M));
+  bw->Dv.resize(ix(B * Hq * M));
+  const I nqb = (M + kBq - 1) / kBq;
+  Panels panels = saved ? Panels{} : key_panels(rate1);  // released after pass 1
+  attn_fast::RegionGuard guard;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+  {
+    Scratch& w = thread_scratch();
+    std::vector<double> l;
+    guard.run([&] {
+      w.init(D);
+      w.init_backward(D);
+      if (rate1) w.init_bf16(D);
+      l.resize(ix(kBq));
+    });
+#pragma omp for schedule(dynamic, 1)
+    for (I task = 0; task < B * Hq * nqb; ++task) {
+      if (guard.failed()) continue;
+      I b, h, q0, nq;
+      query_task(task, nqb, &b, &h, &q0, &nq);
+      if (saved) {
+        attn_fast::load_rows(saved->out, D, b, q0, nq, h, w.o.data());
+        const View& ls = saved->lse;
+        const double* base = static_cast<const double*>(ls.data);
+        for (I i = 0; i < nq; ++i) l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
+      } else {
+        forward_block(b, h, q0, nq, &w, w.o.data(), l.data(), bw->careful, rate1, &panels);
+      }
+      const Tile dO = rows(bw->dout, bw->dir_dout, b, q0, nq, h, w.dout.data(), nullptr, 0);
+      for (I i = 0; i < nq; ++i) {
+        const std::size_t at = ix((b * Hq + h) * M + q0 + i);
+        bw->lse[at] = static_cast<float>(l[ix(i)]);
+        bw->Dv[at] = simd_.dot(dO.p + i * dO.ld, &w.o[ix(i * D)], ix(D));
+      }
+    }
+  }
+  guard.rethrow();
+}
+
+void Fused::write_param_grads(const std::vector<double>& gw, const Bwd& bw, const EncodingGrads& g) const {
+  const I B = d_.B, Hq = d_.Hq, npar = bw.npar;
   std::vector<double> sum(ix(Hq * npar), 0.0);  // [Hq, npar]
   for (I h = 0; h < Hq; ++h)
     for (I r = 0; r < npar; ++r) {

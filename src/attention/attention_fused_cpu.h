@@ -153,6 +153,12 @@ class Fused {
     bool rate = false;           // pass 2's products at the bfloat16 rate where a unit allows (keys_rate)
   };
 
+  // Pass 1: bw->lse and bw->Dv (D = rowsum(dO ⊙ out)) of every row, from the forward again (at the
+  // bfloat16 rate where bw->rate and there are no parameter gradients), or from saved.
+  void pass1(Bwd* bw, const Saved* saved) const;
+  // The parameter gradients into g: gw [B, Hq, npar], the per-(b, h) sums, summed over the batch.
+  void write_param_grads(const std::vector<double>& gw, const Bwd& bw, const EncodingGrads& g) const;
+
   bool past_only(I h) const { return p_.causal || (nonsym_ && h < d_.Hq / 2); }
   bool future_only(I h) const { return nonsym_ && h >= d_.Hq / 2; }
   // The tile products' band (tile_gemm.h) for head h's tile whose key 0 − query 0 distance is base
