@@ -231,50 +231,13 @@ class XlFused {
     // the careful steps on every tile (attention_tiles.h): k or v not finite
     const bool careful_all = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
                              !all_finite(simd_, v_, threads_);
-    // pass 1: lse and D = rowsum(dO ⊙ out), [B, Hq, M]
-    std::vector<float> lse(ix(B * Hq * M)), Dv(ix(B * Hq * M));
-    const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
-    const std::unique_ptr<float[]> panels = saved_out ? nullptr : key_panels();
+    std::vector<float> lse, Dv;  // [B, Hq, M]
+    pass1(dout, saved_out, saved_lse, careful_all, &lse, &Dv);
     RegionGuard guard;
-#pragma omp parallel num_threads(threads_) if (threads_ > 1)
-    {
-      Scratch w;
-      std::vector<double> l;
-      guard.run([&] {
-        w.init(D, R);
-        w.init_backward(D, R);
-        l.resize(ix(kBq));
-      });
-#pragma omp for schedule(dynamic, 1)
-      for (I task = 0; task < per * nqb; ++task) {
-        if (guard.failed()) continue;
-        I b, h, qi;  // as forward()
-        head_major_task(task, nqb, Hq, &b, &h, &qi);
-        const I qb = nqb - 1 - qi;
-        const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-        if (saved_out) {
-          load_rows(*saved_out, D, b, q0, nq, h, w.o.data());
-          const View& ls = *saved_lse;
-          const double* base = static_cast<const double*>(ls.data);
-          for (I i = 0; i < nq; ++i)
-            l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
-        } else {
-          forward_block(b, h, 1, q0, nq, &w, l.data(), panels.get(), careful_all);
-        }
-        load_rows(dout, D, b, q0, nq, h, w.dout.data());
-        for (I i = 0; i < nq; ++i) {
-          const std::size_t at = ix((b * Hq + h) * M + q0 + i);
-          lse[at] = static_cast<float>(l[ix(i)]);
-          Dv[at] = simd_.dot(&w.dout[ix(i * D)], &w.o[ix(i * D)], ix(D));
-        }
-      }
-    }
-    guard.rethrow();
     // pass 2: per (b, kv head). Parameter gradients per (b, h): du [D], Σ X [R], dW [D, R].
     const I npar = D + R + D * R, Dc = D + R;
     std::vector<double> gp(ix(B * Hq * npar), 0.0);
     const I kvtasks = B * d_.Hkv;
-    const float sc = static_cast<float>(d_.scale);
     // dQc summed in dq itself (see kDqBufferBytes)
     const bool dq_dir = dq.present() && direct_out(dq) && !dq_buffered(G, M, D);
     const bool q_all = G * M * (Dc + D) <= cache_limit.load();  // Qu, Ỹ and dO formed once per task
@@ -339,37 +302,9 @@ class XlFused {
               // dO [nq, D], copied even where it could be read in place: dV's product reads it a
               // row per step, and rows at the tensor's stride (Hq·D floats) share few L1 sets
               const float* dO = q_all ? &qall[ix(G * M * Dc + (gi * M + i0) * D)] : w.dout.data();
-              const I ldo = D;
               if (!q_all) load_rows(dout, D, b, i0, nq, h, w.dout.data());
-              float* S = w.s.data();
-              float* dP = w.dp.data();
-              // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
-              // masked ones keeping logits' zeros; dP's masked entries may stay unset
-              const I bd = logits(i0, nq, j0, nk, qc, yt, w.kt.data(), &w);
-              const float* L = &lse[ix((b * Hq + h) * M + i0)];
-              const float* Di = &Dv[ix((b * Hq + h) * M + i0)];
-              simd_.exp_rows(S, nq, nk, kBk, L, bd);  // P
-              tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, ldo, w.vt.data(), kLdt, dP, kBk, bd);
-              // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
-              // entries' terms added back into dV; dS 0 where P is
-              const bool careful = careful_all || careful_rows(L, Di, nq);
-              const bool bad_do = careful && sanitize_rows(dO, ldo, nq, D, w.sd.data());
-              if (bad_do) tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w.sd.data(), D, w.dv.data(), D, bd);
-              else tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO, ldo, w.dv.data(), D, bd);
-              if (bad_do) add_back_ptdo(S, nq, nk, dO, ldo, D, w.dv.data());
-              for (I i = 0; i < nq; ++i) {
-                const I n = std::clamp<I>(i + bd + 1, 0, nk);
-                if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
-                else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
-              }
-              // S now holds dS; c = scale·dS.
-              const bool bad_q = careful && sanitize_rows(qc, D, nq, D, w.sq.data());
-              tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w.sq.data() : qc, D, w.dk.data(),
-                        D, bd);
-              const bool bad_k = careful && sanitize_rows(w.kc.data(), D, nk, D, w.sk.data());
-              const float* K = bad_k ? w.sk.data() : w.kc.data();
-              tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K, D, qbase + gi * qhs + i0 * qld, qld, bd);
-              tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, C, R, &xacc[ix((gi * M + i0) * R)], R, bd);
+              tile(Tiles{lse.data(), Dv.data(), careful_all}, b, h, i0, nq, j0, nk, qc, yt, dO, C,
+                   qbase + gi * qhs + i0 * qld, qld, &xacc[ix((gi * M + i0) * R)], &w);
             }
           }
           if (dk.present()) store_rows(dk, D, b, j0, nk, kh, w.dk.data());
@@ -387,6 +322,99 @@ class XlFused {
   }
 
  private:
+  // Pass 1: lse and D = rowsum(dO ⊙ out) of every row, [B, Hq, M], from the forward again (careful:
+  // its careful steps on every tile) or read from saved_out and saved_lse.
+  void pass1(const View& dout, const View* saved_out, const View* saved_lse, bool careful, std::vector<float>* lse,
+             std::vector<float>* Dv) const {
+    const I B = d_.B, M = d_.M, Hq = d_.Hq, D = d_.D, R = d_.R;
+    lse->resize(ix(B * Hq * M));
+    Dv->resize(ix(B * Hq * M));
+    const I nqb = (M + kBq - 1) / kBq, per = B * Hq;
+    const std::unique_ptr<float[]> panels = saved_out ? nullptr : key_panels();
+    RegionGuard guard;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    {
+      Scratch w;
+      std::vector<double> l;
+      guard.run([&] {
+        w.init(D, R);
+        w.init_backward(D, R);
+        l.resize(ix(kBq));
+      });
+#pragma omp for schedule(dynamic, 1)
+      for (I task = 0; task < per * nqb; ++task) {
+        if (guard.failed()) continue;
+        I b, h, qi;  // as forward()
+        head_major_task(task, nqb, Hq, &b, &h, &qi);
+        const I qb = nqb - 1 - qi;
+        const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
+        if (saved_out) {
+          load_rows(*saved_out, D, b, q0, nq, h, w.o.data());
+          const View& ls = *saved_lse;
+          const double* base = static_cast<const double*>(ls.data);
+          for (I i = 0; i < nq; ++i)
+            l[ix(i)] = base[b * ls.strides[0] + h * ls.strides[1] + (q0 + i) * ls.strides[2]];
+        } else {
+          forward_block(b, h, 1, q0, nq, &w, l.data(), panels.get(), careful);
+        }
+        load_rows(dout, D, b, q0, nq, h, w.dout.data());
+        for (I i = 0; i < nq; ++i) {
+          const std::size_t at = ix((b * Hq + h) * M + q0 + i);
+          (*lse)[at] = static_cast<float>(l[ix(i)]);
+          (*Dv)[at] = simd_.dot(&w.dout[ix(i * D)], &w.o[ix(i * D)], ix(D));
+        }
+      }
+    }
+    guard.rethrow();
+  }
+
+  // What pass 1 gives the tiles of pass 2: lse and D [B, Hq, M], and whether every tile takes the
+  // careful steps (k or v not finite).
+  struct Tiles {
+    const float* lse;
+    const float* Dv;
+    bool careful;
+  };
+
+  // One tile of pass 2: head h's query rows [i0, i0 + nq) (Qu qc [nq, D], Ỹ yt [nq, R], dO [nq, D])
+  // against keys [j0, j0 + nk) (w->kc, [K | C]ᵀ w->kt, Vᵀ w->vt, C [nk, R]): dV, dK of the block
+  // (w->dv, w->dk), dQc (dq, row stride ldq) and X̃ (xt [nq, R]) added, every product banded on a
+  // causal diagonal tile.
+  void tile(const Tiles& t, I b, I h, I i0, I nq, I j0, I nk, float* qc, const float* yt, const float* dO,
+            const float* C, float* dq, I ldq, float* xt, Scratch* w) const {
+    const I D = d_.D, R = d_.R, M = d_.M, Hq = d_.Hq;
+    const float sc = static_cast<float>(d_.scale);
+    float* S = w->s.data();
+    float* dP = w->dp.data();
+    // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
+    // masked ones keeping logits' zeros; dP's masked entries may stay unset
+    const I bd = logits(i0, nq, j0, nk, qc, yt, w->kt.data(), w);
+    const float* L = &t.lse[ix((b * Hq + h) * M + i0)];
+    const float* Di = &t.Dv[ix((b * Hq + h) * M + i0)];
+    simd_.exp_rows(S, nq, nk, kBk, L, bd);  // P
+    tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, D, w->vt.data(), kLdt, dP, kBk, bd);
+    // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
+    // entries' terms added back into dV; dS 0 where P is
+    const bool careful = t.careful || careful_rows(L, Di, nq);
+    const bool bad_do = careful && sanitize_rows(dO, D, nq, D, w->sd.data());
+    if (bad_do) tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w->sd.data(), D, w->dv.data(), D, bd);
+    else tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO, D, w->dv.data(), D, bd);
+    if (bad_do) add_back_ptdo(S, nq, nk, dO, D, D, w->dv.data());
+    for (I i = 0; i < nq; ++i) {
+      const I n = std::clamp<I>(i + bd + 1, 0, nk);
+      if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
+      else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
+    }
+    // S now holds dS; c = scale·dS.
+    const bool bad_q = careful && sanitize_rows(qc, D, nq, D, w->sq.data());
+    tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w->sq.data() : qc, D, w->dk.data(),
+              D, bd);
+    const bool bad_k = careful && sanitize_rows(w->kc.data(), D, nk, D, w->sk.data());
+    const float* K = bad_k ? w->sk.data() : w->kc.data();
+    tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K, D, dq, ldq, bd);
+    tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, C, R, xt, R, bd);
+  }
+
   // The angle table tab_ [rows, R]: s(p) = per pair (sin ω·p, cos ω·p), sinusoidal_table's rows, for
   // the positions p relative to k_off of the queries, q_off − k_off + i, and of the keys, j. One run
   // of positions covers both where it is no longer than M + N rows (queries near their keys), else
