@@ -160,9 +160,9 @@ inline Status check_sizes(const Dims& d) {
   return Status::Ok();
 }
 
-// Checks everything forward and backward share; fills d.
-inline Status check_common(const AttentionParams& p, const View& q, const View& k, const View& v,
-                    const EncodingTensors& t, Dims* d) {
+// The encoding is one attention takes; q, k, v are float [B, M, Hq, D], [B, N, Hkv, D], [B, N, Hkv, D]
+// of one dtype within the size limits: d's shape letters.
+inline Status check_shapes(const AttentionParams& p, const View& q, const View& k, const View& v, Dims* d) {
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kRope: case Encoding::kAlibi: case Encoding::kT5:
     case Encoding::kXL: case Encoding::kCope:
@@ -199,6 +199,11 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   POSENC_RETURN_IF_ERROR(require_same_dtype("v", v, q, "q"));
   POSENC_RETURN_IF_ERROR(check_sizes(*d));
 
+  return Status::Ok();
+}
+
+// scale, k_offset, q_offset and keys_rotated: d's scale and offsets.
+inline Status check_positions(const AttentionParams& p, Dims* d) {
   d->scale = 1.0 / std::sqrt(static_cast<double>(d->D));
   if (p.scale) {
     if (!std::isfinite(*p.scale) || *p.scale <= 0)
@@ -222,6 +227,11 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
   if (p.keys_rotated && p.encoding == Encoding::kRope2d && p.rope2d.variant == Rope2dVariant::kMixed)
     return Status::Invalid("keys_rotated", "rope2d mixed rotates a key per query head (its frequencies are "
                                            "per head): expected false");
+  return Status::Ok();
+}
+
+// The encoding's own parameters and tensors (d's R, npos, fire_w, rotary plan where it has them).
+inline Status check_encoding(const AttentionParams& p, const EncodingTensors& t, Dims* d) {
   switch (p.encoding) {
     case Encoding::kRope: case Encoding::kRope2d: case Encoding::kMrope: case Encoding::kXpos:
       POSENC_RETURN_IF_ERROR(check_rotary(p, t, d));
@@ -296,7 +306,16 @@ inline Status check_common(const AttentionParams& p, const View& q, const View& 
     default:
       break;
   }
-  // A tensor the encoding does not read is a mistake worth reporting, not silently ignoring.
+  return Status::Ok();
+}
+
+// Checks everything forward and backward share; fills d. A tensor the encoding does not read is
+// a mistake worth reporting, not silently ignoring.
+inline Status check_common(const AttentionParams& p, const View& q, const View& k, const View& v,
+                           const EncodingTensors& t, Dims* d) {
+  POSENC_RETURN_IF_ERROR(check_shapes(p, q, k, v, d));
+  POSENC_RETURN_IF_ERROR(check_positions(p, d));
+  POSENC_RETURN_IF_ERROR(check_encoding(p, t, d));
   const Reads r = reads(p);
   const std::pair<const char*, std::pair<bool, const View*>> given[] = {
       {"slopes", {r.slopes, &t.slopes}}, {"weights", {r.weights, &t.weights}}, {"u", {r.xl, &t.u}},
