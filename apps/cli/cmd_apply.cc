@@ -37,8 +37,14 @@ void require_like(const std::string& flag, const Tensor& t, const Tensor& ref, c
                                    ", got " + dtype_name(t.dtype())));
 }
 
-void run_apply(ApplyState& st) {
-  const EncodingInfo& e = st.params.bind(st.enc, "posenc apply");
+// What run_apply reads from the flags, checked against one another before any file is read.
+struct ApplyFlags {
+  bool have_positions = false, want_grads = false;
+  std::int64_t offset = 0;
+  XposRole role = XposRole::kQuery;
+};
+
+ApplyFlags check_flags(ApplyState& st, const EncodingInfo& e) {
   const bool have_positions = st.positions_opt->count() > 0;
   const bool want_grads = st.grad_out_opt->count() > 0;
   const std::vector<std::string> param_grads = st.params.grad_flags_given();
@@ -82,6 +88,121 @@ void run_apply(ApplyState& st) {
       fail(Status::Invalid("--grad-freqs", "only rope2d mixed has learned frequencies (got --variant axial)"));
   }
 
+  return ApplyFlags{have_positions, want_grads, offset, role};
+}
+
+// y = the encoding applied to x; with want_dx, dx from dy (and the parameter gradients st.params
+// asks for).
+void apply_encoding(ApplyState& st, const EncodingInfo& e, const ApplyFlags& f, const Tensor& x, const Tensor& dy,
+                    const Positions& pos, const FlagMap& names, Tensor* y, Tensor* dx) {
+  const bool want_dx = f.want_grads && st.grad_in_opt->count() > 0;
+  const View dx_view = want_dx ? dx->view() : View{};
+  switch (e.id) {
+    case Encoding::kNope:
+      *y = x;
+      if (want_dx) *dx = dy;
+      break;
+    case Encoding::kSinusoidal: {
+      const SinusoidalParams p = sinusoidal_params(st.params);
+      check_lib(sinusoidal_forward(p, x.view(), pos, y->view()), names);
+      if (want_dx) check_lib(sinusoidal_backward(p, dy.view(), pos, dx_view), names);
+      break;
+    }
+    case Encoding::kLearned: {
+      const LearnedParams p;
+      const View table = st.params.view("table");
+      // a parameter, checked as every encoding's parameters are (data inputs pass NaN through)
+      for (std::int64_t i = 0; table.ndim == 2 && i < table.numel(); ++i)  // (its shape: the library's check)
+        if (!std::isfinite(table.get(i)))
+          fail(Status::Invalid("--table", "expected finite values, got a non-finite one at row " +
+                                              std::to_string(i / table.shape[1]) + ", column " +
+                                              std::to_string(i % table.shape[1])));
+      // more positions than the table has rows: the table is too short for --in (a start past its end
+      // within that is --offset's, as the library says)
+      if (!f.have_positions && x.shape().size() >= 2 && table.ndim == 2) {
+        const std::int64_t L = x.shape()[x.shape().size() - 2], rows = table.shape[0];
+        if (L > rows)
+          fail(Status::OutOfRange("--table", "has " + std::to_string(rows) + " rows (max_len), fewer than --in's " +
+                                                 std::to_string(L) + " positions"));
+      }
+      check_lib(learned_forward(p, x.view(), table, pos, y->view()), names);
+      if (f.want_grads)
+        check_lib(learned_backward(p, dy.view(), table, pos, dx_view, st.params.grad_view("table")), names);
+      break;
+    }
+    case Encoding::kRope: {
+      std::int64_t config_D = 0;
+      const RopeParams p = rope_params(st.params, &config_D);
+      if (config_D != 0 && x.shape().size() == 4 && x.shape()[3] != config_D)
+        fail(Status::Invalid("--in", "expected head dimension D = " + std::to_string(config_D) +
+                                         " (from --config), got shape " + x.shape_str()));
+      check_lib(rope_forward(p, x.view(), pos, y->view()), names);
+      if (want_dx) check_lib(rope_backward(p, dy.view(), pos, dx_view), names);
+      break;
+    }
+    case Encoding::kRope2d: {
+      const Rope2dParams p = rope2d_params(st.params);
+      const View freqs = st.params.view("freqs");
+      check_lib(rope2d_forward(p, x.view(), pos, freqs, y->view()), names);
+      const View dfreqs = st.params.grad_view("freqs");
+      if (f.want_grads)
+        check_lib(rope2d_backward(p, dy.view(), pos, freqs, dx_view, dfreqs.present() ? x.view() : View{}, dfreqs),
+                  names);
+      break;
+    }
+    case Encoding::kMrope: {
+      std::int64_t config_D = 0;
+      const MropeParams p = mrope_params(st.params, &config_D);
+      if (config_D != 0 && x.shape().size() == 4 && x.shape()[3] != config_D)
+        fail(Status::Invalid("--in", "expected head dimension D = " + std::to_string(config_D) +
+                                         " (from --config), got shape " + x.shape_str()));
+      check_lib(mrope_forward(p, x.view(), pos, y->view()), names);
+      if (want_dx) check_lib(mrope_backward(p, dy.view(), pos, dx_view), names);
+      break;
+    }
+    case Encoding::kXpos: {
+      const XposParams p = xpos_params(st.params);
+      check_lib(xpos_forward(p, f.role, x.view(), pos, y->view()), names);
+      if (want_dx) check_lib(xpos_backward(p, f.role, dy.view(), pos, dx_view), names);
+      break;
+    }
+    default:
+      fail(Status::Internal("posenc apply has no glue for " + e.name));
+  }
+
+}
+
+// Finite inputs whose result leaves the dtype's range (values near its largest, a large
+// --attention-factor or xPos scale) are an error, not an inf in the output. NaN and inf already in
+// --in or --grad-out pass through, as in every float computation.
+void check_overflow(ApplyState& st, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
+                    bool want_dx) {
+  const auto first_nonfinite = [](const Tensor& t) -> std::int64_t {
+    const View v = t.view();
+    for (std::int64_t i = 0; i < v.numel(); ++i)
+      if (!std::isfinite(v.get(i))) return i;
+    return -1;
+  };
+  for (const auto& [out_flag, res, in_flag, src] :
+       {std::tuple<const char*, const Tensor*, const char*, const Tensor*>{"--out", &y, "--in", &x},
+        std::tuple<const char*, const Tensor*, const char*, const Tensor*>{"--grad-in", &dx, "--grad-out", &dy}}) {
+    if (res->numel() == 0 || (res == &dx && !want_dx)) continue;
+    const std::int64_t at = first_nonfinite(*res);
+    if (at < 0 || first_nonfinite(*src) >= 0) continue;
+    const bool factor = st.params.has("attention-factor") && st.params.given("attention-factor");
+    fail(Status::OutOfRange(factor ? "--attention-factor" : in_flag,
+                            std::string(out_flag) + " would overflow " + dtype_name(res->dtype()) + " at flat index " +
+                                std::to_string(at) + " (finite " + in_flag + " times the encoding's factors): " +
+                                (factor ? "expected a smaller --attention-factor" : "expected smaller values in " +
+                                                                                       std::string(in_flag))));
+  }
+}
+
+void run_apply(ApplyState& st) {
+  const EncodingInfo& e = st.params.bind(st.enc, "posenc apply");
+  const ApplyFlags f = check_flags(st, e);
+  const bool have_positions = f.have_positions, want_grads = f.want_grads;
+
   OutputSet outs;
   check(outs.reserve("--out", st.out));
   if (st.grad_in_opt->count() > 0) check(outs.reserve("--grad-in", st.grad_in));
@@ -93,7 +214,7 @@ void run_apply(ApplyState& st) {
   require_feature_dim("--in", x);
   Tensor ids;
   if (have_positions) ids = read_positions("--positions", st.positions);
-  const Positions pos{have_positions ? ids.view() : View{}, have_positions ? 0 : offset};
+  const Positions pos{have_positions ? ids.view() : View{}, have_positions ? 0 : f.offset};
   st.params.load_tensors();
   Tensor dy;
   if (want_grads) {
@@ -117,104 +238,10 @@ void run_apply(ApplyState& st) {
   const bool want_dx = want_grads && st.grad_in_opt->count() > 0;
   Tensor dx;
   if (want_dx) dx = Tensor(x.dtype(), x.shape());
-  const View dx_view = want_dx ? dx.view() : View{};
   st.params.alloc_grads();
 
-  switch (e.id) {
-    case Encoding::kNope:
-      y = x;
-      if (want_dx) dx = dy;
-      break;
-    case Encoding::kSinusoidal: {
-      const SinusoidalParams p = sinusoidal_params(st.params);
-      check_lib(sinusoidal_forward(p, x.view(), pos, y.view()), names);
-      if (want_dx) check_lib(sinusoidal_backward(p, dy.view(), pos, dx_view), names);
-      break;
-    }
-    case Encoding::kLearned: {
-      const LearnedParams p;
-      const View table = st.params.view("table");
-      // a parameter, checked as every encoding's parameters are (data inputs pass NaN through)
-      for (std::int64_t i = 0; table.ndim == 2 && i < table.numel(); ++i)  // (its shape: the library's check)
-        if (!std::isfinite(table.get(i)))
-          fail(Status::Invalid("--table", "expected finite values, got a non-finite one at row " +
-                                              std::to_string(i / table.shape[1]) + ", column " +
-                                              std::to_string(i % table.shape[1])));
-      // more positions than the table has rows: the table is too short for --in (a start past its end
-      // within that is --offset's, as the library says)
-      if (!have_positions && x.shape().size() >= 2 && table.ndim == 2) {
-        const std::int64_t L = x.shape()[x.shape().size() - 2], rows = table.shape[0];
-        if (L > rows)
-          fail(Status::OutOfRange("--table", "has " + std::to_string(rows) + " rows (max_len), fewer than --in's " +
-                                                 std::to_string(L) + " positions"));
-      }
-      check_lib(learned_forward(p, x.view(), table, pos, y.view()), names);
-      if (want_grads)
-        check_lib(learned_backward(p, dy.view(), table, pos, dx_view, st.params.grad_view("table")), names);
-      break;
-    }
-    case Encoding::kRope: {
-      std::int64_t config_D = 0;
-      const RopeParams p = rope_params(st.params, &config_D);
-      if (config_D != 0 && x.shape().size() == 4 && x.shape()[3] != config_D)
-        fail(Status::Invalid("--in", "expected head dimension D = " + std::to_string(config_D) +
-                                         " (from --config), got shape " + x.shape_str()));
-      check_lib(rope_forward(p, x.view(), pos, y.view()), names);
-      if (want_dx) check_lib(rope_backward(p, dy.view(), pos, dx_view), names);
-      break;
-    }
-    case Encoding::kRope2d: {
-      const Rope2dParams p = rope2d_params(st.params);
-      const View freqs = st.params.view("freqs");
-      check_lib(rope2d_forward(p, x.view(), pos, freqs, y.view()), names);
-      const View dfreqs = st.params.grad_view("freqs");
-      if (want_grads)
-        check_lib(rope2d_backward(p, dy.view(), pos, freqs, dx_view, dfreqs.present() ? x.view() : View{}, dfreqs),
-                  names);
-      break;
-    }
-    case Encoding::kMrope: {
-      std::int64_t config_D = 0;
-      const MropeParams p = mrope_params(st.params, &config_D);
-      if (config_D != 0 && x.shape().size() == 4 && x.shape()[3] != config_D)
-        fail(Status::Invalid("--in", "expected head dimension D = " + std::to_string(config_D) +
-                                         " (from --config), got shape " + x.shape_str()));
-      check_lib(mrope_forward(p, x.view(), pos, y.view()), names);
-      if (want_dx) check_lib(mrope_backward(p, dy.view(), pos, dx_view), names);
-      break;
-    }
-    case Encoding::kXpos: {
-      const XposParams p = xpos_params(st.params);
-      check_lib(xpos_forward(p, role, x.view(), pos, y.view()), names);
-      if (want_dx) check_lib(xpos_backward(p, role, dy.view(), pos, dx_view), names);
-      break;
-    }
-    default:
-      fail(Status::Internal("posenc apply has no glue for " + e.name));
-  }
-
-  // Finite inputs whose result leaves the dtype's range (values near its largest, a large
-  // --attention-factor or xPos scale) are an error, not an inf in the output. NaN and inf already in
-  // --in or --grad-out pass through, as in every float computation.
-  const auto first_nonfinite = [](const Tensor& t) -> std::int64_t {
-    const View v = t.view();
-    for (std::int64_t i = 0; i < v.numel(); ++i)
-      if (!std::isfinite(v.get(i))) return i;
-    return -1;
-  };
-  for (const auto& [out_flag, res, in_flag, src] :
-       {std::tuple<const char*, const Tensor*, const char*, const Tensor*>{"--out", &y, "--in", &x},
-        std::tuple<const char*, const Tensor*, const char*, const Tensor*>{"--grad-in", &dx, "--grad-out", &dy}}) {
-    if (res->numel() == 0 || (res == &dx && !want_dx)) continue;
-    const std::int64_t at = first_nonfinite(*res);
-    if (at < 0 || first_nonfinite(*src) >= 0) continue;
-    const bool factor = st.params.has("attention-factor") && st.params.given("attention-factor");
-    fail(Status::OutOfRange(factor ? "--attention-factor" : in_flag,
-                            std::string(out_flag) + " would overflow " + dtype_name(res->dtype()) + " at flat index " +
-                                std::to_string(at) + " (finite " + in_flag + " times the encoding's factors): " +
-                                (factor ? "expected a smaller --attention-factor" : "expected smaller values in " +
-                                                                                       std::string(in_flag))));
-  }
+  apply_encoding(st, e, f, x, dy, pos, names, &y, &dx);
+  check_overflow(st, x, y, dy, dx, want_dx);
   outs.attach("--out", &y);
   if (want_dx) outs.attach("--grad-in", &dx);
   st.params.attach_grads(&outs);
