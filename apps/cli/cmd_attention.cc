@@ -35,9 +35,9 @@ struct AttentionState {
   ParamFlags params;
 };
 
-void run_attention(AttentionState& st) {
-  const EncodingInfo& e = st.params.bind(st.enc, "posenc attention");
-
+// The call's parameters from the flags (RoPE's, mrope's and xpos's later: their lists are .npy
+// files), and the flags checked against one another and the encoding before any file is read.
+AttentionParams params_from_flags(AttentionState& st, const EncodingInfo& e, bool want_grads) {
   AttentionParams p;
   p.encoding = e.id;
   p.causal = st.causal;
@@ -48,7 +48,6 @@ void run_attention(AttentionState& st) {
   p.k_offset = parse_int("--k-offset", st.k_offset);
 
   // ---- the gradient flags come as a set
-  const bool want_grads = st.grad_out_opt->count() > 0;
   std::vector<std::string> grad_outputs;
   for (auto [flag, opt] : {std::pair{"--grad-q", st.grad_q_opt}, std::pair{"--grad-k", st.grad_k_opt},
                            std::pair{"--grad-v", st.grad_v_opt}})
@@ -98,6 +97,42 @@ void run_attention(AttentionState& st) {
           fail(Status::Invalid("--" + ps.name, "is required for " + e.name + ": " + ps.help));
       break;
   }
+  return p;
+}
+
+// Scores beyond what the math's float holds turn the softmax into NaN: scale·q·k is bounded by
+// |scale|·max|q_i|·max|k_j| (Cauchy–Schwarz), and half the largest float leaves room for the
+// running max to be subtracted.
+void check_score_range(const AttentionParams& p, const Tensor& q, const Tensor& k) {
+  const auto max_norm = [](const Tensor& x) {
+    const View v = x.view();
+    const std::int64_t D = x.shape()[3], rows = v.numel() / D;
+    double m = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (std::int64_t i = 0; i < D; ++i) s += v.get(r * D + i) * v.get(r * D + i);
+      m = std::max(m, std::sqrt(s));
+    }
+    return m;
+  };
+  const double scale = p.scale ? std::fabs(*p.scale) : 1 / std::sqrt(double(q.shape()[3]));
+  const double limit = (q.dtype() == DType::kF64 ? std::numeric_limits<double>::max()
+                                                 : double(std::numeric_limits<float>::max())) / 2;
+  const double nq = max_norm(q), nk = max_norm(k), bound = scale * nq * nk;
+  if (std::isfinite(nq) && std::isfinite(nk) && !(bound <= limit)) {  // a non-finite entry: the library's error
+    char msg[256];
+    std::snprintf(msg, sizeof msg, "scale × |q| × |k| reaches %.3g, more than the %.3g %s scores can hold; "
+                  "expected a smaller %s", bound, limit, q.dtype() == DType::kF64 ? "float64" : "float32",
+                  p.scale ? "--scale" : "--q or --k");
+    fail(Status::OutOfRange(p.scale ? "--scale" : "--q", msg));
+  }
+}
+
+void run_attention(AttentionState& st) {
+  const EncodingInfo& e = st.params.bind(st.enc, "posenc attention");
+
+  const bool want_grads = st.grad_out_opt->count() > 0;
+  AttentionParams p = params_from_flags(st, e, want_grads);
 
   OutputSet outs;
   check(outs.reserve("--out", st.out));
@@ -151,33 +186,7 @@ void run_attention(AttentionState& st) {
                                       " (from --config), got shape " + q.shape_str()));
   }
 
-  // Scores beyond what the math's float holds turn the softmax into NaN: scale·q·k is bounded by
-  // |scale|·max|q_i|·max|k_j| (Cauchy–Schwarz), and half the largest float leaves room for the
-  // running max to be subtracted.
-  {
-    const auto max_norm = [](const Tensor& x) {
-      const View v = x.view();
-      const std::int64_t D = x.shape()[3], rows = v.numel() / D;
-      double m = 0;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        double s = 0;
-        for (std::int64_t i = 0; i < D; ++i) s += v.get(r * D + i) * v.get(r * D + i);
-        m = std::max(m, std::sqrt(s));
-      }
-      return m;
-    };
-    const double scale = p.scale ? std::fabs(*p.scale) : 1 / std::sqrt(double(q.shape()[3]));
-    const double limit = (q.dtype() == DType::kF64 ? std::numeric_limits<double>::max()
-                                                   : double(std::numeric_limits<float>::max())) / 2;
-    const double nq = max_norm(q), nk = max_norm(k), bound = scale * nq * nk;
-    if (std::isfinite(nq) && std::isfinite(nk) && !(bound <= limit)) {  // a non-finite entry: the library's error
-      char msg[256];
-      std::snprintf(msg, sizeof msg, "scale × |q| × |k| reaches %.3g, more than the %.3g %s scores can hold; "
-                    "expected a smaller %s", bound, limit, q.dtype() == DType::kF64 ? "float64" : "float32",
-                    p.scale ? "--scale" : "--q or --k");
-      fail(Status::OutOfRange(p.scale ? "--scale" : "--q", msg));
-    }
-  }
+  check_score_range(p, q, k);
 
   // ---- compute everything, then write
   FlagMap names = {{"v_bias", "--v-bias"}, {"rel_proj", "--rel-proj"}, {"q_positions", "--q-positions"},
