@@ -24,6 +24,115 @@ struct BiasState {
   ParamFlags params;
 };
 
+// The parameters of a bias call, by encoding.
+struct BiasCall {
+  AlibiParams alibi;
+  T5Params t5;
+  KerpleParams kerple;
+  SandwichParams sandwich;
+};
+
+// The call's parameters from the flags, and the gradient and parameter flags checked against one
+// another and the encoding before any file is read.
+BiasCall params_from_flags(BiasState& st, const EncodingInfo& e, bool want_grads) {
+  const std::vector<std::string> param_grads = st.params.grad_flags_given();
+  if (!want_grads && !param_grads.empty())
+    fail(Status::Invalid(param_grads.front(), "needs --grad-out (the upstream gradient dB [H, M, N])"));
+  if (want_grads && param_grads.empty() && e.id == Encoding::kAlibi && st.params.choice("variant") != "learned")
+    fail(Status::Invalid("--grad-out", "alibi --variant " + st.params.choice("variant") +
+                                           " has no learned parameters: there is no gradient to compute (only "
+                                           "--variant learned has one: --grad-weights FILE.npy)"));
+  if (want_grads && param_grads.empty()) {
+    std::string learned;  // the encoding's gradient outputs, from the registry
+    for (const ParamSpec& ps : e.params)
+      if (ps.learned) learned += (learned.empty() ? "" : " or ") + std::string("--grad-") + ps.name + " FILE.npy";
+    fail(Status::Invalid("--grad-out", learned.empty() ? e.name + " has no learned parameters: there is no "
+                                                                  "gradient to compute"
+                                                       : "given without a gradient to compute: add " + learned));
+  }
+
+  BiasCall c;
+  if (e.id == Encoding::kAlibi) {
+    c.alibi = alibi_params(st.params);
+    if (c.alibi.variant != AlibiVariant::kLearned && !st.params.grad_flags_given().empty())
+      fail(Status::Invalid("--grad-weights", "only the learned variant has weights (got --variant " +
+                                                 std::string(alibi_variant_name(c.alibi.variant)) + ")"));
+    if (c.alibi.variant == AlibiVariant::kLearned && !st.params.given("weights"))
+      fail(Status::Invalid("--weights", "is required for the learned variant: raw slopes [2, H]"));
+  } else if (e.id == Encoding::kT5) {
+    c.t5 = t5_params(st.params);
+    check_lib(t5_validate(c.t5));
+    if (!st.params.given("weights"))
+      fail(Status::Invalid("--weights", "is required for t5: the bias table [--num-buckets, --heads]"));
+  } else {
+    // kerple, fire: every tensor parameter is required (sandwich has none)
+    for (const ParamSpec& ps : e.params)
+      if (ps.type == "tensor" && !st.params.given(ps.name))
+        fail(Status::Invalid("--" + ps.name, "is required for " + e.name + ": " + ps.help));
+  }
+  if (e.id == Encoding::kKerple) c.kerple = kerple_params(st.params);
+  if (e.id == Encoding::kSandwich) {
+    c.sandwich = sandwich_params(st.params);
+    check_lib(sandwich_validate(c.sandwich));  // before anything is allocated (--sinusoid-dim is bounded)
+  }
+  return c;
+}
+
+// out = the bias of the geometry g; with dbias (present), the parameters' gradients st.params asks for.
+void compute_bias(BiasState& st, const EncodingInfo& e, const BiasCall& c, const BiasGeometry& g, const FlagMap& names,
+                  const View& dbias, const View& out) {
+  switch (e.id) {
+    case Encoding::kAlibi:
+      check_lib(alibi_bias(c.alibi, g, st.params.view("slopes"), st.params.view("weights"), out), names);
+      if (dbias.present())
+        check_lib(alibi_bias_backward(c.alibi, g, st.params.view("weights"), dbias,
+                                      st.params.grad_view("weights")),
+                  names);
+      break;
+    case Encoding::kT5:
+      check_lib(t5_bias(c.t5, g, st.params.view("weights"), out), names);
+      if (dbias.present()) check_lib(t5_bias_backward(c.t5, g, dbias, st.params.grad_view("weights")), names);
+      break;
+    case Encoding::kKerple:
+      check_lib(kerple_bias(c.kerple, g, st.params.view("r1"), st.params.view("r2"), out), names);
+      if (dbias.present())
+        check_lib(kerple_bias_backward(c.kerple, g, st.params.view("r1"), st.params.view("r2"), dbias,
+                                       st.params.grad_view("r1"), st.params.grad_view("r2")),
+                  names);
+      break;
+    case Encoding::kSandwich:
+      check_lib(sandwich_bias(c.sandwich, g, out), names);
+      break;
+    case Encoding::kFire:
+      check_lib(fire_bias(FireParams{}, g, fire_tensors(st.params), out), names);
+      if (dbias.present())
+        check_lib(fire_bias_backward(FireParams{}, g, fire_tensors(st.params), dbias, fire_grads(st.params)),
+                  names);
+      break;
+    default:
+      fail(Status::Internal("posenc bias has no glue for " + e.name));
+  }
+}
+
+// Finite parameters can still overflow (FIRE's MLP with weights near the largest double): a bias of
+// +inf or NaN (only masked entries are -inf) is refused, naming the parameters.
+void check_finite_bias(BiasState& st, const EncodingInfo& e, const BiasGeometry& g, const Tensor& out) {
+  const View v = out.view();
+  for (std::int64_t i = 0; i < v.numel(); ++i) {
+    const double b = v.get(i);
+    if (!std::isnan(b) && b != HUGE_VAL) continue;
+    std::string params;
+    for (const ParamSpec& ps : e.params)
+      if (ps.type == "tensor" && st.params.given(ps.name)) params += (params.empty() ? "--" : ", --") + ps.name;
+    const std::int64_t h = i / (g.q_len * g.k_len), r = i % (g.q_len * g.k_len);
+    fail(Status::OutOfRange(params.empty() ? "--heads" : params.substr(0, params.find(',')),
+                            "the bias is " + std::string(std::isnan(b) ? "NaN" : "+inf") + " at head " +
+                                std::to_string(h) + ", query " + std::to_string(r / g.k_len) + ", key " +
+                                std::to_string(r % g.k_len) + ": expected " + e.name + " parameters" +
+                                (params.empty() ? "" : " (" + params + ")") + " that keep it finite"));
+  }
+}
+
 void run_bias(BiasState& st) {
   const EncodingInfo& e = st.params.bind(st.enc, "posenc bias");
   BiasGeometry g;
@@ -44,49 +153,7 @@ void run_bias(BiasState& st) {
   check_product(size);
 
   const bool want_grads = st.grad_out_opt->count() > 0;
-  const std::vector<std::string> param_grads = st.params.grad_flags_given();
-  if (!want_grads && !param_grads.empty())
-    fail(Status::Invalid(param_grads.front(), "needs --grad-out (the upstream gradient dB [H, M, N])"));
-  if (want_grads && param_grads.empty() && e.id == Encoding::kAlibi && st.params.choice("variant") != "learned")
-    fail(Status::Invalid("--grad-out", "alibi --variant " + st.params.choice("variant") +
-                                           " has no learned parameters: there is no gradient to compute (only "
-                                           "--variant learned has one: --grad-weights FILE.npy)"));
-  if (want_grads && param_grads.empty()) {
-    std::string learned;  // the encoding's gradient outputs, from the registry
-    for (const ParamSpec& ps : e.params)
-      if (ps.learned) learned += (learned.empty() ? "" : " or ") + std::string("--grad-") + ps.name + " FILE.npy";
-    fail(Status::Invalid("--grad-out", learned.empty() ? e.name + " has no learned parameters: there is no "
-                                                                  "gradient to compute"
-                                                       : "given without a gradient to compute: add " + learned));
-  }
-
-  AlibiParams alibi;
-  T5Params t5;
-  if (e.id == Encoding::kAlibi) {
-    alibi = alibi_params(st.params);
-    if (alibi.variant != AlibiVariant::kLearned && !st.params.grad_flags_given().empty())
-      fail(Status::Invalid("--grad-weights", "only the learned variant has weights (got --variant " +
-                                                 std::string(alibi_variant_name(alibi.variant)) + ")"));
-    if (alibi.variant == AlibiVariant::kLearned && !st.params.given("weights"))
-      fail(Status::Invalid("--weights", "is required for the learned variant: raw slopes [2, H]"));
-  } else if (e.id == Encoding::kT5) {
-    t5 = t5_params(st.params);
-    check_lib(t5_validate(t5));
-    if (!st.params.given("weights"))
-      fail(Status::Invalid("--weights", "is required for t5: the bias table [--num-buckets, --heads]"));
-  } else {
-    // kerple, fire: every tensor parameter is required (sandwich has none)
-    for (const ParamSpec& ps : e.params)
-      if (ps.type == "tensor" && !st.params.given(ps.name))
-        fail(Status::Invalid("--" + ps.name, "is required for " + e.name + ": " + ps.help));
-  }
-  KerpleParams kerple;
-  SandwichParams sandwich;
-  if (e.id == Encoding::kKerple) kerple = kerple_params(st.params);
-  if (e.id == Encoding::kSandwich) {
-    sandwich = sandwich_params(st.params);
-    check_lib(sandwich_validate(sandwich));  // before anything is allocated (--sinusoid-dim is bounded)
-  }
+  const BiasCall c = params_from_flags(st, e, want_grads);
 
   OutputSet outs;
   check(outs.reserve("--out", st.out));
@@ -132,55 +199,8 @@ void run_bias(BiasState& st) {
   Tensor out;
   within_memory(size, [&] { out = Tensor(dtype, {g.heads, g.q_len, g.k_len}); });
   st.params.alloc_grads();
-  switch (e.id) {
-    case Encoding::kAlibi:
-      check_lib(alibi_bias(alibi, g, st.params.view("slopes"), st.params.view("weights"), out.view()), names);
-      if (want_grads)
-        check_lib(alibi_bias_backward(alibi, g, st.params.view("weights"), dbias.view(),
-                                      st.params.grad_view("weights")),
-                  names);
-      break;
-    case Encoding::kT5:
-      check_lib(t5_bias(t5, g, st.params.view("weights"), out.view()), names);
-      if (want_grads) check_lib(t5_bias_backward(t5, g, dbias.view(), st.params.grad_view("weights")), names);
-      break;
-    case Encoding::kKerple:
-      check_lib(kerple_bias(kerple, g, st.params.view("r1"), st.params.view("r2"), out.view()), names);
-      if (want_grads)
-        check_lib(kerple_bias_backward(kerple, g, st.params.view("r1"), st.params.view("r2"), dbias.view(),
-                                       st.params.grad_view("r1"), st.params.grad_view("r2")),
-                  names);
-      break;
-    case Encoding::kSandwich:
-      check_lib(sandwich_bias(sandwich, g, out.view()), names);
-      break;
-    case Encoding::kFire:
-      check_lib(fire_bias(FireParams{}, g, fire_tensors(st.params), out.view()), names);
-      if (want_grads)
-        check_lib(fire_bias_backward(FireParams{}, g, fire_tensors(st.params), dbias.view(), fire_grads(st.params)),
-                  names);
-      break;
-    default:
-      fail(Status::Internal("posenc bias has no glue for " + e.name));
-  }
-  // Finite parameters can still overflow (FIRE's MLP with weights near the largest double): a bias of
-  // +inf or NaN (only masked entries are -inf) is refused, naming the parameters.
-  {
-    const View v = out.view();
-    for (std::int64_t i = 0; i < v.numel(); ++i) {
-      const double b = v.get(i);
-      if (!std::isnan(b) && b != HUGE_VAL) continue;
-      std::string params;
-      for (const ParamSpec& ps : e.params)
-        if (ps.type == "tensor" && st.params.given(ps.name)) params += (params.empty() ? "--" : ", --") + ps.name;
-      const std::int64_t h = i / (g.q_len * g.k_len), r = i % (g.q_len * g.k_len);
-      fail(Status::OutOfRange(params.empty() ? "--heads" : params.substr(0, params.find(',')),
-                              "the bias is " + std::string(std::isnan(b) ? "NaN" : "+inf") + " at head " +
-                                  std::to_string(h) + ", query " + std::to_string(r / g.k_len) + ", key " +
-                                  std::to_string(r % g.k_len) + ": expected " + e.name + " parameters" +
-                                  (params.empty() ? "" : " (" + params + ")") + " that keep it finite"));
-    }
-  }
+  compute_bias(st, e, c, g, names, want_grads ? dbias.view() : View{}, out.view());
+  check_finite_bias(st, e, g, out);
   outs.attach("--out", &out);
   st.params.attach_grads(&outs);
   check(outs.commit());
