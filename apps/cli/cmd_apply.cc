@@ -39,7 +39,7 @@ void require_like(const std::string& flag, const Tensor& t, const Tensor& ref, c
 
 // What run_apply reads from the flags, checked against one another before any file is read.
 struct ApplyFlags {
-  bool have_positions = false, want_grads = false;
+  bool have_positions = false, want_grads = false, want_dx = false;  // want_dx: --grad-in
   std::int64_t offset = 0;
   XposRole role = XposRole::kQuery;
 };
@@ -88,14 +88,14 @@ ApplyFlags check_flags(ApplyState& st, const EncodingInfo& e) {
       fail(Status::Invalid("--grad-freqs", "only rope2d mixed has learned frequencies (got --variant axial)"));
   }
 
-  return ApplyFlags{have_positions, want_grads, offset, role};
+  return ApplyFlags{have_positions, want_grads, want_grads && st.grad_in_opt->count() > 0, offset, role};
 }
 
 // y = the encoding applied to x; with want_dx, dx from dy (and the parameter gradients st.params
 // asks for).
 void apply_encoding(ApplyState& st, const EncodingInfo& e, const ApplyFlags& f, const Tensor& x, const Tensor& dy,
                     const Positions& pos, const FlagMap& names, Tensor* y, Tensor* dx) {
-  const bool want_dx = f.want_grads && st.grad_in_opt->count() > 0;
+  const bool want_dx = f.want_dx;
   const View dx_view = want_dx ? dx->view() : View{};
   switch (e.id) {
     case Encoding::kNope:
@@ -235,7 +235,7 @@ void run_apply(ApplyState& st) {
   if (e.id == Encoding::kRope || e.id == Encoding::kRope2d || e.id == Encoding::kMrope || e.id == Encoding::kXpos)
     for (auto& n : rope_names(st.params, "--in")) names.push_back(n);
   Tensor y(x.dtype(), x.shape());
-  const bool want_dx = want_grads && st.grad_in_opt->count() > 0;
+  const bool want_dx = f.want_dx;
   Tensor dx;
   if (want_dx) dx = Tensor(x.dtype(), x.shape());
   st.params.alloc_grads();

@@ -281,10 +281,10 @@ class Cope {
         if (dk.present() && dk.dtype != DType::kF32 && nchunks > 1) c.dka.size_for(d_.N, D);
         if (dv.present() && dv.dtype != DType::kF32 && nchunks > 1) c.dva.size_for(d_.N, D);
       });
+      const Grads gr{dout, dq, dk, dv, dtable.present()};
 #pragma omp for schedule(dynamic, 1)
       for (I task = 0; task < kvtasks; ++task) {
         if (guard.failed()) continue;
-        const Grads gr{dout, dq, dk, dv, dtable.present()};
         unit(gr, st, task / d_.Hkv, task % d_.Hkv, &w, &c);
         if (gr.dtable)
           for (I g = 0; g < d_.G; ++g)
@@ -431,7 +431,7 @@ class Cope {
         for (I g = 0; g < G; ++g) {
           const I ilo = causal_ ? std::clamp<I>(kp0 - d_.q_off, c0, c0 + mq) : c0;
           for (I i0 = ilo; i0 < c0 + mq; i0 += kBq)
-            tile(st, b, kh * G + g, g * mc + i0 - c0, i0, std::min(kBq, c0 + mq - i0), j0, nk, w, c);
+            tile(st, b, kh * G + g, g, i0 - c0, i0, std::min(kBq, c0 + mq - i0), j0, nk, w, c);
         }
         put(gr.dk, c->dka, j0, nk, w->dk.data(), j0 >= done);
         put(gr.dv, c->dva, j0, nk, w->dv.data(), j0 >= done);
@@ -462,13 +462,14 @@ class Cope {
     }
   }
 
-  // One tile of pass 2: query rows [i0, i0 + nq) of head h (row gm of the chunk's arrays) against
+  // One tile of pass 2: query rows [i0, i0 + nq) of head h, the g-th of its group (row r of the
+  // chunk, gm = g·mc + r in the chunk's arrays), against
   // keys [j0, j0 + nk) (their rows in w->k, w->v): P and da by the backward tile step, then
   // dV += Pᵀ·dO, dK += scale·daᵀ·Q (w->dv, w->dk) and dQ += scale·da·K (c->dqt); the rows' carries
   // and C updated.
-  void tile(const Stats& st, I b, I h, I gm, I i0, I nq, I j0, I nk, Scratch* w, Chunk* c) const {
-    const I D = d_.D, nc = ncol_, row = (b * d_.Hq + h) * d_.M + i0;
-    const I tc = (gm / c->mc) * D * c->ldq + gm % c->mc;  // the tile's first column of Qᵀ and dOᵀ
+  void tile(const Stats& st, I b, I h, I g, I r, I i0, I nq, I j0, I nk, Scratch* w, Chunk* c) const {
+    const I D = d_.D, nc = ncol_, row = (b * d_.Hq + h) * d_.M + i0, gm = g * c->mc + r;
+    const I tc = g * D * c->ldq + r;  // the tile's first column of Qᵀ and dOᵀ
     const float sc = static_cast<float>(d_.scale);
     tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, sc, w->k.data(), D, &c->qdt[ix(tc)], c->ldq, w->at.data(), kBq);
     tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, 1.f, w->v.data(), D, &c->dodt[ix(tc)], c->ldq, w->dpt.data(), kBq);

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "attention/attention_fused_simd.h"
-#include "attention/tile_gemm.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/attention_fused_simd.cc"

@@ -15,7 +15,7 @@ struct Extra {
   void (*add_diag)(float* S, I nq, I nk, I ld, const float* diag);
   void (*sum_diag)(const float* dS, I nq, I nk, I ld, float* diag);
   void (*affine_add)(float* y, const float* x, I n, float a, float g);  // y += a + g·x (fire)
-  // fire, a tile off the diagonal whose segments lie in [lo, hi] (FireSpan below)
+  // fire, a tile off the diagonal whose segments lie in [lo, hi] (FireSpan, attention_fused_simd.cc)
   void (*fire_span)(float* S, I nq, I nk, I ld, const float* ps0, I base, bool before, const I* th0, I nb,
                     I lo, I hi, const float* alpha, const double* beta, const double* inv);
   void (*moments)(const float* w, const float* x, const float* z, I n, float* out3);  // Σw, Σw·x, Σw·z
