@@ -116,8 +116,7 @@ POSENC_BF16_RATE HWY_INLINE void Logits4(const std::uint16_t* hi, const std::uin
   HWY_UNROLL(4)
   for (int r = 0; r < NR; ++r) {
     float* out = S + r * lds;
-    decode_kernels::StoreSums4(d, V{acc[r][0]}, V{acc[r][1]}, V{acc[r][2]}, V{acc[r][3]}, zero, nk, out);
-    for (I k = 0; k < nk; ++k) out[k] *= scale;
+    decode_kernels::StoreSums4(d, V{acc[r][0]}, V{acc[r][1]}, V{acc[r][2]}, V{acc[r][3]}, zero, nk, out, scale);
   }
 }
 

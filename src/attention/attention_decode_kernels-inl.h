@@ -58,15 +58,15 @@ HWY_INLINE hn::Vec<hn::Full128<float>> SumBlocks(D d, hn::Vec<D> v) {
 }
 #endif
 
-// out[k] = add[k] + the lane sum of the k-th of a, b, c, e, for k < nk ≤ 4.
+// out[k] = add[k] + mul · the lane sum of the k-th of a, b, c, e, for k < nk ≤ 4.
 template <class D>
 HWY_INLINE void StoreSums4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e,
-                           const float* HWY_RESTRICT add, I nk, float* HWY_RESTRICT out) {
+                           const float* HWY_RESTRICT add, I nk, float* HWY_RESTRICT out, float mul = 1.f) {
   HWY_ALIGN float s[4];
 #if HWY_TARGET == HWY_SCALAR
   (void)d;
   s[0] = hn::GetLane(a), s[1] = hn::GetLane(b), s[2] = hn::GetLane(c), s[3] = hn::GetLane(e);
-  for (int k = 0; k < 4; ++k) s[k] += add[k];
+  for (int k = 0; k < 4; ++k) s[k] = add[k] + mul * s[k];
 #else
   const hn::Repartition<std::uint64_t, D> d64;
   const hn::Full128<float> d4;
@@ -76,7 +76,7 @@ HWY_INLINE void StoreSums4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Ve
   // per block: [Σ a, Σ b, Σ c, Σ e] of the block's four lanes
   const auto x = hn::BitCast(d64, ab), y = hn::BitCast(d64, ce);
   const auto blocks = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, x, y)), hn::BitCast(d, hn::InterleaveUpper(d64, x, y)));
-  const auto sums = hn::Add(SumBlocks(d, blocks), hn::LoadU(d4, add));
+  const auto sums = hn::MulAdd(SumBlocks(d, blocks), hn::Set(d4, mul), hn::LoadU(d4, add));
   if (nk == 4) return hn::StoreU(sums, d4, out);
   hn::Store(sums, d4, s);
 #endif
