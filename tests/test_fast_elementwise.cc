@@ -653,7 +653,7 @@ TEST(FastElementwiseAbsolute, LearnedMatchesReference) {
   });
 }
 
-// Runs of consecutive positions take the rotation path (sinusoidal_cpu.cc): a double anchor every
+// Runs of consecutive positions take the rotation path (sinusoidal_kernels.cc): a double anchor every
 // 64 positions, carried 8 at a time in double, rotated in float by the table of k·w. Its bound,
 // derived there, is 2⁻²² + |a|·2⁻⁵¹ (tighter than the float sincos's 3·10⁻⁷): checked against long
 // double at positions near 4·10⁶, across anchor blocks, runs cut by a gap, a run of one, and B = 2
@@ -693,7 +693,7 @@ TEST(FastElementwiseAbsolute, SinusoidalRunsWithinTheirBound) {
   }
 }
 
-// bfloat16 runs take a float recurrence (sinusoidal_cpu.cc, AddRecurBf16): re-anchored every 16
+// bfloat16 runs take a float recurrence (sinusoidal_rows-inl.h, AddRecurBf16): re-anchored every 16
 // positions, it stays within 2⁻¹⁸ + |a|·2⁻⁵¹ of the exact PE before y = PE + x is rounded, so y
 // lies between the roundings of (want ∓ that bound), want = x + PE in long double. The bound's
 // worth of slack is about 300 times finer than bfloat16's spacing at 1: a wrong step, start or

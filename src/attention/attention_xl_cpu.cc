@@ -73,7 +73,7 @@
 //   (tile_gemm.h: the Highway small GEMM while the dimension, D or R, is ≤ kTileGemmMaxD, else
 //   OpenBLAS), Y and the once-per-row ones (X·W_hᵀ, dW_h) too (the small GEMM where D and R both
 //   are); sin and cos by sinusoidal_table (angles in double; within 3e-7 of sin and cos of the
-//   rounded angle, the bounds stated in sinusoidal_cpu.cc), the rotations in float; lse carried in
+//   rounded angle, the bounds stated in sinusoidal_kernels.cc), the rotations in float; lse carried in
 //   float32 in the backward; dQc and X̃ summed over the key blocks in float32 (as dQ in
 //   attention_cpu.cc); the parameter gradients across blocks and the batch in double. The reference
 //   rounds the angle ωδ once; this kernel rounds α and β: where a query lies far from the first key
