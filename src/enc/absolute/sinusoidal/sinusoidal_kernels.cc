@@ -1,11 +1,6 @@
 // The sinusoidal encoding's fast kernels (sinusoidal_fast.h), per Highway target: the rows of a job
 // and the rotation tables; sinusoidal_cpu.cc validates a call and builds its job.
 //
-// float32/bfloat16/float16 with a contiguous last dimension (Highway, dynamic dispatch; OpenMP over
-// blocks of positions); everything else falls back to posenc::reference, as does a call with an
-// angle p·w_i beyond 2^47 (fast::kMaxFastAngle: the reduction's range; a tiny base or a far position). Backward is dx = dy: a row
-// copy.
-//
 // Evaluating sin and cos per element makes the add compute-bound, so runs of consecutive positions
 // p, p+1, … (the usual offset + l) use the angle-addition formulas instead:
 //   - an exact anchor every kRun = 64 positions (block starts, so the result does not depend on the
