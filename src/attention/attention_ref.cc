@@ -74,510 +74,163 @@
 //   term = b2[h] + Σ_k w2[h,k]·relu(u_k), u_k = w1[k]·x + b1[k]; with g = dl_ij and the units with
 //   u_k > 0: db2[h] += g, dw2[h,k] += g·u_k, dw1[k] += g·w2[h,k]·x, db1[k] += g·w2[h,k],
 //   dx = g·Σ_k w2[h,k]·w1[k], dc += dx·∂x/∂c, dL += dx·∂x/∂L (0 when qp > L).
+
+#include <algorithm>
 #include <cmath>
-#include <limits>
-#include <string>
+#include <cstdint>
 #include <vector>
 
-#include "enc/bias/alibi/alibi_math.h"
-#include "enc/contextual/cope/cope_math.h"
-#include "enc/bias/fire/fire_check.h"
-#include "enc/bias/fire/fire_math.h"
-#include "enc/bias/kerple/kerple_math.h"
-#include "enc/bias/sandwich/sandwich_math.h"
-#include "enc/rotary/rope/rope_math.h"
-#include "enc/rotary/rotary_plan.h"
-#include "enc/bias/t5/t5_math.h"
-#include "enc/bias/xl/xl_math.h"
-#include "attention/attention_check.h"
-#include "posenc/attention.h"
+#include "attention/attention_ref_problem.h"
 
-namespace posenc::reference {
-namespace {
+namespace posenc::attn_ref {
 
-using attn::Dims;
-
-using I = std::int64_t;
-using Vec = std::vector<double>;
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr double kPosInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
-
-double dot(const double* a, const double* b, I n) {
-  double s = 0;
-  for (I d = 0; d < n; ++d) s += a[d] * b[d];
-  return s;
-}
-void axpy(double c, const double* x, double* y, I n) {  // y += c·x
-  for (I d = 0; d < n; ++d) y[d] += c * x[d];
-}
-
-// Sizes and options, known once the arguments are validated.
-// ---- the computation ---------------------------------------------------------------------------
-// One query row (b, h, i): what forward writes and backward differentiates.
-struct Row {
-  Vec a;          // [N] scale·q̃_i·k̃_j, −inf where masked
-  Vec l;          // [N] logits, −inf where masked
-  Vec P;          // [N] softmax
-  double lse = kNegInf;
-  Vec g;                              // cope: [N] gates
-  std::vector<cope::Interp> pos;      // cope: [N] positions
-};
-
-class Problem {
- public:
-  Problem(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
-          const EncodingTensors& t)
-      : p_(p), d_(d), q_(to_doubles(q)), k_(to_doubles(k)), v_(to_doubles(v)) {
-    if (d.rotary) {  // q̃ = a·ρ·R(φ)q; k̃ per query head (the key of kv head h/G as head h sees it)
-      rotary::rotate_ref(d.rot, &q_, d.B, d.M, d.Hq, d.D, d.q_ids, +1, +1);
-      kq_.resize(ix(d.B * d.N * d.Hq * d.D));
-      for (I b = 0; b < d.B; ++b)
-        for (I j = 0; j < d.N; ++j)
-          for (I h = 0; h < d.Hq; ++h)
-            std::copy_n(this->k(b, j, h / d.G), d.D, &kq_[ix(((b * d.N + j) * d.Hq + h) * d.D)]);
-      if (!p.keys_rotated) rotary::rotate_ref(d.rot, &kq_, d.B, d.N, d.Hq, d.D, d.k_ids, +1, -1);
-    }
-    if (p.encoding == Encoding::kAlibi) {
-      if (p.alibi.variant == AlibiVariant::kLearned) {
-        w_ = to_doubles(t.weights);
-      } else if (t.slopes.present()) {
-        slopes_ = to_doubles(t.slopes);
-      } else {
-        slopes_ = alibi::rule_slopes(d.Hq, p.alibi.variant == AlibiVariant::kNonsymmetric);
-      }
-    }
-    if (p.encoding == Encoding::kT5) w_ = to_doubles(t.weights);
-    if (p.encoding == Encoding::kXL) {
-      u_ = to_doubles(t.u);
-      vb_ = to_doubles(t.v);
-      W_ = to_doubles(t.rel_proj);
-      // Distances δ = qp − kp range over [dmin, dmin + M + N − 2]; s(δ) [R] and r_h(δ) [D] per δ.
-      dmin_ = d.q_off - (d.k_off + d.N - 1);
-      const I nd = d.M + d.N - 1 > 0 ? d.M + d.N - 1 : 0;
-      s_.assign(ix(nd * d.R), 0.0);
-      r_.assign(ix(d.Hq * nd * d.D), 0.0);
-      for (I e = 0; e < nd; ++e) {
-        xl::relative_sinusoid(static_cast<double>(dmin_ + e), d.R, &s_[ix(e * d.R)]);
+Problem::Problem(const AttentionParams& p, const Dims& d, const View& q, const View& k, const View& v,
+                 const EncodingTensors& t)
+    : p_(p), d_(d), q_(to_doubles(q)), k_(to_doubles(k)), v_(to_doubles(v)) {
+  if (d.rotary) {  // q̃ = a·ρ·R(φ)q; k̃ per query head (the key of kv head h/G as head h sees it)
+    rotary::rotate_ref(d.rot, &q_, d.B, d.M, d.Hq, d.D, d.q_ids, +1, +1);
+    kq_.resize(ix(d.B * d.N * d.Hq * d.D));
+    for (I b = 0; b < d.B; ++b)
+      for (I j = 0; j < d.N; ++j)
         for (I h = 0; h < d.Hq; ++h)
-          xl::project(&W_[ix(h * d.D * d.R)], &s_[ix(e * d.R)], d.D, d.R, &r_[ix((h * nd + e) * d.D)]);
-      }
-      nd_ = nd;
-    }
-    if (p.encoding == Encoding::kCope) table_ = to_doubles(t.table);
-    if (p.encoding == Encoding::kKerple) {
-      r1_ = to_doubles(t.r1);
-      r2_ = to_doubles(t.r2);
-    }
-    if (p.encoding == Encoding::kSandwich) sandwich_w_ = sandwich::freqs(p.sandwich.sinusoid_dim, p.sandwich.base);
-    if (p.encoding == Encoding::kFire) fire_ = fire::values(t.fire);
+          std::copy_n(this->k(b, j, h / d.G), d.D, &kq_[ix(((b * d.N + j) * d.Hq + h) * d.D)]);
+    if (!p.keys_rotated) rotary::rotate_ref(d.rot, &kq_, d.B, d.N, d.Hq, d.D, d.k_ids, +1, -1);
   }
-
-  const double* q(I b, I i, I h) const { return &q_[ix(((b * d_.M + i) * d_.Hq + h) * d_.D)]; }
-  const double* k(I b, I j, I kh) const { return &k_[ix(((b * d_.N + j) * d_.Hkv + kh) * d_.D)]; }
-  const double* v(I b, I j, I kh) const { return &v_[ix(((b * d_.N + j) * d_.Hkv + kh) * d_.D)]; }
-  // Key j as query head h reads it: rotated for h (rotary encodings), else kv head h / G as given.
-  const double* key(I b, I j, I h) const {
-    return d_.rotary ? &kq_[ix(((b * d_.N + j) * d_.Hq + h) * d_.D)] : k(b, j, h / d_.G);
-  }
-  const double* r(I h, I delta) const { return &r_[ix((h * nd_ + (delta - dmin_)) * d_.D)]; }
-  const double* s(I delta) const { return &s_[ix((delta - dmin_) * d_.R)]; }
-  const double* e(I row) const { return &table_[ix(row * d_.D)]; }
-
-  bool masked(I h, I qp, I kp) const {
-    if (p_.causal && kp > qp) return true;
-    if (p_.encoding == Encoding::kAlibi && p_.alibi.variant == AlibiVariant::kNonsymmetric)
-      return !alibi::nonsymmetric_allows(h, d_.Hq, kp - qp);
-    return false;
-  }
-
-  // ALiBi's term for head h (and, for the learned variant, its derivative by w[side, h]).
-  double alibi_term(I h, I qp, I kp, int* side = nullptr, double* dterm = nullptr) const {
-    const double dist = static_cast<double>(qp > kp ? qp - kp : kp - qp);
-    if (p_.alibi.variant != AlibiVariant::kLearned) return -slopes_[ix(h)] * dist;
-    if (qp == kp) {
-      if (side) *side = -1;
-      return 0.0;
-    }
-    const int sd = kp < qp ? 0 : 1;  // 0: the key is in the past; 1: in the future
-    const double sg = alibi::sigmoid(w_[ix(sd * d_.Hq + h)]);
-    if (side) *side = sd;
-    if (dterm) *dterm = -sg * (1 - sg) * dist;
-    return -sg * dist;
-  }
-
-  const double* fire_w2(I h) const { return &fire_.w2[ix(h * d_.fire_w)]; }
-  double fire_term(I h, double x) const {
-    return fire::mlp(fire_.w1.data(), fire_.b1.data(), fire_w2(h), fire_.b2[ix(h)], d_.fire_w, x);
-  }
-
-  I bucket(I qp, I kp) const {
-    return t5::bucket(kp - qp, p_.t5.bidirectional, p_.t5.num_buckets, p_.t5.max_distance);
-  }
-
-  void compute_row(I b, I h, I i, Row* row) const {
-    const I N = d_.N, D = d_.D, qp = d_.q_off + i;
-    const double* qi = q(b, i, h);
-    row->a.assign(ix(N), kNegInf);
-    row->l.assign(ix(N), kNegInf);
-    row->P.assign(ix(N), 0.0);
-    for (I j = 0; j < N; ++j) {
-      const I kp = d_.k_off + j;
-      if (masked(h, qp, kp)) continue;
-      const double* kj = key(b, j, h);
-      const double a = d_.scale * dot(qi, kj, D);
-      double l = a;
-      switch (p_.encoding) {
-        case Encoding::kAlibi: l += alibi_term(h, qp, kp); break;
-        case Encoding::kT5: l += w_[ix(bucket(qp, kp) * d_.Hq + h)]; break;
-        case Encoding::kKerple:
-          l += kerple::bias(p_.kerple.kernel == KerpleKernel::kPower, r1_[ix(h)], r2_[ix(h)],
-                            static_cast<double>(qp > kp ? qp - kp : kp - qp));
-          break;
-        case Encoding::kSandwich:
-          l += sandwich::shifted_inner_product(static_cast<double>(kp - qp), sandwich_w_) *
-               sandwich::head_scale(h, d_.Hq);
-          break;
-        case Encoding::kFire:
-          l += fire_term(h, fire::normalised(fire_.c, fire_.L, qp, static_cast<double>(qp > kp ? qp - kp : kp - qp)).x);
-          break;
-        case Encoding::kXL: {
-          const double* rr = r(h, qp - kp);
-          const double* u = &u_[ix(h * D)];
-          const double* vb = &vb_[ix(h * D)];
-          l += d_.scale * (dot(u, kj, D) + dot(qi, rr, D) + dot(vb, rr, D));
-          break;
-        }
-        default: break;
-      }
-      row->a[ix(j)] = a;
-      row->l[ix(j)] = l;
-    }
-    if (p_.encoding == Encoding::kCope) {
-      row->g.assign(ix(N), 0.0);
-      row->pos.assign(ix(N), cope::Interp{});
-      for (I j = 0; j < N; ++j) row->g[ix(j)] = cope::gate(row->a[ix(j)]);
-      double count = 0;  // Σ_{t ≥ j} g_t, built from the right
-      for (I j = N - 1; j >= 0; --j) {
-        count += row->g[ix(j)];
-        row->pos[ix(j)] = cope::interpolate(count, d_.npos);
-      }
-      for (I j = 0; j < N; ++j) {
-        if (row->a[ix(j)] == kNegInf) continue;
-        const cope::Interp& c = row->pos[ix(j)];
-        row->l[ix(j)] += (1 - c.w) * dot(qi, e(c.lo), D) + c.w * dot(qi, e(c.hi), D);
-      }
-    }
-    double mx = kNegInf;
-    bool nan = false;
-    for (I j = 0; j < N; ++j) {
-      if (std::isnan(row->l[ix(j)])) nan = true;
-      else mx = std::max(mx, row->l[ix(j)]);
-    }
-    if (nan || mx == kPosInf) {  // a NaN row: P NaN on every key it sees, lse NaN
-      for (I j = 0; j < N; ++j) row->P[ix(j)] = row->l[ix(j)] == kNegInf ? 0.0 : kNaN;
-      row->lse = kNaN;
-      return;
-    }
-    if (mx == kNegInf) {  // every key masked: P = 0, out = 0, lse = −inf
-      row->lse = kNegInf;
-      return;
-    }
-    double sum = 0;
-    for (I j = 0; j < N; ++j) {
-      row->P[ix(j)] = std::exp(row->l[ix(j)] - mx);  // exp(−inf) = 0 for masked keys
-      sum += row->P[ix(j)];
-    }
-    for (I j = 0; j < N; ++j) row->P[ix(j)] /= sum;
-    row->lse = mx + std::log(sum);
-  }
-
-  // out [B, M, Hq, D] and lse [B, Hq, M] as contiguous doubles.
-  void forward(Vec* out, Vec* lse) const {
-    const I D = d_.D;
-    out->assign(ix(d_.B * d_.M * d_.Hq * D), 0.0);
-    lse->assign(ix(d_.B * d_.Hq * d_.M), kNegInf);
-    Row row;
-    for (I b = 0; b < d_.B; ++b)
-      for (I h = 0; h < d_.Hq; ++h)
-        for (I i = 0; i < d_.M; ++i) {
-          compute_row(b, h, i, &row);
-          double* o = &(*out)[ix(((b * d_.M + i) * d_.Hq + h) * D)];
-          for (I j = 0; j < d_.N; ++j)
-            if (row.P[ix(j)] != 0) axpy(row.P[ix(j)], v(b, j, h / d_.G), o, D);
-          (*lse)[ix((b * d_.Hq + h) * d_.M + i)] = row.lse;
-        }
-  }
-
-  struct Grads {
-    Vec dq, dk, dv;      // shapes of q, k, v (dq, dk for the rotated vectors until unrotated)
-    Vec dw;              // alibi learned [2, Hq] / t5 [num_buckets, Hq]
-    Vec du, dvb, dW;     // xl [Hq, D], [Hq, D], [Hq, D, R]
-    Vec de;              // cope [npos, D]
-    Vec dr1, dr2;        // kerple [Hq] each
-    Vec dw1, db1, dw2, db2;  // fire [W], [W], [Hq, W], [Hq]
-    double dc = 0, dL = 0;   // fire
-    Vec dkq;                 // rotary: the gradient of the rotated keys, per query head [B, N, Hq, D]
-    Vec dfreqs;              // rope2d mixed [2, Hq, r/2]
-  };
-
-  // The softmax statistics of a larger attention this call is part of (attention_backward_from_stats):
-  // its out [B, M, Hq, D] and lse [B, Hq, M] as contiguous doubles.
-  struct Stats {
-    Vec out, lse;
-  };
-
-  // Row i under the given statistics: P_j = exp(l_j − lse_i) (0 where masked; NaN on a NaN row).
-  void apply_stats(double lse, Row* row) const {
-    row->lse = lse;
-    for (std::size_t j = 0; j < row->l.size(); ++j)
-      row->P[j] = row->l[j] == kNegInf ? 0.0 : std::exp(row->l[j] - lse);
-  }
-
-  // st: the statistics of the larger attention (P from its lse, Σ_t P_t dP_t = dO·out from its out);
-  // null: this call's own.
-  void backward(const Vec& dout, Grads* gr, const Stats* st = nullptr) const {
-    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D;
-    const double sc = d_.scale;
-    Vec G;  // xl: G_h(δ) [Hq, nd, D]
-    init_grads(gr, &G);
-
-    Row row;
-    Vec dl(ix(N)), da(ix(N)), dp(ix(N));
-    for (I b = 0; b < B; ++b)
-      for (I h = 0; h < Hq; ++h)
-        for (I i = 0; i < M; ++i) {
-          compute_row(b, h, i, &row);
-          if (st) apply_stats(st->lse[ix((b * Hq + h) * M + i)], &row);
-          if (row.lse == kNegInf) continue;  // every key masked: nothing depends on the inputs
-          const I kh = h / d_.G;
-          const double* qi = q(b, i, h);
-          const double* dO = &dout[ix(((b * M + i) * Hq + h) * D)];
-          double* dqi = &gr->dq[ix(((b * M + i) * Hq + h) * D)];
-          // softmax: dl_j = P_j (dP_j − Σ_t P_t dP_t), dP_j = dO·v_j
-          double rowsum = 0;
-          for (I j = 0; j < N; ++j) {
-            dl[ix(j)] = 0;
-            if (row.P[ix(j)] == 0) continue;
-            dl[ix(j)] = dot(dO, v(b, j, kh), D);
-            rowsum += row.P[ix(j)] * dl[ix(j)];
-            axpy(row.P[ix(j)], dO, &gr->dv[ix(((b * N + j) * d_.Hkv + kh) * D)], D);
-          }
-          if (st) rowsum = dot(dO, &st->out[ix(((b * M + i) * Hq + h) * D)], D);
-          // With a NaN or ±inf in rowsum (a NaN row, or a non-finite v or dO), a key of weight 0 keeps
-          // dl = 0 rather than 0·(dP − rowsum) = NaN: it does not pass the NaN on.
-          const bool finite = std::isfinite(rowsum);
-          for (I j = 0; j < N; ++j)
-            dl[ix(j)] = finite || row.P[ix(j)] != 0 ? row.P[ix(j)] * (dl[ix(j)] - rowsum) : 0.0;
-
-          // the encoding's own terms; da_j = ∂L/∂(scale·q·k) starts as dl_j
-          for (I j = 0; j < N; ++j) da[ix(j)] = row.a[ix(j)] == kNegInf ? 0.0 : dl[ix(j)];
-          encoding_terms(b, h, i, row, dl, &da, &dp, gr, &G);
-          // the product a_j = scale·q_i·k_j
-          for (I j = 0; j < N; ++j) {
-            if (da[ix(j)] == 0) continue;
-            axpy(sc * da[ix(j)], key(b, j, h), dqi, D);
-            double* dkj = d_.rotary ? &gr->dkq[ix(((b * N + j) * Hq + h) * D)]
-                                    : &gr->dk[ix(((b * N + j) * d_.Hkv + kh) * D)];
-            axpy(sc * da[ix(j)], qi, dkj, D);
-          }
-        }
-
-    finish_grads(gr, G);
-  }
-
- private:
-  // gr's gradients sized and zeroed (those of the call's encoding); xl: G [Hq, nd, D] too.
-  void init_grads(Grads* gr, Vec* G) const {
-    const I Hq = d_.Hq, D = d_.D;
-    gr->dq.assign(q_.size(), 0.0);
-    gr->dk.assign(k_.size(), 0.0);
-    gr->dv.assign(v_.size(), 0.0);
-    if (d_.rotary) gr->dkq.assign(kq_.size(), 0.0);
-    if (p_.encoding == Encoding::kAlibi && p_.alibi.variant == AlibiVariant::kLearned)
-      gr->dw.assign(w_.size(), 0.0);
-    if (p_.encoding == Encoding::kT5) gr->dw.assign(w_.size(), 0.0);
-    if (p_.encoding == Encoding::kXL) {
-      gr->du.assign(u_.size(), 0.0);
-      gr->dvb.assign(vb_.size(), 0.0);
-      gr->dW.assign(W_.size(), 0.0);
-      G->assign(ix(Hq * nd_ * D), 0.0);
-    }
-    if (p_.encoding == Encoding::kCope) gr->de.assign(table_.size(), 0.0);
-    if (p_.encoding == Encoding::kKerple) {
-      gr->dr1.assign(r1_.size(), 0.0);
-      gr->dr2.assign(r2_.size(), 0.0);
-    }
-    if (p_.encoding == Encoding::kFire) {
-      gr->dw1.assign(fire_.w1.size(), 0.0);
-      gr->db1.assign(fire_.b1.size(), 0.0);
-      gr->dw2.assign(fire_.w2.size(), 0.0);
-      gr->db2.assign(fire_.b2.size(), 0.0);
+  if (p.encoding == Encoding::kAlibi) {
+    if (p.alibi.variant == AlibiVariant::kLearned) {
+      w_ = to_doubles(t.weights);
+    } else if (t.slopes.present()) {
+      slopes_ = to_doubles(t.slopes);
+    } else {
+      slopes_ = alibi::rule_slopes(d.Hq, p.alibi.variant == AlibiVariant::kNonsymmetric);
     }
   }
+  if (p.encoding == Encoding::kT5) w_ = to_doubles(t.weights);
+  if (p.encoding == Encoding::kXL) {
+    u_ = to_doubles(t.u);
+    vb_ = to_doubles(t.v);
+    W_ = to_doubles(t.rel_proj);
+    // Distances δ = qp − kp range over [dmin, dmin + M + N − 2]; s(δ) [R] and r_h(δ) [D] per δ.
+    dmin_ = d.q_off - (d.k_off + d.N - 1);
+    const I nd = d.M + d.N - 1 > 0 ? d.M + d.N - 1 : 0;
+    s_.assign(ix(nd * d.R), 0.0);
+    r_.assign(ix(d.Hq * nd * d.D), 0.0);
+    for (I e = 0; e < nd; ++e) {
+      xl::relative_sinusoid(static_cast<double>(dmin_ + e), d.R, &s_[ix(e * d.R)]);
+      for (I h = 0; h < d.Hq; ++h)
+        xl::project(&W_[ix(h * d.D * d.R)], &s_[ix(e * d.R)], d.D, d.R, &r_[ix((h * nd + e) * d.D)]);
+    }
+    nd_ = nd;
+  }
+  if (p.encoding == Encoding::kCope) table_ = to_doubles(t.table);
+  if (p.encoding == Encoding::kKerple) {
+    r1_ = to_doubles(t.r1);
+    r2_ = to_doubles(t.r2);
+  }
+  if (p.encoding == Encoding::kSandwich) sandwich_w_ = sandwich::freqs(p.sandwich.sinusoid_dim, p.sandwich.base);
+  if (p.encoding == Encoding::kFire) fire_ = fire::values(t.fire);
+}
 
-  // The encoding's own terms of row i of (b, h): its parameters' gradients from dl (into gr; xl's
-  // (q + v)·W s terms into G), and da_j = ∂L/∂(scale·q·k_j) (da holds dl on entry; cope adds the
-  // gates' path, dp its scratch).
-  void encoding_terms(I b, I h, I i, const Row& row, const Vec& dl, Vec* da, Vec* dp, Grads* gr, Vec* G) const {
-    const I N = d_.N, Hq = d_.Hq, qp = d_.q_off + i;
+void Problem::compute_row(I b, I h, I i, Row* row) const {
+  const I N = d_.N, D = d_.D, qp = d_.q_off + i;
+  const double* qi = q(b, i, h);
+  row->a.assign(ix(N), kNegInf);
+  row->l.assign(ix(N), kNegInf);
+  row->P.assign(ix(N), 0.0);
+  for (I j = 0; j < N; ++j) {
+    const I kp = d_.k_off + j;
+    if (masked(h, qp, kp)) continue;
+    const double* kj = key(b, j, h);
+    const double a = d_.scale * dot(qi, kj, D);
+    double l = a;
     switch (p_.encoding) {
-      case Encoding::kAlibi:
-        if (p_.alibi.variant == AlibiVariant::kLearned)
-          for (I j = 0; j < N; ++j) {
-            if (dl[ix(j)] == 0) continue;
-            int side = -1;
-            double dterm = 0;
-            alibi_term(h, qp, d_.k_off + j, &side, &dterm);
-            if (side >= 0) gr->dw[ix(side * Hq + h)] += dl[ix(j)] * dterm;
-          }
-        break;
-      case Encoding::kT5:
-        for (I j = 0; j < N; ++j)
-          if (row.a[ix(j)] != kNegInf) gr->dw[ix(bucket(qp, d_.k_off + j) * Hq + h)] += dl[ix(j)];
-        break;
+      case Encoding::kAlibi: l += alibi_term(h, qp, kp); break;
+      case Encoding::kT5: l += w_[ix(bucket(qp, kp) * d_.Hq + h)]; break;
       case Encoding::kKerple:
-        for (I j = 0; j < N; ++j) {
-          if (row.a[ix(j)] == kNegInf) continue;
-          const I kp = d_.k_off + j;
-          const kerple::Term t = kerple::term(p_.kerple.kernel == KerpleKernel::kPower, r1_[ix(h)],
-                                              r2_[ix(h)], static_cast<double>(qp > kp ? qp - kp : kp - qp));
-          gr->dr1[ix(h)] += dl[ix(j)] * t.d_r1;
-          gr->dr2[ix(h)] += dl[ix(j)] * t.d_r2;
-        }
+        l += kerple::bias(p_.kerple.kernel == KerpleKernel::kPower, r1_[ix(h)], r2_[ix(h)],
+                          static_cast<double>(qp > kp ? qp - kp : kp - qp));
+        break;
+      case Encoding::kSandwich:
+        l += sandwich::shifted_inner_product(static_cast<double>(kp - qp), sandwich_w_) *
+             sandwich::head_scale(h, d_.Hq);
         break;
       case Encoding::kFire:
-        fire_terms(h, qp, row, dl, gr);
+        l += fire_term(h, fire::normalised(fire_.c, fire_.L, qp, static_cast<double>(qp > kp ? qp - kp : kp - qp)).x);
         break;
-      case Encoding::kXL:
-        xl_terms(b, h, i, row, dl, gr, G);
+      case Encoding::kXL: {
+        const double* rr = r(h, qp - kp);
+        const double* u = &u_[ix(h * D)];
+        const double* vb = &vb_[ix(h * D)];
+        l += d_.scale * (dot(u, kj, D) + dot(qi, rr, D) + dot(vb, rr, D));
         break;
-      case Encoding::kCope:
-        cope_terms(b, h, i, row, dl, da, dp, gr);
-        break;
+      }
       default: break;
     }
+    row->a[ix(j)] = a;
+    row->l[ix(j)] = l;
   }
-
-  void fire_terms(I h, I qp, const Row& row, const Vec& dl, Grads* gr) const {
-    const I N = d_.N;
+  if (p_.encoding == Encoding::kCope) {
+    row->g.assign(ix(N), 0.0);
+    row->pos.assign(ix(N), cope::Interp{});
+    for (I j = 0; j < N; ++j) row->g[ix(j)] = cope::gate(row->a[ix(j)]);
+    double count = 0;  // Σ_{t ≥ j} g_t, built from the right
+    for (I j = N - 1; j >= 0; --j) {
+      count += row->g[ix(j)];
+      row->pos[ix(j)] = cope::interpolate(count, d_.npos);
+    }
     for (I j = 0; j < N; ++j) {
-      if (row.a[ix(j)] == kNegInf) continue;
-      const I kp = d_.k_off + j;
-      const fire::X xx =
-          fire::normalised(fire_.c, fire_.L, qp, static_cast<double>(qp > kp ? qp - kp : kp - qp));
-      const double gd = dl[ix(j)];
-      gr->db2[ix(h)] += gd;
-      double dx = 0;
-      for (I k = 0; k < d_.fire_w; ++k) {
-        const double u = fire_.w1[ix(k)] * xx.x + fire_.b1[ix(k)];
-        if (!(u > 0)) continue;  // relu'(0) = 0
-        const double w2 = fire_w2(h)[k];
-        gr->dw2[ix(h * d_.fire_w + k)] += gd * u;
-        gr->dw1[ix(k)] += gd * w2 * xx.x;
-        gr->db1[ix(k)] += gd * w2;
-        dx += gd * w2 * fire_.w1[ix(k)];
+      if (row->a[ix(j)] == kNegInf) continue;
+      const cope::Interp& c = row->pos[ix(j)];
+      row->l[ix(j)] += (1 - c.w) * dot(qi, e(c.lo), D) + c.w * dot(qi, e(c.hi), D);
+    }
+  }
+  double mx = kNegInf;
+  bool nan = false;
+  for (I j = 0; j < N; ++j) {
+    if (std::isnan(row->l[ix(j)])) nan = true;
+    else mx = std::max(mx, row->l[ix(j)]);
+  }
+  if (nan || mx == kPosInf) {  // a NaN row: P NaN on every key it sees, lse NaN
+    for (I j = 0; j < N; ++j) row->P[ix(j)] = row->l[ix(j)] == kNegInf ? 0.0 : kNaN;
+    row->lse = kNaN;
+    return;
+  }
+  if (mx == kNegInf) {  // every key masked: P = 0, out = 0, lse = −inf
+    row->lse = kNegInf;
+    return;
+  }
+  double sum = 0;
+  for (I j = 0; j < N; ++j) {
+    row->P[ix(j)] = std::exp(row->l[ix(j)] - mx);  // exp(−inf) = 0 for masked keys
+    sum += row->P[ix(j)];
+  }
+  for (I j = 0; j < N; ++j) row->P[ix(j)] /= sum;
+  row->lse = mx + std::log(sum);
+}
+
+void Problem::forward(Vec* out, Vec* lse) const {
+  const I D = d_.D;
+  out->assign(ix(d_.B * d_.M * d_.Hq * D), 0.0);
+  lse->assign(ix(d_.B * d_.Hq * d_.M), kNegInf);
+  Row row;
+  for (I b = 0; b < d_.B; ++b)
+    for (I h = 0; h < d_.Hq; ++h)
+      for (I i = 0; i < d_.M; ++i) {
+        compute_row(b, h, i, &row);
+        double* o = &(*out)[ix(((b * d_.M + i) * d_.Hq + h) * D)];
+        for (I j = 0; j < d_.N; ++j)
+          if (row.P[ix(j)] != 0) axpy(row.P[ix(j)], v(b, j, h / d_.G), o, D);
+        (*lse)[ix((b * d_.Hq + h) * d_.M + i)] = row.lse;
       }
-      gr->dc += dx * xx.dc;
-      gr->dL += dx * xx.dL;
-    }
-  }
+}
 
-  void xl_terms(I b, I h, I i, const Row& row, const Vec& dl, Grads* gr, Vec* G) const {
-    const I N = d_.N, D = d_.D, kh = h / d_.G, qp = d_.q_off + i, M = d_.M, Hq = d_.Hq;
-    const double sc = d_.scale;
-    const double* qi = q(b, i, h);
-    double* dqi = &gr->dq[ix(((b * M + i) * Hq + h) * D)];
-    for (I j = 0; j < N; ++j) {
-      if (row.a[ix(j)] == kNegInf) continue;
-      const double c = sc * dl[ix(j)];
-      const I delta = qp - (d_.k_off + j);
-      const double* kj = k(b, j, kh);
-      const double* rr = r(h, delta);
-      axpy(c, rr, dqi, D);                                   // q·r
-      double* dkj = &gr->dk[ix(((b * N + j) * d_.Hkv + kh) * D)];
-      axpy(c, &u_[ix(h * D)], dkj, D);                       // u·k
-      axpy(c, kj, &gr->du[ix(h * D)], D);
-      axpy(c, rr, &gr->dvb[ix(h * D)], D);                   // v·r
-      double* Gd = &(*G)[ix((h * nd_ + (delta - dmin_)) * D)];  // (q + v)·W s
-      axpy(c, qi, Gd, D);
-      axpy(c, &vb_[ix(h * D)], Gd, D);
-    }
-  }
+}  // namespace posenc::attn_ref
 
-  void cope_terms(I b, I h, I i, const Row& row, const Vec& dl, Vec* da, Vec* dp, Grads* gr) const {
-    const I N = d_.N, D = d_.D, M = d_.M, Hq = d_.Hq;
-    const double* qi = q(b, i, h);
-    double* dqi = &gr->dq[ix(((b * M + i) * Hq + h) * D)];
-    for (I j = 0; j < N; ++j) {
-      (*dp)[ix(j)] = 0;
-      if (row.a[ix(j)] == kNegInf) continue;
-      const cope::Interp& c = row.pos[ix(j)];
-      const double* ef = e(c.lo);
-      const double* ec = e(c.hi);
-      axpy(dl[ix(j)] * (1 - c.w), ef, dqi, D);
-      axpy(dl[ix(j)] * c.w, ec, dqi, D);
-      axpy(dl[ix(j)] * (1 - c.w), qi, &gr->de[ix(c.lo * D)], D);
-      axpy(dl[ix(j)] * c.w, qi, &gr->de[ix(c.hi * D)], D);
-      if (!c.clamped) (*dp)[ix(j)] = dl[ix(j)] * (dot(qi, ec, D) - dot(qi, ef, D));
-    }
-    double dg = 0;  // dg_t = Σ_{j ≤ t} dp_j
-    for (I t = 0; t < N; ++t) {
-      dg += (*dp)[ix(t)];
-      if (row.a[ix(t)] == kNegInf) continue;
-      const double g = row.g[ix(t)];
-      (*da)[ix(t)] += dg * g * (1 - g);
-    }
-  }
+namespace posenc::reference {
 
-  // The gradients' last steps: xl's dW from G; the rotary encodings' dfreqs (rope2d mixed) and dq, dk
-  // rotated back, dk summed over each kv head's group.
-  void finish_grads(Grads* gr, const Vec& G) const {
-    const I B = d_.B, M = d_.M, N = d_.N, Hq = d_.Hq, D = d_.D;
-    if (p_.encoding == Encoding::kXL)  // dW_h = Σ_δ G_h(δ) s(δ)ᵀ
-      for (I h = 0; h < Hq; ++h)
-        for (I e = 0; e < nd_; ++e) {
-          const double* Gd = &G[ix((h * nd_ + e) * D)];
-          const double* sd = &s_[ix(e * d_.R)];
-          for (I dd = 0; dd < D; ++dd)
-            for (I c = 0; c < d_.R; ++c) gr->dW[ix((h * D + dd) * d_.R + c)] += Gd[dd] * sd[c];
-        }
-    if (d_.rotary) {
-      // Mixed: ∂L/∂φ of every rotated q and k pair, times its position (x, y), summed per head.
-      if (d_.rot.per_head()) {
-        gr->dfreqs.assign(ix(2 * Hq * d_.rot.half), 0.0);
-        rotary::mixed_freq_grad_ref(d_.rot, q_, gr->dq, B, M, Hq, D, d_.q_ids, &gr->dfreqs);
-        rotary::mixed_freq_grad_ref(d_.rot, kq_, gr->dkq, B, N, Hq, D, d_.k_ids, &gr->dfreqs);
-      }
-      // Back from the rotated vectors: the transpose a·ρ·R(−φ); the key's per head, summed over its
-      // group.
-      rotary::rotate_ref(d_.rot, &gr->dq, B, M, Hq, D, d_.q_ids, -1, +1);
-      if (!p_.keys_rotated) rotary::rotate_ref(d_.rot, &gr->dkq, B, N, Hq, D, d_.k_ids, -1, -1);
-      for (I b = 0; b < B; ++b)
-        for (I j = 0; j < N; ++j)
-          for (I h = 0; h < Hq; ++h)
-            axpy(1.0, &gr->dkq[ix(((b * N + j) * Hq + h) * D)], &gr->dk[ix(((b * N + j) * d_.Hkv + h / d_.G) * D)], D);
-    }
-  }
-
-  const AttentionParams& p_;
-  Dims d_;
-  Vec q_, k_, v_;          // gathered; q_ rotated for the rotary encodings
-  Vec kq_;                 // rotary: k̃ per query head [B, N, Hq, D]
-  Vec slopes_, w_;         // alibi slopes [Hq]; alibi learned [2, Hq] / t5 [num_buckets, Hq]
-  Vec u_, vb_, W_;         // xl
-  Vec s_, r_;              // xl: s(δ) [nd, R]; r_h(δ) [Hq, nd, D]
-  I dmin_ = 0, nd_ = 0;    // xl: smallest distance, number of distances
-  Vec table_;              // cope [npos, D]
-  Vec r1_, r2_;            // kerple [Hq] each
-  Vec sandwich_w_;         // sandwich: the d̄/2 frequencies
-  fire::Values fire_;      // fire: the MLP, c and L
-};
-
-}  // namespace
+using attn_ref::Problem;
+using attn_ref::Vec;
+using attn_ref::Dims;
 
 Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
                          const EncodingTensors& t, const View& out, const View& lse) {
@@ -650,3 +303,4 @@ Status attention_backward_from_stats(const AttentionParams& p, const View& q, co
 }
 
 }  // namespace posenc::reference
+
