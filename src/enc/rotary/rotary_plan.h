@@ -1,6 +1,6 @@
 // Private: what a rotary encoding does to the pairs of one call — the angle φ and the scale a·ρ of
 // every (token, pair[, head]) — for RoPE (rope.h) and the encodings of rotary.h (rope2d, mrope,
-// xpos). The references, the fast elementwise kernel (rope_cpu.cc) and both attentions read it, so
+// xpos). The references, the fast elementwise kernel (rope_kernels.cc) and both attentions read it, so
 // each formula is written once (rope_math.h, rope2d_math.h, mrope_math.h, xpos_math.h) and the
 // frequencies come from rope::frequencies (the one place RoPE's schemes are computed).
 //

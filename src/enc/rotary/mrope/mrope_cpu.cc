@@ -1,6 +1,6 @@
 // M-RoPE's fast path: the public posenc::mrope_forward / mrope_backward. Validation is the
 // reference's (rotary_plan.cc's prepare_mrope). float32, bfloat16 and float16 views with a
-// contiguous innermost dimension run RoPE's Highway kernel (rope_cpu.cc) with the call's plan: per
+// contiguous innermost dimension run RoPE's Highway kernel (rope_kernels.cc) with the call's plan: per
 // token the r/2 angles p_axis(k)·ω_k are formed in double (accurate or hf, as rope.h) and reduced
 // exactly, sin/cos in float (core/simd-inl.h's bound), times the attention factor, shared by the
 // token's heads; OpenMP over tokens. float64 and other views fall back to posenc::reference, as does

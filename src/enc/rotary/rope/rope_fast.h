@@ -1,6 +1,7 @@
-// Private: the interface of RoPE's fast kernel (rope_cpu.cc), which every rotary encoding's fast
-// path runs: RoPE itself (1D positions and its frequencies) and, through a rotary::Plan, rope2d,
-// mrope and xpos (rotary.h). The Highway code is rope_cpu.cc's; this header is plain C++.
+// Private: the interface of RoPE's fast kernel (rope_cpu.cc dispatches to it), which every rotary
+// encoding's fast path runs: RoPE itself (1D positions and its frequencies) and, through a
+// rotary::Plan, rope2d, mrope and xpos (rotary.h). The Highway code is rope_kernels.cc's; this
+// header is plain C++.
 #pragma once
 
 #include <cstdint>
@@ -51,5 +52,10 @@ void run_plan(const rotary::Call& c, const View& in, const View& out, double sig
 // upstream gradient dy (both kernel_ok-able views of the same dtype); summed per thread in double,
 // then in thread order.
 void mixed_freq_grad(const rotary::Call& c, const View& x, const View& dy, std::vector<double>* dfreqs);
+
+// The kernel (rope_kernels.cc) on the best SIMD target of this CPU: the job's rows rotated, or
+// (mixed_grad) each thread's part of mixed_freq_grad's sums added into part[thread], dy's strides ds.
+void run(const Job& j);
+void mixed_grad(const Job& j, const void* dy, const std::int64_t* ds, std::vector<std::vector<double>>* part);
 
 }  // namespace posenc::rope_fast

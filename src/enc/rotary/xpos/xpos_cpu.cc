@@ -1,6 +1,6 @@
 // xPos's fast path: the public posenc::xpos_forward / xpos_backward. Validation is the reference's
 // (rotary_plan.cc's prepare_xpos). float32, bfloat16 and float16 views with a contiguous innermost
-// dimension run RoPE's Highway kernel (rope_cpu.cc) with the call's plan: per token the r/2 angles
+// dimension run RoPE's Highway kernel (rope_kernels.cc) with the call's plan: per token the r/2 angles
 // m·ω_k in double (accurate or hf, as rope.h), sin/cos in float (core/simd-inl.h's bound), each
 // pair's a·ρ_k = a·ζ_k^(±(m − c)/scale_base) computed in double and rounded once to float; OpenMP
 // over tokens. float64 and other views fall back to posenc::reference, as does a call with an angle
