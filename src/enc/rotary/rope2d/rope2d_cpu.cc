@@ -1,7 +1,7 @@
 // 2D RoPE's fast path: the public posenc::rope2d_forward / rope2d_backward. Validation is the
 // reference's (rotary_plan.cc's prepare_rope2d), so errors are identical. float32, bfloat16 and
-// float16 views with a contiguous innermost dimension run RoPE's Highway kernel (rope_kernels.cc) with
-// the call's plan: per token the r/2 angles (axial: x·ω or y·ω; mixed, per head: x·θˣ + y·θʸ) are
+// float16 views with a contiguous innermost dimension run RoPE's Highway kernel (rope_kernels.cc)
+// with the call's plan: per token the r/2 angles (axial: x·ω or y·ω; mixed, per head: x·θˣ + y·θʸ) are
 // formed in double and reduced exactly, sin/cos evaluated in float (core/simd-inl.h's bound), every
 // SIMD target compiled, the best chosen at run time; OpenMP over tokens. Mixed's dfreqs are summed
 // per thread in double (rope_fast::mixed_freq_grad) and then in thread order. float64 and other
