@@ -40,6 +40,100 @@ int finish_stdout() {
                      1);
 }
 
+// "list, table, …": the commands' names.
+std::string command_names(const std::vector<Command>& commands) {
+  std::string names;
+  for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
+  return names;
+}
+
+// The error line for a first word that is neither a command nor --help / --version (CLI11 would say
+// "argument was not expected", or only ask for a command), or empty.
+std::string first_word_error(int argc, char** argv, const std::vector<Command>& commands) {
+  if (argc < 2) return {};
+  if (argv[1][0] != '-') {
+    const std::string name = argv[1];
+    for (const Command& c : commands)
+      if (c.app->get_name() == name) return {};
+    return "unknown command '" + name + "', expected one of: " + command_names(commands);
+  }
+  const std::string flag = std::string(argv[1]).substr(0, std::string(argv[1]).find('='));
+  if (flag == "--version" && argc > 2)  // CLI11 would print the version and ignore the rest
+    return "--version: takes nothing after it, got '" + std::string(argv[2]) + "'";
+  if (flag != "-h" && flag != "--help" && flag != "--version")
+    return flag + ": unknown flag for posenc (expected --help, --version or a command first: " +
+           command_names(commands) + ")";
+  return {};
+}
+
+// Whether msg ends with tail.
+bool ends_with(const std::string& msg, const std::string& tail) {
+  return msg.size() > tail.size() && msg.compare(msg.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// CLI11's parse error in the "posenc: <flag>: <what>" shape.
+std::string parse_error_line(const CLI::ParseError& e, const std::vector<Command>& commands) {
+  std::string msg = e.what();
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && msg.rfind("A subcommand", 0) == 0)
+    return "expected a command: " + command_names(commands) + " (see posenc --help)";
+  static const std::string kRequired = " is required";
+  if (ends_with(msg, kRequired) && msg.find(' ') == msg.size() - kRequired.size())
+    msg = msg.substr(0, msg.size() - kRequired.size()) + ": is required (see --help)";
+  static const std::string kMissing = ": 1 required ";
+  if (const std::size_t at = msg.find(kMissing); at != std::string::npos && msg.size() > 8 && ends_with(msg, " missing"))
+    msg = msg.substr(0, at) + ": expected a value (" +
+          msg.substr(at + kMissing.size(), msg.size() - 8 - at - kMissing.size()) + ")";
+  static const std::string kExtra = "The following argument was not expected: ";
+  if (msg.rfind(kExtra, 0) == 0) msg = "unexpected argument '" + msg.substr(kExtra.size()) + "'";
+  static const std::string kTwice = ": At Most 1 required but received ";
+  if (const std::size_t at = msg.find(kTwice); at != std::string::npos)
+    msg = msg.substr(0, at) + ": given " + msg.substr(at + kTwice.size()) + " times, expected once";
+  static const std::string kOverride = " was given a disallowed flag override";
+  if (ends_with(msg, kOverride))
+    msg = "--" + msg.substr(0, msg.size() - kOverride.size()) + ": is a flag and takes no value (give it alone)";
+  return msg;
+}
+
+// The error line for the first unknown flag or stray word left after command c's flags (collected by
+// allow_extras so that they get one clear line), or empty.
+std::string extras_error(const CLI::App& c) {
+  const std::vector<std::string> extras = c.remaining();
+  if (extras.empty()) return {};
+  const std::string& x = extras.front();
+  const std::string name = c.get_name();
+  if (x.rfind("-", 0) != 0) return "unexpected argument '" + x + "' (see posenc " + name + " --help)";
+  const std::string flag = x.substr(0, x.find('='));
+  std::string owners;  // a parameter of an encoding this command does not take?
+  for (const posenc::EncodingInfo& e : posenc::registry())
+    for (const posenc::ParamSpec& p : e.params)
+      if ("--" + p.name == flag) owners += (owners.empty() ? "" : " and ") + e.name;
+  if (!owners.empty()) return flag + ": is a parameter of " + owners + ", which posenc " + name + " does not take";
+  return flag + ": unknown flag for posenc " + name + " (see posenc " + name + " --help)";
+}
+
+// Runs the parsed command c: its exit status, every failure as one line.
+int run_command(const Command& c, const CliRun& how) {
+  try {
+    if (const std::string err = extras_error(*c.app); !err.empty()) return print_error(err, 2);
+    if (how.parse_only) return 0;
+    c.run();
+    return finish_stdout();
+  } catch (const Failure& f) {
+    return print_error(f.status.message(), f.status.code() == posenc::Code::kInternal ? 1 : 2);
+  } catch (const std::bad_alloc&) {
+    print_error("out of memory", 1);
+    // At exit OpenBLAS joins its worker threads, which retry a failed buffer allocation forever:
+    // the command ends at once after its line, so that a process short of memory does end.
+    if (how.exit_on_out_of_memory) {
+      std::fflush(how.err);
+      std::_Exit(1);
+    }
+    return 1;
+  } catch (const std::exception& e) {
+    return print_error(std::string("internal error: ") + e.what(), 1);
+  }
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv, const CliRun& how) {
@@ -61,33 +155,7 @@ int run_cli(int argc, char** argv, const CliRun& how) {
   } catch (const std::exception& e) {
     return print_error(std::string("internal error while declaring flags: ") + e.what(), 1);
   }
-
-  // An unknown command gets a clearer line than CLI11's "argument was not expected".
-  if (argc >= 2 && argv[1][0] != '-') {
-    const std::string name = argv[1];
-    bool known = false;
-    std::string names;
-    for (const Command& c : commands) {
-      known = known || c.app->get_name() == name;
-      names += (names.empty() ? "" : ", ") + c.app->get_name();
-    }
-    if (!known) return print_error("unknown command '" + name + "', expected one of: " + names, 2);
-  }
-
-  // A flag before any command: name it (CLI11 would only ask for a command).
-  if (argc >= 2 && argv[1][0] == '-') {
-    const std::string flag = std::string(argv[1]).substr(0, std::string(argv[1]).find('='));
-    if (flag == "--version" && argc > 2)  // CLI11 would print the version and ignore the rest
-      return print_error("--version: takes nothing after it, got '" + std::string(argv[2]) + "'", 2);
-    if (flag != "-h" && flag != "--help" && flag != "--version") {
-      std::string names;
-      for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
-      return print_error(flag + ": unknown flag for posenc (expected --help, --version or a command first: " +
-                             names + ")",
-                         2);
-    }
-  }
-
+  if (const std::string err = first_word_error(argc, argv, commands); !err.empty()) return print_error(err, 2);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -95,76 +163,10 @@ int run_cli(int argc, char** argv, const CliRun& how) {
       app.exit(e);
       return finish_stdout();
     }
-    std::string msg = e.what();
-    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && msg.rfind("A subcommand", 0) == 0) {
-      std::string names;
-      for (const Command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
-      msg = "expected a command: " + names + " (see posenc --help)";
-    }
-    // CLI11's wordings in the "posenc: <flag>: <what>" shape
-    static const std::string kRequired = " is required";
-    if (msg.size() > kRequired.size() && msg.compare(msg.size() - kRequired.size(), kRequired.size(), kRequired) == 0 &&
-        msg.find(' ') == msg.size() - kRequired.size())
-      msg = msg.substr(0, msg.size() - kRequired.size()) + ": is required (see --help)";
-    static const std::string kMissing = ": 1 required ";
-    if (const std::size_t at = msg.find(kMissing);
-        at != std::string::npos && msg.size() > 8 && msg.compare(msg.size() - 8, 8, " missing") == 0)
-      msg = msg.substr(0, at) + ": expected a value (" +
-            msg.substr(at + kMissing.size(), msg.size() - 8 - at - kMissing.size()) + ")";
-    static const std::string kExtra = "The following argument was not expected: ";
-    if (msg.rfind(kExtra, 0) == 0) msg = "unexpected argument '" + msg.substr(kExtra.size()) + "'";
-    static const std::string kTwice = ": At Most 1 required but received ";
-    if (const std::size_t at = msg.find(kTwice); at != std::string::npos)
-      msg = msg.substr(0, at) + ": given " + msg.substr(at + kTwice.size()) + " times, expected once";
-    const std::string override_tail = " was given a disallowed flag override";
-    if (msg.size() > override_tail.size() &&
-        msg.compare(msg.size() - override_tail.size(), override_tail.size(), override_tail) == 0)
-      msg = "--" + msg.substr(0, msg.size() - override_tail.size()) + ": is a flag and takes no value (give it alone)";
-    return print_error(msg, 2);
+    return print_error(parse_error_line(e, commands), 2);
   }
-
-  for (const Command& c : commands) {
-    if (!c.app->parsed()) continue;
-    try {
-      // Unknown flags and stray words are collected (allow_extras) so that they get one clear line.
-      const std::vector<std::string> extras = c.app->remaining();
-      if (!extras.empty()) {
-        const std::string& x = extras.front();
-        if (x.rfind("-", 0) == 0) {
-          const std::string flag = x.substr(0, x.find('='));
-          std::string owners;  // a parameter of an encoding this command does not take?
-          for (const posenc::EncodingInfo& e : posenc::registry())
-            for (const posenc::ParamSpec& p : e.params)
-              if ("--" + p.name == flag) owners += (owners.empty() ? "" : " and ") + e.name;
-          if (!owners.empty())
-            return print_error(flag + ": is a parameter of " + owners + ", which posenc " +
-                                   c.app->get_name() + " does not take",
-                               2);
-          return print_error(flag + ": unknown flag for posenc " + c.app->get_name() + " (see posenc " +
-                                 c.app->get_name() + " --help)",
-                             2);
-        }
-        return print_error("unexpected argument '" + x + "' (see posenc " + c.app->get_name() + " --help)",
-                           2);
-      }
-      if (how.parse_only) return 0;
-      c.run();
-      return finish_stdout();
-    } catch (const Failure& f) {
-      return print_error(f.status.message(), f.status.code() == posenc::Code::kInternal ? 1 : 2);
-    } catch (const std::bad_alloc&) {
-      print_error("out of memory", 1);
-      // At exit OpenBLAS joins its worker threads, which retry a failed buffer allocation forever:
-      // the command ends at once after its line, so that a process short of memory does end.
-      if (how.exit_on_out_of_memory) {
-        std::fflush(how.err);
-        std::_Exit(1);
-      }
-      return 1;
-    } catch (const std::exception& e) {
-      return print_error(std::string("internal error: ") + e.what(), 1);
-    }
-  }
+  for (const Command& c : commands)
+    if (c.app->parsed()) return run_command(c, how);
   return print_error("expected a command (see posenc --help)", 2);
 }
 
