@@ -77,6 +77,36 @@ void check_fits(DType dtype, double x, std::int64_t row, std::int64_t pair) {
   fail(Status::OutOfRange("--dtype", msg));
 }
 
+// rope2d mixed --part init: its initial frequencies [2, H, r/2] for --heads H from --seed.
+void rope2d_init_table(TableState& st, std::int64_t D, const FlagMap& names, DType dtype, OutputSet* outs,
+                       Tensor* table) {
+  const bool have_pos = st.positions_opt->count() > 0, have_len = st.length_opt->count() > 0;
+  if (have_pos || have_len || st.offset_opt->count() > 0)
+    fail(Status::Invalid(have_pos ? "--positions" : have_len ? "--length" : "--offset",
+                         "--part init takes no positions (only --heads, --dim, --rotary-dim, --theta, --seed)"));
+  if (st.heads_opt->count() == 0) fail(Status::Invalid("--heads", "is required for --part init: the heads H"));
+  if (st.params.given("freqs"))
+    fail(Status::Invalid("--freqs", "--part init writes the initial frequencies; it reads none"));
+  const std::int64_t H = parse_int("--heads", st.heads), seed = parse_int("--seed", st.seed);
+  if (H < 1 || H > (std::int64_t{1} << 20))
+    fail(Status::Invalid("--heads", "expected 1 .. 2^20 heads, got " + std::to_string(H)));
+  const Rope2dParams p = rope2d_params(st.params);
+  const std::int64_t r = p.rope.rotary_dim == 0 ? D : p.rope.rotary_dim;
+  if (r > D)
+    fail(Status::Invalid("--rotary-dim", "expected at most D = " + std::to_string(D) + ", got " + std::to_string(r)));
+  const std::vector<SizeFactor> size = {{"--heads", H}, pairs_factor(st.params, r / 2)};
+  check_product(size);
+  std::mt19937_64 gen(static_cast<std::uint64_t>(seed));
+  std::vector<double> angles(static_cast<std::size_t>(H));
+  for (double& a : angles) a = 2 * M_PI * (static_cast<double>(gen() >> 11) * 0x1.0p-53);
+  within_memory(size, [&] {
+    const std::vector<double> f = take_lib(rope2d_mixed_init(H, r, p.rope.theta, angles), names);
+    check(outs->reserve("--out", st.out));
+    *table = Tensor(dtype, {2, H, r / 2});
+    from_doubles(f, table->view());
+  });
+}
+
 // rope2d, mrope, xpos: the table of the plan (rotary.h), or rope2d mixed's initialisation.
 void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet* outs, Tensor* table) {
   const bool have_pos = st.positions_opt->count() > 0, have_len = st.length_opt->count() > 0;
@@ -97,33 +127,7 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
   if (D < 1) fail(Status::Invalid("--dim", "expected a head dimension >= 1, got " + std::to_string(D)));
   FlagMap names = {{"head_dim", "--dim"}, {"length", "--length"}, {"heads", "--heads"}};
   for (auto& n : rope_names(st.params, "--dim")) names.push_back(n);
-  if (is_init) {
-    if (have_pos || have_len || st.offset_opt->count() > 0)
-      fail(Status::Invalid(have_pos ? "--positions" : have_len ? "--length" : "--offset",
-                           "--part init takes no positions (only --heads, --dim, --rotary-dim, --theta, --seed)"));
-    if (st.heads_opt->count() == 0) fail(Status::Invalid("--heads", "is required for --part init: the heads H"));
-    if (st.params.given("freqs"))
-      fail(Status::Invalid("--freqs", "--part init writes the initial frequencies; it reads none"));
-    const std::int64_t H = parse_int("--heads", st.heads), seed = parse_int("--seed", st.seed);
-    if (H < 1 || H > (std::int64_t{1} << 20))
-      fail(Status::Invalid("--heads", "expected 1 .. 2^20 heads, got " + std::to_string(H)));
-    const Rope2dParams p = rope2d_params(st.params);
-    const std::int64_t r = p.rope.rotary_dim == 0 ? D : p.rope.rotary_dim;
-    if (r > D)
-      fail(Status::Invalid("--rotary-dim", "expected at most D = " + std::to_string(D) + ", got " + std::to_string(r)));
-    const std::vector<SizeFactor> size = {{"--heads", H}, pairs_factor(st.params, r / 2)};
-    check_product(size);
-    std::mt19937_64 gen(static_cast<std::uint64_t>(seed));
-    std::vector<double> angles(static_cast<std::size_t>(H));
-    for (double& a : angles) a = 2 * M_PI * (static_cast<double>(gen() >> 11) * 0x1.0p-53);
-    within_memory(size, [&] {
-      const std::vector<double> f = take_lib(rope2d_mixed_init(H, r, p.rope.theta, angles), names);
-      check(outs->reserve("--out", st.out));
-      *table = Tensor(dtype, {2, H, r / 2});
-      from_doubles(f, table->view());
-    });
-    return;
-  }
+  if (is_init) return rope2d_init_table(st, D, names, dtype, outs, table);
   if (have_pos && have_len) fail(Status::Invalid("--length", "cannot be combined with --positions (L is theirs)"));
   if (have_pos && st.offset_opt->count() > 0)
     fail(Status::Invalid("--offset", "cannot be combined with --positions (give one or the other)"));
