@@ -172,17 +172,13 @@ Status check_call(const RopeParams& p, std::int64_t call_len) {
   return Status::Ok();
 }
 
-Expected<RopeFrequencies> frequencies(const RopeParams& p, std::int64_t r, std::int64_t call_len) {
-  if (call_len < 0) call_len = 0;
-  POSENC_RETURN_IF_ERROR(check_call(p, call_len));
-  RopeFrequencies f;
-  f.rotary_dim = r;
-  f.seq_len = p.seq_len > 0 ? p.seq_len : call_len;
-  f.angles = p.angles;
-  f.theta = p.theta;
+namespace {
+
+// f's inv_freq and inv_freq_f32 [r/2] (and theta, attention_factor, long_factors where the scheme
+// sets them) by p's scheme, for a call whose length is f.seq_len.
+void scheme_frequencies(const RopeParams& p, std::int64_t r, RopeFrequencies* out) {
+  RopeFrequencies& f = *out;
   const std::int64_t half = r / 2, n = f.seq_len;
-  f.inv_freq.resize(static_cast<std::size_t>(half));
-  f.inv_freq_f32.resize(static_cast<std::size_t>(half));
   auto set = [&](std::int64_t k, double accurate, F32 hf) {
     f.inv_freq[static_cast<std::size_t>(k)] = accurate;
     f.inv_freq_f32[static_cast<std::size_t>(k)] = value(hf);
@@ -247,24 +243,38 @@ Expected<RopeFrequencies> frequencies(const RopeParams& p, std::int64_t r, std::
       break;
     }
   }
+}
+
+// The field to blame for frequency k of f overflowing its angles: RoFormer's ω⁰ (theta) first,
+// then the list or the scheme's own field.
+const char* overflow_field(const RopeParams& p, const RopeFrequencies& f, std::int64_t r, std::int64_t call_len) {
+  if (!p.inv_freq.empty()) return "inv_freq";
+  if (p.rope_type == RopeType::kDefault) return "theta";
+  RopeParams plain;
+  plain.theta = p.theta;
+  plain.angles = p.angles;
+  if (!frequencies(plain, r, call_len).ok()) return "theta";  // ω⁰ already fails
+  if (p.rope_type == RopeType::kLongrope) return f.long_factors ? "long_factor" : "short_factor";
+  return "factor";
+}
+
+}  // namespace
+
+Expected<RopeFrequencies> frequencies(const RopeParams& p, std::int64_t r, std::int64_t call_len) {
+  if (call_len < 0) call_len = 0;
+  POSENC_RETURN_IF_ERROR(check_call(p, call_len));
+  RopeFrequencies f;
+  f.rotary_dim = r;
+  f.seq_len = p.seq_len > 0 ? p.seq_len : call_len;
+  f.angles = p.angles;
+  f.theta = p.theta;
+  const std::int64_t half = r / 2;
+  f.inv_freq.resize(static_cast<std::size_t>(half));
+  f.inv_freq_f32.resize(static_cast<std::size_t>(half));
+  scheme_frequencies(p, r, &f);
   // Frequencies whose angles would overflow (a tiny theta, factor or list entry): an error naming
-  // the field that made them, RoFormer's ω⁰ (theta) first.
-  if (const std::int64_t k = first_bad_freq(f); k >= 0) {
-    const char* field = "theta";
-    if (!p.inv_freq.empty()) {
-      field = "inv_freq";
-    } else if (p.rope_type != RopeType::kDefault) {  // a scheme: its own field, unless ω⁰ already fails
-      RopeParams plain;
-      plain.theta = p.theta;
-      plain.angles = p.angles;
-      const bool theta_fine = frequencies(plain, r, call_len).ok();
-      if (theta_fine && p.rope_type == RopeType::kLongrope)
-        field = f.long_factors ? "long_factor" : "short_factor";
-      else if (theta_fine)
-        field = "factor";
-    }
-    return bad_freq(field, f, k);
-  }
+  // the field that made them.
+  if (const std::int64_t k = first_bad_freq(f); k >= 0) return bad_freq(overflow_field(p, f, r, call_len), f, k);
   if (!p.freq_factors.empty())
     for (std::int64_t k = 0; k < half; ++k) {
       const std::size_t i = static_cast<std::size_t>(k);
