@@ -231,8 +231,8 @@ inline I RowGroups(const decode_impl::Task& t) {
 }
 
 // One task (decode_impl::Task) with K/V storage T, every kv head: m, l [Hkv, R] and o [Hkv, R, D]
-// (unnormalised). scratch: scratch_floats(Hkv, D, R, X, mixed) floats. Returns false at a NaN or +inf logit
-// (or where xl's sinusoid table could not be formed).
+// (unnormalised). scratch: scratch_floats(Hkv, D, R, X, mixed) floats. run() returns false at a NaN
+// or +inf logit (or where xl's sinusoid table could not be formed).
 // Per block of keys and per kv head: the logits of its R rows, straight from the K rows (xl: plus the
 // position terms, every kv head's rows at once in a tile product C·Ỹ'ᵀ per kXlPart keys, C the
 // task's table of s(m), Ỹ' the rows turned by the angles of the keys' window of xl_table_keys
@@ -242,179 +242,246 @@ inline I RowGroups(const decode_impl::Task& t) {
 // from the V rows. The rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
 // ALiBi's halves): kRows at a time share each K and V load.
 template <class T>
+class TaskRun {
+ public:
+  TaskRun(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0)
+      : t_(t), D_(t.D), R_(t.G * t.M), H_(t.Hkv), nb_(decode_impl::block_keys(H_, D_, t.mixed != nullptr)),
+        X_(t.X), nt_(decode_impl::xl_table_keys(nb_)), m0_(m0), l0_(l0), o0_(o0), rev_(t.npos > 0),
+        ahead_(t, sizeof(T)) {
+    S_ = scratch;           // [R, nb]
+    act_ = S_ + R_ * nb_;   // [R]: 1 for a row with weight in the block
+    gb_ = act_ + R_;        // cope: [nb], a row's gates
+    qy_ = gb_ + nb_;        // rope2d mixed: [R, D], the rows turned back for a run of keys, and
+    qyy_ = qy_ + (t.mixed ? R_ * D_ : 0);  // [Hkv·R, D], turned back by the y of kv head kh's last run (yk_[kh])
+    yk_.assign(t.mixed ? static_cast<std::size_t>(H_) : 0, INT64_MIN);
+    ctab_ = qyy_ + (t.mixed ? H_ * R_ * D_ : 0);  // xl: [nt, X], the sinusoids s(m), m < nt
+    yw_ = ctab_ + X_ * nt_;                       // xl: [X, H·R], Ỹᵀ turned for the window [t0, t1) (XlWindows)
+    Sx_ = yw_ + X_ * H_ * R_;                     // xl: [H·R, nt], the position terms of keys [t0, t1)
+    Sxt_ = X_ ? Sx_ + H_ * R_ * nt_ : nullptr;    // xl: [kXlPart, H·R] of [nt, H·R], as the product gives them
+    count_.assign(rev_ ? static_cast<std::size_t>(H_ * R_) : 0, 0.0);  // cope: Σ g of the keys walked, per row
+  }
+
+  bool run() {
+    if (X_) {  // key j's sinusoid is s(j), its position relative to k_off (Ỹ's α likewise)
+      win_.emplace(X_, nt_, t_.j0, xl::kBase);
+      const Positions pos{View{}, 0};
+      const View tab = View::contiguous(ctab_, DType::kF32, {std::min(nt_, t_.j1 - t_.j0), X_});
+      if (!sinusoidal_table(SinusoidalParams{xl::kBase}, pos, tab).ok()) return false;
+    }
+    std::fill(m0_, m0_ + H_ * R_, -HUGE_VALF);
+    std::fill(l0_, l0_ + H_ * R_, 0.f);
+    std::fill(o0_, o0_ + H_ * R_ * D_, 0.f);
+    if (rev_) CopeCarry<T>(t_, S_, gb_, count_.data());
+    const I blocks = (t_.j1 - t_.j0 + nb_ - 1) / nb_;
+    for (I bi = 0; bi < blocks; ++bi) {
+      const I c0 = t_.j0 + (rev_ ? blocks - 1 - bi : bi) * nb_, c1 = std::min(t_.j1, c0 + nb_);
+      I a = c1, e = c0;  // the keys some row of some head sees
+      for (I r = 0; r < H_ * R_; ++r)
+        if (t_.lo[r] < c1 && t_.hi[r] > c0 && t_.lo[r] < t_.hi[r])
+          a = std::min(a, std::max(t_.lo[r], c0)), e = std::max(e, std::min(t_.hi[r], c1));
+      if (a >= e) continue;
+      if (X_ && e > t1_) {  // the window of this block's keys: every kv head's rows turned by its angles
+        const I k = (c0 - t_.j0) / nt_;
+        t0_ = t_.j0 + k * nt_, t1_ = std::min(t_.j1, t0_ + nt_);
+        win_->seek(k);
+        win_->turn(t_.yt, H_ * R_, yw_);
+      }
+      const I xl_parts = Prefetch(c0, c1, a, e);
+      for (I x0 = a; x0 < a + xl_parts * kXlPart; x0 += kXlPart) XlTerms(x0, std::min(e, x0 + kXlPart) - x0);
+      for (I kh = 0; kh < H_; ++kh) {
+        if (t_.mixed) MixedLogits(kh, a, e);
+        else Logits(kh, a, e);
+        if (!Softmax(kh, a, e)) return false;
+        PV(kh, a, e);
+      }
+      ahead_.Rest();
+    }
+    return true;
+  }
+
+ private:
+  // The next block's prefetch, a step per Logits4 call and per four keys of each AddPV pass (rope2d
+  // mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than spread over
+  // the block; spread faster on Intel: docs/performance.md), and one per xl part. Returns the block's
+  // xl parts (keys [a, e) of block [c0, c1) seen).
+  I Prefetch(I c0, I c1, I a, I e) {
+    const I groups = H_ * ((e - a + 3) / 4) * RowGroups(t_), pv = groups * decode_kernels::PVPasses(D_);
+    const I calls = !t_.mixed || MixedSpread() ? groups + pv : 0;
+    const I xl_parts = X_ ? (e - a + kXlPart - 1) / kXlPart : 0;
+    if (rev_) ahead_.Start(std::max(t_.j0, c0 - nb_), c0, calls + xl_parts);
+    else ahead_.Start(c1, std::min(t_.j1, c1 + nb_), calls + xl_parts);
+    return xl_parts;
+  }
+
+  // xl: the position terms of keys [x0, x0 + n), every kv head's rows, into Sx_.
+  void XlTerms(I x0, I n) {
+    const I HR = H_ * R_;
+    attn_fast::tile_gemm(t_.gemm, attn_fast::GemmForm::kNP, n, HR, X_, 1.f, ctab_ + (x0 - t0_) * X_, X_, yw_, HR, Sxt_,
+                         HR);
+    t_.tr(Sxt_, HR, n, HR, Sx_ + (x0 - t0_), nt_);
+    ahead_.Next();
+  }
+
+  // Whether kv head kh's rows r, r + M, … r + (kRows − 1)·M share their keys.
+  bool Group(I kh, I r) const {
+    const I* lo = t_.lo + kh * R_;
+    const I* hi = t_.hi + kh * R_;
+    for (I x = 1; x < kRows; ++x)
+      if (lo[r + x * t_.M] != lo[r] || hi[r + x * t_.M] != hi[r]) return false;
+    return true;
+  }
+
+  // rope2d mixed: kv head kh's logits of keys [a, e) into S_, per run of keys sharing y and x's high
+  // part, every row turned back by them.
+  void MixedLogits(I kh, I a, I e) {
+    const decode_impl::MixedKeys& mk = *t_.mixed;
+    const I D = D_, R = R_, nb = nb_, G = t_.G, M = t_.M;
+    const float* Q = t_.q + kh * R * D;
+    const T* Kh = static_cast<const T*>(t_.k) + kh * t_.khs;
+    const auto high = [&](I j) { return (mk.pos[0][j] - mk.lo[0]) >> mk.kLowBits; };
+    for (I j = a, jn = a; j < e; j = jn) {
+      const I y = mk.pos[1][j], u = high(j);
+      while (jn < e && mk.pos[1][jn] == y && high(jn) == u) ++jn;
+      float* qh = qyy_ + kh * R * D;
+      if (y != yk_[static_cast<std::size_t>(kh)])
+        for (I r = 0; r < R; ++r) decode_rope2d::TurnBackY(mk, kh * G + r / M, y, Q + r * D, D, qh + r * D);
+      yk_[static_cast<std::size_t>(kh)] = y;
+      for (I r = 0; r < R; ++r) decode_rope2d::TurnBackX(mk, kh * G + r / M, u, qh + r * D, D, qy_ + r * D);
+      float* Sj = S_ + (j - a);
+      if (M < kRows) {  // kRows heads' rows of query i at a time, each reading the keys once
+        for (I i = 0; i < M; ++i) {
+          I g = 0;
+          for (; g + kRows <= G; g += kRows)
+            MixedLogitRows<kRows, true>(mk, kh * G + g, qy_ + (g * M + i) * D, M * D, Kh, t_.kld, j, jn - j, D,
+                                        Sj + (g * M + i) * nb, M * nb, ahead_);
+          for (; g < G; ++g)
+            MixedLogitRows<1, false>(mk, kh * G + g, qy_ + (g * M + i) * D, D, Kh, t_.kld, j, jn - j, D,
+                                     Sj + (g * M + i) * nb, nb, ahead_);
+        }
+      } else {  // kRows rows of one head at a time, each key turned once for them
+        for (I g = 0; g < G; ++g) {
+          const I r0 = g * M, h = kh * G + g;
+          I i = 0;
+          for (; i + kRows <= M; i += kRows)
+            MixedLogitRows<kRows, false>(mk, h, qy_ + (r0 + i) * D, D, Kh, t_.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb,
+                                         ahead_);
+          for (; i < M; ++i)
+            MixedLogitRows<1, false>(mk, h, qy_ + (r0 + i) * D, D, Kh, t_.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb,
+                                     ahead_);
+        }
+      }
+    }
+  }
+
+  // kv head kh's logits of keys [a, e) into S_ (each row its visible keys), kRows rows at a time
+  // where they share their keys.
+  void Logits(I kh, I a, I e) {
+    const I* lo = t_.lo + kh * R_;
+    const I* hi = t_.hi + kh * R_;
+    const T* Kh = static_cast<const T*>(t_.k) + kh * t_.khs;
+    for (I i = 0; i < t_.M; ++i)
+      for (I g0 = 0; g0 < t_.G; g0 += kRows) {
+        const I r0 = g0 * t_.M + i;
+        const bool whole = g0 + kRows <= t_.G && Group(kh, r0);
+        for (I g = g0; g < std::min(t_.G, g0 + kRows); g += whole ? kRows : 1) {
+          const I r = g * t_.M + i, ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
+          if (ra >= re) continue;
+          float* Sr = S_ + r * nb_ + (ra - a);
+          if (whole) RowLogits<kRows>(t_, kh, r, t_.M, Kh + ra * t_.kld, re - ra, Sr, t_.M * nb_, ahead_);
+          else RowLogits<1>(t_, kh, r, 1, Kh + ra * t_.kld, re - ra, Sr, nb_, ahead_);
+        }
+      }
+  }
+
+  // kv head kh's rows over keys [a, e): the position terms and biases added to the logits, then the
+  // online softmax (m, l, o rescaled; S_ turned into the weights). false at a NaN or +inf logit.
+  bool Softmax(I kh, I a, I e) {
+    const I* lo = t_.lo + kh * R_;
+    const I* hi = t_.hi + kh * R_;
+    const I D = D_, R = R_, nb = nb_;
+    float* m = m0_ + kh * R;
+    float* l = l0_ + kh * R;
+    float* o = o0_ + kh * R * D;
+    std::fill(act_, act_ + R, 0.f);
+    const BiasKind bk = t_.bias->kind;
+    if (bk == BiasKind::kFire)  // rows g·M + i share their keys (FIRE masks only causally) and x
+      for (I i = 0; i < t_.M; ++i) {
+        const I ra = std::max(a, lo[i]), re = std::min(e, hi[i]);
+        if (ra < re)
+          AddFireGroup(*t_.bias, kh * t_.G, t_.G, i, t_.q_off + i, t_.k_off + ra, S_ + i * nb + (ra - a), t_.M * nb,
+                       re - ra);
+      }
+    for (I r = 0; r < R; ++r) {
+      const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
+      if (ra >= re) continue;
+      const I g = r / t_.M, i = r % t_.M, h = kh * t_.G + g, qp = t_.q_off + i;
+      float* Sr = S_ + r * nb + (ra - a);
+      const I n = re - ra;
+      if (X_) AddRow(Sx_ + (kh * R + r) * nt_ + (ra - t0_), Sr, n);
+      if (rev_) CopeRow(t_.qe + (kh * R + r) * t_.ncol, t_.npos, t_.ncol, Sr, n, count_.data() + kh * R + r, gb_);
+      if (bk != BiasKind::kNone && bk != BiasKind::kFire) AddBias(*t_.bias, h, i, qp, t_.k_off + ra, Sr, n);
+      float rm;
+      if (!RowMaxBelowInf(Sr, n, &rm)) return false;
+      const float mn = std::max(m[r], rm);
+      if (mn == -HUGE_VALF) continue;  // every logit −inf: no weight yet
+      const float sum = ExpSubSum(Sr, n, mn);
+      if (m[r] == -HUGE_VALF) {
+        l[r] = sum;
+      } else if (mn == m[r]) {  // the max kept (the usual case after the first blocks): no rescaling
+        l[r] += sum;
+      } else {
+        const float corr = std::exp(m[r] - mn);
+        if (corr != 1.f) ScaleRow(o + r * D, D, corr);
+        l[r] = l[r] * corr + sum;
+      }
+      m[r] = mn;
+      act_[r] = 1.f;
+    }
+    return true;
+  }
+
+  // o += P·V for kv head kh's rows with weight in keys [a, e), kRows rows at a time where they share
+  // their keys.
+  void PV(I kh, I a, I e) {
+    const I* lo = t_.lo + kh * R_;
+    const I* hi = t_.hi + kh * R_;
+    const I D = D_, nb = nb_, M = t_.M;
+    float* o = o0_ + kh * R_ * D;
+    const T* Vh = static_cast<const T*>(t_.v) + kh * t_.vhs;
+    for (I i = 0; i < M; ++i)
+      for (I g0 = 0; g0 < t_.G; g0 += kRows) {
+        const I r0 = g0 * M + i;
+        bool whole = g0 + kRows <= t_.G && Group(kh, r0);
+        for (I x = 0; whole && x < kRows; ++x) whole = act_[r0 + x * M] != 0;
+        for (I g = g0; g < std::min(t_.G, g0 + kRows); g += whole ? kRows : 1) {
+          const I r = g * M + i;
+          if (act_[r] == 0) continue;
+          const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
+          const float* P = S_ + r * nb + (ra - a);
+          if (whole) RowsPV<kRows>(t_, P, M * nb, Vh + ra * t_.vld, re - ra, o + r * D, M * D, ahead_);
+          else RowsPV<1>(t_, P, nb, Vh + ra * t_.vld, re - ra, o + r * D, D, ahead_);
+        }
+      }
+  }
+
+  static constexpr I kRows = decode_kernels::kRows;
+  const decode_impl::Task& t_;
+  const I D_, R_, H_, nb_, X_, nt_;
+  float* m0_;
+  float* l0_;
+  float* o0_;
+  const bool rev_;  // cope: a row's count runs from its last key
+  Ahead ahead_;
+  float *S_, *act_, *gb_, *qy_, *qyy_, *ctab_, *yw_, *Sx_, *Sxt_;  // the scratch (constructor)
+  std::vector<I> yk_;
+  std::vector<double> count_;
+  I t0_ = 0, t1_ = 0;  // xl: the window of keys whose terms Sx_ holds
+  std::optional<decode_impl::XlWindows> win_;
+};
+
+template <class T>
 bool RunTask(const decode_impl::Task& t, float* scratch, float* m0, float* l0, float* o0) {
-  using decode_kernels::kRows;
-  const I D = t.D, R = t.G * t.M, H = t.Hkv, nb = decode_impl::block_keys(H, D, t.mixed != nullptr);
-  float* S = scratch;        // [R, nb]
-  float* act = S + R * nb;   // [R]: 1 for a row with weight in the block
-  float* gb = act + R;       // cope: [nb], a row's gates
-  float* qy = gb + nb;       // rope2d mixed: [R, D], the rows turned back for a run of keys, and
-  float* qyy = qy + (t.mixed ? R * D : 0);  // [Hkv·R, D], turned back by the y of kv head kh's last run (yk[kh])
-  std::vector<I> yk(t.mixed ? static_cast<std::size_t>(H) : 0, INT64_MIN);
-  const I X = t.X, nt = decode_impl::xl_table_keys(nb);
-  float* ctab = qyy + (t.mixed ? H * R * D : 0);      // xl: [nt, X], the sinusoids s(m), m < nt
-  float* yw = ctab + X * nt;  // xl: [X, H·R], Ỹᵀ turned for the window [t0, t1) (XlWindows)
-  float* Sx = yw + X * H * R;  // xl: [H·R, nt], the position terms of keys [t0, t1)
-  float* Sxt = X ? Sx + H * R * nt : nullptr;  // xl: [kXlPart, H·R] of [nt, H·R], as the product gives them
-  I t0 = 0, t1 = 0;
-  std::optional<decode_impl::XlWindows> win;
-  if (X) {  // key j's sinusoid is s(j), its position relative to k_off (Ỹ's α likewise)
-    win.emplace(X, nt, t.j0, xl::kBase);
-    const Positions pos{View{}, 0};
-    if (!sinusoidal_table(SinusoidalParams{xl::kBase}, pos, View::contiguous(ctab, DType::kF32, {std::min(nt, t.j1 - t.j0), X})).ok())
-      return false;
-  }
-  const T* K = static_cast<const T*>(t.k);
-  const T* V = static_cast<const T*>(t.v);
-  std::fill(m0, m0 + H * R, -HUGE_VALF);
-  std::fill(l0, l0 + H * R, 0.f);
-  std::fill(o0, o0 + H * R * D, 0.f);
-  const bool rev = t.npos > 0;  // cope: a row's count runs from its last key
-  std::vector<double> count(rev ? static_cast<std::size_t>(H * R) : 0, 0.0);  // cope: Σ g of the keys walked, per row
-  if (rev) CopeCarry<T>(t, S, gb, count.data());
-  Ahead ahead(t, sizeof(T));
-  const I blocks = (t.j1 - t.j0 + nb - 1) / nb;
-  for (I bi = 0; bi < blocks; ++bi) {
-    const I c0 = t.j0 + (rev ? blocks - 1 - bi : bi) * nb, c1 = std::min(t.j1, c0 + nb);
-    I a = c1, e = c0;  // the keys some row of some head sees
-    for (I r = 0; r < H * R; ++r)
-      if (t.lo[r] < c1 && t.hi[r] > c0 && t.lo[r] < t.hi[r])
-        a = std::min(a, std::max(t.lo[r], c0)), e = std::max(e, std::min(t.hi[r], c1));
-    if (a >= e) continue;
-    if (X && e > t1) {  // the window of this block's keys: every kv head's rows turned by its angles
-      const I k = (c0 - t.j0) / nt;
-      t0 = t.j0 + k * nt, t1 = std::min(t.j1, t0 + nt);
-      win->seek(k);
-      win->turn(t.yt, H * R, yw);
-    }
-    // The next block's prefetch, a step per Logits4 call and per four keys of each AddPV pass (rope2d
-    // mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than spread over
-    // the block; spread faster on Intel: docs/performance.md).
-    const I groups = H * ((e - a + 3) / 4) * RowGroups(t), pv = groups * decode_kernels::PVPasses(D);
-    const I calls = !t.mixed || MixedSpread() ? groups + pv : 0;
-    const I xl_parts = X ? (e - a + kXlPart - 1) / kXlPart : 0;
-    if (rev) ahead.Start(std::max(t.j0, c0 - nb), c0, calls + xl_parts);
-    else ahead.Start(c1, std::min(t.j1, c1 + nb), calls + xl_parts);
-    for (I x0 = a; x0 < a + xl_parts * kXlPart; x0 += kXlPart) {  // xl: the keys' position terms, every
-      const I n = std::min(e, x0 + kXlPart) - x0;                  // kv head's rows, kXlPart keys at a time
-      attn_fast::tile_gemm(t.gemm, attn_fast::GemmForm::kNP, n, H * R, X, 1.f, ctab + (x0 - t0) * X, X, yw, H * R,
-                           Sxt, H * R);
-      t.tr(Sxt, H * R, n, H * R, Sx + (x0 - t0), nt);
-      ahead.Next();
-    }
-    for (I kh = 0; kh < H; ++kh) {
-      const I* lo = t.lo + kh * R;
-      const I* hi = t.hi + kh * R;
-      const float* Q = t.q + kh * R * D;
-      float* m = m0 + kh * R;
-      float* l = l0 + kh * R;
-      float* o = o0 + kh * R * D;
-      const T* Kh = K + kh * t.khs;
-      const T* Vh = V + kh * t.vhs;
-      const auto group = [&](I r) {  // rows r, r + M, … r + (kRows − 1)·M share their keys
-        for (I x = 1; x < kRows; ++x)
-          if (lo[r + x * t.M] != lo[r] || hi[r + x * t.M] != hi[r]) return false;
-        return true;
-      };
-      if (t.mixed) {  // per run of keys sharing y and x's high part: every row turned back by them
-        const decode_impl::MixedKeys& mk = *t.mixed;
-        const auto high = [&](I j) { return (mk.pos[0][j] - mk.lo[0]) >> mk.kLowBits; };
-        for (I j = a, jn = a; j < e; j = jn) {
-          const I y = mk.pos[1][j], u = high(j);
-          while (jn < e && mk.pos[1][jn] == y && high(jn) == u) ++jn;
-          float* qh = qyy + kh * R * D;
-          if (y != yk[static_cast<std::size_t>(kh)])
-            for (I r = 0; r < R; ++r) decode_rope2d::TurnBackY(mk, kh * t.G + r / t.M, y, Q + r * D, D, qh + r * D);
-          yk[static_cast<std::size_t>(kh)] = y;
-          for (I r = 0; r < R; ++r) decode_rope2d::TurnBackX(mk, kh * t.G + r / t.M, u, qh + r * D, D, qy + r * D);
-          float* Sj = S + (j - a);
-          if (t.M < kRows) {  // kRows heads' rows of query i at a time, each reading the keys once
-            for (I i = 0; i < t.M; ++i) {
-              I g = 0;
-              for (; g + kRows <= t.G; g += kRows)
-                MixedLogitRows<kRows, true>(mk, kh * t.G + g, qy + (g * t.M + i) * D, t.M * D, Kh, t.kld, j, jn - j, D,
-                                            Sj + (g * t.M + i) * nb, t.M * nb, ahead);
-              for (; g < t.G; ++g)
-                MixedLogitRows<1, false>(mk, kh * t.G + g, qy + (g * t.M + i) * D, D, Kh, t.kld, j, jn - j, D,
-                                         Sj + (g * t.M + i) * nb, nb, ahead);
-            }
-          } else {  // kRows rows of one head at a time, each key turned once for them
-            for (I g = 0; g < t.G; ++g) {
-              const I r0 = g * t.M, h = kh * t.G + g;
-              I i = 0;
-              for (; i + kRows <= t.M; i += kRows)
-                MixedLogitRows<kRows, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb,
-                                             ahead);
-              for (; i < t.M; ++i)
-                MixedLogitRows<1, false>(mk, h, qy + (r0 + i) * D, D, Kh, t.kld, j, jn - j, D, Sj + (r0 + i) * nb, nb, ahead);
-            }
-          }
-        }
-      }
-      for (I i = 0; i < t.M && !t.mixed; ++i)
-        for (I g0 = 0; g0 < t.G; g0 += kRows) {
-          const I r0 = g0 * t.M + i;
-          const bool whole = g0 + kRows <= t.G && group(r0);
-          for (I g = g0; g < std::min(t.G, g0 + kRows); g += whole ? kRows : 1) {
-            const I r = g * t.M + i, ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
-            if (ra >= re) continue;
-            float* Sr = S + r * nb + (ra - a);
-            if (whole) RowLogits<kRows>(t, kh, r, t.M, Kh + ra * t.kld, re - ra, Sr, t.M * nb, ahead);
-            else RowLogits<1>(t, kh, r, 1, Kh + ra * t.kld, re - ra, Sr, nb, ahead);
-          }
-        }
-      std::fill(act, act + R, 0.f);
-      const BiasKind bk = t.bias->kind;
-      if (bk == BiasKind::kFire)  // rows g·M + i share their keys (FIRE masks only causally) and x
-        for (I i = 0; i < t.M; ++i) {
-          const I ra = std::max(a, lo[i]), re = std::min(e, hi[i]);
-          if (ra < re)
-            AddFireGroup(*t.bias, kh * t.G, t.G, i, t.q_off + i, t.k_off + ra, S + i * nb + (ra - a), t.M * nb, re - ra);
-        }
-      for (I r = 0; r < R; ++r) {
-        const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
-        if (ra >= re) continue;
-        const I g = r / t.M, i = r % t.M, h = kh * t.G + g, qp = t.q_off + i;
-        float* Sr = S + r * nb + (ra - a);
-        const I n = re - ra;
-        if (X) AddRow(Sx + (kh * R + r) * nt + (ra - t0), Sr, n);
-        if (rev) CopeRow(t.qe + (kh * R + r) * t.ncol, t.npos, t.ncol, Sr, n, count.data() + kh * R + r, gb);
-        if (bk != BiasKind::kNone && bk != BiasKind::kFire) AddBias(*t.bias, h, i, qp, t.k_off + ra, Sr, n);
-        float rm;
-        if (!RowMaxBelowInf(Sr, n, &rm)) return false;
-        const float mn = std::max(m[r], rm);
-        if (mn == -HUGE_VALF) continue;  // every logit −inf: no weight yet
-        const float sum = ExpSubSum(Sr, n, mn);
-        if (m[r] == -HUGE_VALF) {
-          l[r] = sum;
-        } else if (mn == m[r]) {  // the max kept (the usual case after the first blocks): no rescaling
-          l[r] += sum;
-        } else {
-          const float corr = std::exp(m[r] - mn);
-          if (corr != 1.f) ScaleRow(o + r * D, D, corr);
-          l[r] = l[r] * corr + sum;
-        }
-        m[r] = mn;
-        act[r] = 1.f;
-      }
-      for (I i = 0; i < t.M; ++i)
-        for (I g0 = 0; g0 < t.G; g0 += kRows) {
-          const I r0 = g0 * t.M + i;
-          bool whole = g0 + kRows <= t.G && group(r0);
-          for (I x = 0; whole && x < kRows; ++x) whole = act[r0 + x * t.M] != 0;
-          for (I g = g0; g < std::min(t.G, g0 + kRows); g += whole ? kRows : 1) {
-            const I r = g * t.M + i;
-            if (act[r] == 0) continue;
-            const I ra = std::max(a, lo[r]), re = std::min(e, hi[r]);
-            const float* P = S + r * nb + (ra - a);
-            if (whole) RowsPV<kRows>(t, P, t.M * nb, Vh + ra * t.vld, re - ra, o + r * D, t.M * D, ahead);
-            else RowsPV<1>(t, P, nb, Vh + ra * t.vld, re - ra, o + r * D, D, ahead);
-          }
-        }
-    }
-    ahead.Rest();
-  }
-  return true;
+  return TaskRun<T>(t, scratch, m0, l0, o0).run();
 }
 
 bool DecodeTask(const decode_impl::Task& t, float* scratch, float* m, float* l, float* o) {
