@@ -55,24 +55,16 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "attention/attention_decode.h"
+#include "attention/attention_decode_prep.h"
 #include "attention/attention_decode_rope2d.h"
 #include "attention/attention_decode_task.h"
 #include "attention/attention_tiles.h"
 #include "attention/tile_gemm_bf16.h"
 #include "core/fast_common.h"
-#include "enc/bias/alibi/alibi_math.h"
-#include "enc/bias/fire/fire_check.h"
-#include "enc/bias/fire/fire_math.h"
-#include "enc/bias/kerple/kerple_math.h"
-#include "enc/bias/sandwich/sandwich_math.h"
-#include "enc/bias/t5/t5_math.h"
-#include "enc/bias/xl/xl_math.h"
-#include "enc/contextual/cope/cope_math.h"
 #include "enc/rotary/rotary_plan.h"
 #include "posenc/half.h"
 #include "posenc/threads.h"
@@ -82,269 +74,15 @@ namespace posenc {
 namespace decode {
 namespace {
 
-using decode_impl::Bias;
-using decode_impl::BiasKind;
 using decode_impl::I;
+using decode_prep::BiasData;
+using decode_prep::PosData;
+using decode_prep::prepare_bias;
+using decode_prep::prepare_q;
 inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
 constexpr I kMaxDistance = I{1} << 24;  // |kp − qp| below this: exact in float
 constexpr I kMinPart = 256;             // keys per part at least, when a unit is split
-
-// Sandwich's head-independent part Σ_k cos(Δ·ω_k) − d̄/2 at |Δ| = 0 … n − 1 (sandwich_math.h, in
-// double, rounded once), kept for the process's last (d̄, base) and grown on demand: a decode step
-// meets the previous step's distances and one more, so the table costs O(d̄) a step.
-std::shared_ptr<const std::vector<float>> sandwich_table(const SandwichParams& sp, I n, int threads) {
-  static std::mutex mu;
-  static std::shared_ptr<const std::vector<float>> table;
-  static I dim = -1;
-  static double base = 0;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (dim != sp.sinusoid_dim || base != sp.base) table.reset();
-  if (table && static_cast<I>(table->size()) >= n) return table;
-  const I have = table ? static_cast<I>(table->size()) : 0;
-  const I want = std::max(n, 2 * have);
-  auto next = std::make_shared<std::vector<float>>(ix(want));
-  if (have) std::copy(table->begin(), table->end(), next->begin());
-  const std::vector<double> w = sandwich::freqs(sp.sinusoid_dim, sp.base);
-  const int th = want - have > 4096 ? threads : 1;
-#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
-  for (I e = have; e < want; ++e) (*next)[ix(e)] = static_cast<float>(sandwich::shifted_inner_product(static_cast<double>(e), w));
-  table = next;
-  dim = sp.sinusoid_dim;
-  base = sp.base;
-  return table;
-}
-
-// KERPLE's bias per head at |Δ| = 0 … w − 1, [Hq, w] (kerple_math.h, in double, rounded once), kept
-// for the process's last (kernel, r1, r2) and rebuilt wider on demand, as sandwich_table.
-struct KerpleTable {
-  std::shared_ptr<const std::vector<float>> tab;
-  I w = 0;
-};
-KerpleTable kerple_table(bool power, const std::vector<double>& r1, const std::vector<double>& r2, I n, int threads) {
-  static std::mutex mu;
-  static KerpleTable kept;
-  static bool kept_power = false;
-  static std::vector<double> kept_r1, kept_r2;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (kept.tab && kept_power == power && kept_r1 == r1 && kept_r2 == r2 && kept.w >= n) return kept;
-  const I w = kept.tab && kept_power == power && kept_r1 == r1 && kept_r2 == r2 ? std::max(n, 2 * kept.w) : n;
-  const I H = static_cast<I>(r1.size());
-  auto t = std::make_shared<std::vector<float>>(ix(H * w));
-  const int th = H * w > 65536 ? threads : 1;
-#pragma omp parallel for num_threads(th) schedule(static) if (th > 1)
-  for (I e = 0; e < w; ++e)
-    for (I h = 0; h < H; ++h)
-      (*t)[ix(h * w + e)] = static_cast<float>(kerple::bias(power, r1[ix(h)], r2[ix(h)], static_cast<double>(e)));
-  kept = KerpleTable{t, w};
-  kept_power = power;
-  kept_r1 = r1;
-  kept_r2 = r2;
-  return kept;
-}
-
-// The largest |kp − qp| of a call, + 1: the width of a per-distance table.
-I distances(const attn::Dims& d) {
-  const I a = std::abs(d.k_off - d.q_off - (d.M - 1)), z = std::abs(d.k_off + d.N - 1 - d.q_off);
-  return std::max(a, z) + 1;
-}
-
-// What a call's bias reads, owned (Bias points into it).
-struct BiasData {
-  Bias b;
-  std::vector<double> slopes, sig;
-  std::vector<float> t5, hs, w1, b1, w2, b2, inv;
-  std::shared_ptr<const std::vector<float>> sw;
-  KerpleTable kt;
-};
-
-void prepare_bias(const AttentionParams& p, const attn::Dims& d, const EncodingTensors& t, int threads,
-                  BiasData* bd) {
-  Bias& b = bd->b;
-  const I Hq = d.Hq;
-  switch (p.encoding) {
-    case Encoding::kAlibi:
-      if (p.alibi.variant == AlibiVariant::kLearned) {
-        const std::vector<double> w = to_doubles(t.weights);  // [2, Hq]
-        bd->sig.resize(w.size());
-        for (std::size_t e = 0; e < w.size(); ++e) bd->sig[e] = alibi::sigmoid(w[e]);
-        b.kind = BiasKind::kLearned;
-        b.sig = bd->sig.data();
-        b.Hq = Hq;
-      } else {
-        bd->slopes = t.slopes.present() ? to_doubles(t.slopes)
-                                        : alibi::rule_slopes(Hq, p.alibi.variant == AlibiVariant::kNonsymmetric);
-        b.kind = BiasKind::kSlopes;
-        b.slopes = bd->slopes.data();
-      }
-      break;
-    case Encoding::kT5: {
-      const I nb = p.t5.num_buckets, half = p.t5.max_distance + 1, w = 2 * half + 1;
-      const std::vector<double> wt = to_doubles(t.weights);  // [nb, Hq]
-      bd->t5.resize(ix(Hq * w));
-      for (I e = 0; e < w; ++e) {
-        const I bk = t5::bucket(e - half, p.t5.bidirectional, nb, p.t5.max_distance);
-        for (I h = 0; h < Hq; ++h) bd->t5[ix(h * w + e)] = static_cast<float>(wt[ix(bk * Hq + h)]);
-      }
-      b.kind = BiasKind::kT5;
-      b.t5 = bd->t5.data();
-      b.t5_half = half;
-      break;
-    }
-    case Encoding::kKerple: {
-      const bool power = p.kerple.kernel == KerpleKernel::kPower;
-      bd->kt = kerple_table(power, to_doubles(t.r1), to_doubles(t.r2), distances(d), threads);
-      b.kind = power ? BiasKind::kKerplePower : BiasKind::kKerpleLog;
-      b.kt = bd->kt.tab->data();
-      b.kt_w = bd->kt.w;
-      break;
-    }
-    case Encoding::kSandwich: {
-      bd->sw = sandwich_table(p.sandwich, distances(d), threads);
-      bd->hs.resize(ix(Hq));
-      for (I h = 0; h < Hq; ++h) bd->hs[ix(h)] = static_cast<float>(sandwich::head_scale(h, Hq));
-      b.kind = BiasKind::kSandwich;
-      b.sw = bd->sw->data();
-      b.hs = bd->hs.data();
-      break;
-    }
-    case Encoding::kFire: {
-      const fire::Values v = fire::values(t.fire);
-      bd->w1.assign(v.w1.begin(), v.w1.end());
-      bd->b1.assign(v.b1.begin(), v.b1.end());
-      bd->w2.assign(v.w2.begin(), v.w2.end());
-      bd->b2.assign(v.b2.begin(), v.b2.end());
-      bd->inv.resize(ix(d.M));
-      for (I i = 0; i < d.M; ++i)
-        bd->inv[ix(i)] = static_cast<float>(1.0 / fire::psi(v.c, fire::norm_arg(v.L, d.q_off + i)));
-      b.kind = BiasKind::kFire;
-      b.w1 = bd->w1.data();
-      b.b1 = bd->b1.data();
-      b.w2 = bd->w2.data();
-      b.b2 = bd->b2.data();
-      b.W = static_cast<I>(v.w1.size());
-      b.c = static_cast<float>(v.c);
-      b.inv = bd->inv.data();
-      break;
-    }
-    default: break;
-  }
-}
-
-// What xl and cope add to a call, prepared once: xl's u, v [Hq, D] in double and W [Hq, D, X] in
-// float (read in place where it is a contiguous float32 tensor: a decode step reads it once); cope's
-// table E [npos, D] in float.
-struct PosData {
-  I X = 0;                  // xl: the sinusoid's dimension (0: not xl)
-  std::vector<double> u, v;
-  std::vector<float> own;   // W converted, where it is not read in place
-  const float* w = nullptr;
-  I npos = 0, ncol = 0;     // cope: table rows (0: not cope), the rows a count reaches
-  std::vector<float> e;
-  attn_fast::TileGemmFn gemm = nullptr;  // the product's: tile_gemm_for(X) (xl), (D) (cope)
-  attn_fast::TileTransposeFn tr = nullptr;  // xl: tile_transpose_fn()
-  std::optional<attn_fast::BlasOneThread> one;  // where that is OpenBLAS: one thread in each task
-
-  PosData(const AttentionParams& p, const attn::Dims& d, const EncodingTensors& t) {
-    if (p.encoding == Encoding::kXL) {
-      X = d.R;
-      u = to_doubles(t.u);
-      v = to_doubles(t.v);
-      gemm = attn_fast::tile_gemm_for(X);
-      tr = attn_fast::tile_transpose_fn();
-      if (t.rel_proj.dtype == DType::kF32 && t.rel_proj.is_contiguous()) {
-        w = static_cast<const float*>(t.rel_proj.data);
-      } else {
-        const std::vector<double> x = to_doubles(t.rel_proj);
-        own.assign(x.begin(), x.end());
-        w = own.data();
-      }
-    } else if (p.encoding == Encoding::kCope) {
-      npos = d.npos;
-      ncol = cope::rows_reached(npos, d.N);
-      const std::vector<double> x = to_doubles(t.table);
-      e.assign(x.begin(), x.begin() + ncol * d.D);
-      gemm = attn_fast::tile_gemm_for(d.D);
-    } else {
-      return;
-    }
-    if (!gemm) one.emplace();
-  }
-};
-
-// xl's query rows of (b, kh) from x [M, G, D] (q, in double): Q = scale·(q + u_h) and Ỹ (columns of
-// Ỹᵀ [X, Hkv·R]): Y =
-// (q + v_h)·W_h (a float tile product, as the tile kernel's), each (sin, cos) pair rotated by the
-// query's angles α = ω·(qp − k_off) and scaled, so that Ỹ·s(j) = scale·Y·s(qp − kp) for key j = kp −
-// k_off (the angle-difference identities; docs/attention.md).
-void prepare_xl(const attn::Dims& d, const PosData& xl, I kh, const std::vector<double>& x, float* Q, float* Qu, float* Yt) {
-  const I ldy = d.Hkv * d.G * d.M;  // Ỹ is kept transposed, [X, Hkv·R]: Yt points at (kh·R)'s column
-  const I M = d.M, G = d.G, D = d.D, X = d.R;
-  std::vector<float> qv(ix(M * D)), y(ix(M * X));
-  std::vector<double> s(ix(M * X));
-  for (I i = 0; i < M; ++i)
-    for (I c = 0; c < X; ++c)
-      s[ix(i * X + c)] = sinusoid::value(static_cast<double>(d.q_off + i - d.k_off), c, X, xl::kBase);
-  for (I g = 0; g < G; ++g) {
-    const I h = kh * G + g;
-    for (I i = 0; i < M; ++i)
-      for (I e = 0; e < D; ++e) {
-        const double xe = x[ix((i * G + g) * D + e)];
-        Q[(g * M + i) * D + e] = static_cast<float>(d.scale * (xe + xl.u[ix(h * D + e)]));
-        if (Qu) Qu[(g * M + i) * D + e] = static_cast<float>(xe + xl.u[ix(h * D + e)]);
-        qv[ix(i * D + e)] = static_cast<float>(xe + xl.v[ix(h * D + e)]);
-      }
-    attn_fast::tile_gemm(xl.gemm, attn_fast::GemmForm::kNP, M, X, D, 1.f, qv.data(), D, xl.w + h * D * X, X, y.data(), X);
-    for (I i = 0; i < M; ++i)
-      for (I c = 0; c < X; c += 2) {  // s = (sin α, cos α)
-        double t0, t1;
-        xl::to_key_frame<double>(y[ix(i * X + c)], y[ix(i * X + c + 1)], s[ix(i * X + c)], s[ix(i * X + c + 1)], &t0, &t1);
-        float* o = Yt + c * ldy + g * M + i;
-        o[0] = static_cast<float>(d.scale * t0);
-        o[ldy] = static_cast<float>(d.scale * t1);
-      }
-  }
-}
-
-// cope's qe [R, ncol] of (b, kh) from x [M, G, D] (q, in double): q_i·e_c at row g·M + i (q
-// unscaled; a float tile product, as the tile kernel's).
-void prepare_cope(const attn::Dims& d, const PosData& pd, const std::vector<double>& x, float* qe) {
-  const I M = d.M, G = d.G, D = d.D;
-  std::vector<float> qf(ix(G * M * D));
-  for (I i = 0; i < M; ++i)
-    for (I g = 0; g < G; ++g)
-      for (I e = 0; e < D; ++e) qf[ix((g * M + i) * D + e)] = static_cast<float>(x[ix((i * G + g) * D + e)]);
-  attn_fast::tile_gemm(pd.gemm, attn_fast::GemmForm::kNT, G * M, pd.ncol, D, 1.f, qf.data(), D, pd.e.data(), D, qe, pd.ncol);
-}
-
-// Q [R, D] of (b, kh): q_i of head kh·G + g, rotated (rotary encodings; in double, as the reference)
-// and scaled, at row g·M + i; Qu (unless null): the same rows unscaled; xl: its Q and Ỹ (prepare_xl);
-// cope: qe [R, ncol] (prepare_cope).
-void prepare_q(const attn::Dims& d, const View& q, I b, I kh, const PosData& pd, float* Q, float* Qu, float* Yt,
-               float* qe) {
-  const I M = d.M, G = d.G, D = d.D;
-  std::vector<double> x(ix(M * G * D));  // [1, M, G, D]
-  std::vector<float> row(ix(M * D));       // head kh·G + g's M rows
-  for (I g = 0; g < G; ++g) {
-    attn_fast::load_rows(q, D, b, 0, M, kh * G + g, row.data());
-    for (I i = 0; i < M; ++i)
-      for (I e = 0; e < D; ++e) x[ix((i * G + g) * D + e)] = row[ix(i * D + e)];
-  }
-  if (d.rotary) {  // (rope2d mixed's keys, rotated in the task, carry no scale: its plan's a is 1)
-    const I A = static_cast<I>(d.q_ids.size()) / (d.B * M);
-    const std::vector<I> ids(d.q_ids.begin() + b * A * M, d.q_ids.begin() + (b + 1) * A * M);
-    rotary::rotate_ref(d.rot, &x, 1, M, G, D, ids, +1, +1, kh * G);
-  }
-  if (pd.X) return prepare_xl(d, pd, kh, x, Q, Qu, Yt);
-  if (pd.npos) prepare_cope(d, pd, x, qe);
-  for (I i = 0; i < M; ++i)
-    for (I g = 0; g < G; ++g)
-      for (I e = 0; e < D; ++e) {
-        const double xe = x[ix((i * G + g) * D + e)];
-        Q[(g * M + i) * D + e] = static_cast<float>(d.scale * xe);
-        if (Qu) Qu[(g * M + i) * D + e] = static_cast<float>(xe);
-      }
-}
 
 // The bfloat16 rate of a call as decode_impl::Task::dp: 1 VDPBF16PS, 2 its emulation, 0 none.
 int bf16_rate(const AttentionParams& p, const attn::Dims& d, DType dt) {
@@ -403,6 +141,73 @@ int threads_for(const attn::Dims& d) {
   return d.B * d.Hkv * d.N * d.D < fast::kParallelMin ? 1 : std::max(1, num_threads());
 }
 
+namespace {
+
+// Each row's visible keys [lo, hi), row r = g·M + i of kv head kh at kh·R + r: causal, or
+// nonsymmetric ALiBi's halves (the first half of the heads the past, the second the future).
+void visible_keys(const AttentionParams& p, const attn::Dims& d, std::vector<I>* lo, std::vector<I>* hi) {
+  const I G = d.G, M = d.M, N = d.N, R = G * M;
+  lo->assign(ix(d.Hkv * R), 0);
+  hi->assign(ix(d.Hkv * R), 0);
+  const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;
+  for (I kh = 0; kh < d.Hkv; ++kh)
+    for (I r = 0; r < R; ++r) {
+      const I h = kh * G + r / M, qp = d.q_off + r % M;
+      const bool past = p.causal || (nonsym && h < d.Hq / 2), fut = nonsym && h >= d.Hq / 2;
+      (*lo)[ix(kh * R + r)] = fut ? std::clamp<I>(qp - d.k_off, 0, N) : 0;
+      (*hi)[ix(kh * R + r)] = past ? std::clamp<I>(qp - d.k_off + 1, 0, N) : N;
+    }
+}
+
+// A task's finished row (batch row b, row r of kv head kh: m = mr, l = lr, o unnormalised, normalised
+// in place) into out and lse. false where o comes out not finite.
+bool store_result(const attn::Dims& d, const View& out, const View& lse, I b, I kh, I r, float mr, float lr, float* o) {
+  const I D = d.D, h = kh * d.G + r / d.M, i = r % d.M;
+  bool finite = true;
+  double ls = -HUGE_VAL;
+  if (lr > 0) {
+    const float inv = 1.f / lr;
+    for (I e = 0; e < D; ++e) {
+      o[e] *= inv;
+      if (!std::isfinite(o[e])) finite = false;
+    }
+    ls = static_cast<double>(mr) + std::log(static_cast<double>(lr));
+  } else {
+    std::fill(o, o + D, 0.f);
+  }
+  attn_fast::store_row(out, D, b, i, h, o);
+  if (lse.present())
+    static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
+  return finite;
+}
+
+// The P parts of each batch row's keys (parts: task b·P + part's m, l [HR] and o [HR, D]) merged in
+// part order and stored. false where a row comes out not finite.
+bool merge_parts(const attn::Dims& d, const View& out, const View& lse, I P, const std::vector<float>& parts) {
+  const I D = d.D, R = d.G * d.M, HR = d.Hkv * R, per = HR * (D + 2);
+  bool finite = true;
+  std::vector<float> o(ix(D));
+  for (I b = 0; b < d.B; ++b)
+    for (I x = 0; x < HR; ++x) {
+      float mx = -HUGE_VALF, l = 0;
+      for (I pt = 0; pt < P; ++pt) mx = std::max(mx, parts[ix((b * P + pt) * per + x)]);
+      std::fill(o.begin(), o.end(), 0.f);
+      if (mx > -HUGE_VALF)
+        for (I pt = 0; pt < P; ++pt) {
+          const float* res = &parts[ix((b * P + pt) * per)];
+          if (res[x] == -HUGE_VALF) continue;
+          const float c = std::exp(res[x] - mx);
+          l += res[HR + x] * c;
+          const float* op = res + 2 * HR + x * D;
+          for (I e = 0; e < D; ++e) o[ix(e)] += op[e] * c;
+        }
+      if (!store_result(d, out, lse, b, x / R, x % R, mx, l, o.data())) finite = false;
+    }
+  return finite;
+}
+
+}  // namespace
+
 bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v,
              const EncodingTensors& t, const View& out, const View& lse, int threads) {
   const I B = d.B, M = d.M, N = d.N, G = d.G, D = d.D, Hkv = d.Hkv, R = G * M;
@@ -413,16 +218,8 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   const bool mixed = d.rotary && d.rot.per_head();  // rope2d mixed: the tables of the keys' rotations
   const std::shared_ptr<const decode_impl::MixedData> md = mixed ? decode_impl::mixed_tables(d, threads) : nullptr;
   const int dp = bf16_rate(p, d, q.dtype);
-  // visible keys per row r = g·M + i (and head): causal / nonsymmetric ALiBi's halves
-  std::vector<I> lo(ix(Hkv * R)), hi(ix(Hkv * R));
-  const bool nonsym = p.encoding == Encoding::kAlibi && p.alibi.variant == AlibiVariant::kNonsymmetric;
-  for (I kh = 0; kh < Hkv; ++kh)
-    for (I r = 0; r < R; ++r) {
-      const I h = kh * G + r / M, qp = d.q_off + r % M;
-      const bool past = p.causal || (nonsym && h < d.Hq / 2), fut = nonsym && h >= d.Hq / 2;
-      lo[ix(kh * R + r)] = fut ? std::clamp<I>(qp - d.k_off, 0, N) : 0;
-      hi[ix(kh * R + r)] = past ? std::clamp<I>(qp - d.k_off + 1, 0, N) : N;
-    }
+  std::vector<I> lo, hi;
+  visible_keys(p, d, &lo, &hi);
   // tasks: (batch row, key part); a row's keys are split in P parts when there are fewer rows than
   // threads (flash-decoding)
   I P = 1;
@@ -432,24 +229,6 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
   std::atomic<bool> bad{false};
   const std::size_t esz = dtype_size(q.dtype);
   const int th = static_cast<int>(std::min<I>(threads, tasks));
-  // a task's finished rows (o normalised in place) into out and lse
-  const auto store = [&](I b, I kh, I r, float mr, float lr, float* o) {
-    const I h = kh * G + r / M, i = r % M;
-    double ls = -HUGE_VAL;
-    if (lr > 0) {
-      const float inv = 1.f / lr;
-      for (I e = 0; e < D; ++e) {
-        o[e] *= inv;
-        if (!std::isfinite(o[e])) bad = true;
-      }
-      ls = static_cast<double>(mr) + std::log(static_cast<double>(lr));
-    } else {
-      std::fill(o, o + D, 0.f);
-    }
-    attn_fast::store_row(out, D, b, i, h, o);
-    if (lse.present())
-      static_cast<double*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]] = ls;
-  };
 #pragma omp parallel num_threads(th) if (th > 1)
   {
     std::vector<float> scratch(ix(decode_impl::scratch_floats(Hkv, D, R, X, mixed))), Q(ix(HR * D)), Yt(ix(HR * X));
@@ -481,31 +260,12 @@ bool forward(const AttentionParams& p, const attn::Dims& d, const View& q, const
         continue;
       }
       if (P == 1)
-        for (I x = 0; x < HR; ++x) store(b, x / R, x % R, res[x], res[HR + x], res + 2 * HR + x * D);
+        for (I x = 0; x < HR; ++x)
+          if (!store_result(d, out, lse, b, x / R, x % R, res[x], res[HR + x], res + 2 * HR + x * D)) bad = true;
     }
   }
   if (bad) return false;
-  if (P > 1) {  // merge the parts of each batch row, in part order
-    std::vector<float> o(ix(D));
-    for (I b = 0; b < B; ++b)
-      for (I x = 0; x < HR; ++x) {
-        float mx = -HUGE_VALF, l = 0;
-        for (I pt = 0; pt < P; ++pt) mx = std::max(mx, parts[ix((b * P + pt) * per + x)]);
-        std::fill(o.begin(), o.end(), 0.f);
-        if (mx > -HUGE_VALF)
-          for (I pt = 0; pt < P; ++pt) {
-            const float* res = &parts[ix((b * P + pt) * per)];
-            if (res[x] == -HUGE_VALF) continue;
-            const float c = std::exp(res[x] - mx);
-            l += res[HR + x] * c;
-            const float* op = res + 2 * HR + x * D;
-            for (I e = 0; e < D; ++e) o[ix(e)] += op[e] * c;
-          }
-        store(b, x / R, x % R, mx, l, o.data());
-      }
-    if (bad) return false;
-  }
-  return true;
+  return P == 1 || merge_parts(d, out, lse, P, parts);
 }
 
 Status attention_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
