@@ -45,108 +45,128 @@ const std::vector<double>& passkey_depths() {
   return d;
 }
 
+namespace {
+
+// An example being written: its bytes, and whether each is predicted and counted.
+struct Sequence {
+  std::string s;
+  std::vector<bool> scored;
+  void put(char c, bool score) {
+    s.push_back(c);
+    scored.push_back(score);
+  }
+  I size() const { return I(s.size()); }
+};
+
+// Copy: the first half repeated after a bar.
+void copy(Gen& g, I n, Sequence* q) {
+  const I k = (n - 1) / 2;
+  std::string x;
+  for (I i = 0; i < k; ++i) x.push_back(char('a' + g.below(8)));
+  for (char c : x) q->put(c, false);
+  q->put('|', false);
+  for (char c : x) q->put(c, true);
+}
+
+// FlipFlop: writes, ignores and reads of one bit; a read scores the last bit written.
+void flip_flop(Gen& g, I n, Sequence* q) {
+  char bit = '0';
+  bool read = false;
+  for (I i = 0; q->size() + 2 <= n; ++i) {
+    const I u = g.below(10);
+    const bool last = q->size() + 4 > n;
+    char op = i == 0 || u == 0 ? 'w' : u == 1 ? 'r' : 'i';
+    if (i > 0 && last && !read) op = 'r';  // every example has a read to score
+    read = read || op == 'r';
+    if (op == 'r') {
+      q->put('r', false);
+      q->put(bit, true);
+    } else {
+      const char b = char('0' + g.below(2));
+      if (op == 'w') bit = b;
+      q->put(op, false);
+      q->put(b, false);
+    }
+  }
+}
+
+// Counting: runs of a and b, each followed by ? and its count of a modulo 10.
+void counting(Gen& g, I n, Sequence* q) {
+  while (q->size() < n) {
+    const I m = 4 + g.below(9);
+    int count = 0;
+    for (I i = 0; i < m; ++i) {
+      const bool a = g.below(2) == 0;
+      count += a;
+      q->put(a ? 'a' : 'b', false);
+    }
+    q->put('?', false);
+    q->put(char('0' + count % 10), true);
+  }
+}
+
+// SelectiveCopy: letters scattered among dots, then copied in order after a bar.
+void selective_copy(Gen& g, I n, Sequence* q) {
+  const I k = std::max<I>(1, n / 8), body = n - 1 - k;
+  std::vector<bool> is_data(std::size_t(body), false);
+  for (I placed = 0; placed < k;) {
+    const I at = g.below(body);
+    if (!is_data[std::size_t(at)]) is_data[std::size_t(at)] = true, ++placed;
+  }
+  std::string data;
+  for (I i = 0; i < body; ++i) {
+    if (is_data[std::size_t(i)]) {
+      data.push_back(char('A' + g.below(8)));
+      q->put(data.back(), false);
+    } else {
+      q->put('.', false);
+    }
+  }
+  q->put('|', false);
+  for (char c : data) q->put(c, true);
+}
+
+// Passkey: a key hidden in filler text at a depth, asked for at the end.
+Status passkey(Gen& g, I n, std::optional<double> depth, Sequence* q) {
+  std::string key;
+  for (int i = 0; i < 5; ++i) key.push_back(char('0' + g.below(10)));
+  const std::string tail = "K?" + key, needle = "K=" + key + " ";
+  const I filler = n - I(tail.size()) - I(needle.size());
+  if (filler < 0) return Status::Invalid("train-len", "passkey needs sequences of at least 15 bytes");
+  const std::string grass = "The grass is green. The sky is blue. ";
+  const I at = depth ? I(std::llround(*depth * double(filler))) : g.below(filler + 1);
+  for (I i = 0; i < filler; ++i) {
+    if (i == at)
+      for (char c : needle) q->put(c, false);
+    q->put(grass[std::size_t(i) % grass.size()], false);
+  }
+  if (at == filler)
+    for (char c : needle) q->put(c, false);
+  for (std::size_t i = 0; i < tail.size(); ++i) q->put(tail[i], i >= 2);
+  return Status::Ok();
+}
+}  // namespace
+
 Status make_example(Task task, I len, std::mt19937_64& rng, std::int32_t* tokens, std::int32_t* targets,
                     std::optional<double> depth) {
   if (len < 16) return Status::Invalid("train-len", "tasks need sequences of at least 16 bytes");
   if (depth && task != Task::kPasskey) return Status::Invalid("depth", "only passkey places its key at a depth");
   if (depth && !(*depth >= 0 && *depth <= 1)) return Status::Invalid("depth", "expected a fraction in [0, 1]");
   Gen g{rng};
-  std::string s;
-  std::vector<bool> scored;  // scored[i]: s[i] is predicted and counted
-  const auto put = [&](char c, bool score) {
-    s.push_back(c);
-    scored.push_back(score);
-  };
+  Sequence q;
   const I n = len + 1;
   switch (task) {
-    case Task::kCopy: {
-      const I k = (n - 1) / 2;
-      std::string x;
-      for (I i = 0; i < k; ++i) x.push_back(char('a' + g.below(8)));
-      for (char c : x) put(c, false);
-      put('|', false);
-      for (char c : x) put(c, true);
-      break;
-    }
-    case Task::kFlipFlop: {
-      char bit = '0';
-      bool read = false;
-      for (I i = 0; I(s.size()) + 2 <= n; ++i) {
-        const I u = g.below(10);
-        const bool last = I(s.size()) + 4 > n;
-        char op = i == 0 || u == 0 ? 'w' : u == 1 ? 'r' : 'i';
-        if (i > 0 && last && !read) op = 'r';  // every example has a read to score
-        read = read || op == 'r';
-        if (op == 'r') {
-          put('r', false);
-          put(bit, true);
-        } else {
-          const char b = char('0' + g.below(2));
-          if (op == 'w') bit = b;
-          put(op, false);
-          put(b, false);
-        }
-      }
-      break;
-    }
-    case Task::kCounting: {
-      while (I(s.size()) < n) {
-        const I m = 4 + g.below(9);
-        int count = 0;
-        for (I i = 0; i < m; ++i) {
-          const bool a = g.below(2) == 0;
-          count += a;
-          put(a ? 'a' : 'b', false);
-        }
-        put('?', false);
-        put(char('0' + count % 10), true);
-      }
-      break;
-    }
-    case Task::kSelectiveCopy: {
-      const I k = std::max<I>(1, n / 8), body = n - 1 - k;
-      std::vector<bool> is_data(std::size_t(body), false);
-      for (I placed = 0; placed < k;) {
-        const I at = g.below(body);
-        if (!is_data[std::size_t(at)]) is_data[std::size_t(at)] = true, ++placed;
-      }
-      std::string data;
-      for (I i = 0; i < body; ++i) {
-        if (is_data[std::size_t(i)]) {
-          data.push_back(char('A' + g.below(8)));
-          put(data.back(), false);
-        } else {
-          put('.', false);
-        }
-      }
-      put('|', false);
-      for (char c : data) put(c, true);
-      break;
-    }
-    case Task::kPasskey: {
-      std::string key;
-      for (int i = 0; i < 5; ++i) key.push_back(char('0' + g.below(10)));
-      const std::string tail = "K?" + key, needle = "K=" + key + " ";
-      const I filler = n - I(tail.size()) - I(needle.size());
-      if (filler < 0) return Status::Invalid("train-len", "passkey needs sequences of at least 15 bytes");
-      const std::string grass = "The grass is green. The sky is blue. ";
-      const I at = depth ? I(std::llround(*depth * double(filler))) : g.below(filler + 1);
-      for (I i = 0; i < filler; ++i) {
-        if (i == at)
-          for (char c : needle) put(c, false);
-        put(grass[std::size_t(i) % grass.size()], false);
-      }
-      if (at == filler)
-        for (char c : needle) put(c, false);
-      for (std::size_t i = 0; i < tail.size(); ++i) put(tail[i], i >= 2);
-      break;
-    }
+    case Task::kCopy: copy(g, n, &q); break;
+    case Task::kFlipFlop: flip_flop(g, n, &q); break;
+    case Task::kCounting: counting(g, n, &q); break;
+    case Task::kSelectiveCopy: selective_copy(g, n, &q); break;
+    case Task::kPasskey: POSENC_RETURN_IF_ERROR(passkey(g, n, depth, &q)); break;
   }
-  while (I(s.size()) < n) put(' ', false);  // flip-flop / counting may stop a byte or two short
-  s.resize(std::size_t(n));
+  while (q.size() < n) q.put(' ', false);  // flip-flop / counting may stop a byte or two short
+  q.s.resize(std::size_t(n));
   for (I i = 0; i < len; ++i) {
-    tokens[i] = static_cast<unsigned char>(s[std::size_t(i)]);
-    targets[i] = scored[std::size_t(i + 1)] ? static_cast<unsigned char>(s[std::size_t(i + 1)]) : -1;
+    tokens[i] = static_cast<unsigned char>(q.s[std::size_t(i)]);
+    targets[i] = q.scored[std::size_t(i + 1)] ? static_cast<unsigned char>(q.s[std::size_t(i + 1)]) : -1;
   }
   return Status::Ok();
 }
