@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <tuple>
 
 #include "attention/attention_fused.h"
@@ -50,43 +51,10 @@ struct SgemmAttention {
   double flops() const { return 4.0 * kHeads * static_cast<double>(L) * static_cast<double>(L) * kHeadDim; }
 };
 
-}  // namespace
-
-std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool backward, int threads,
-                                            bool mixed) {
-  auto a = std::make_shared<AttnProblem>();
-  a->p.encoding = enc;
-  a->p.causal = true;
-  const std::vector<I> shape = {1, L, kHeads, kHeadDim};
-  const std::size_t bytes = ix(numel(shape)) * dtype_size(dt);
-  std::uint32_t seed = 1;
-  auto big = [&](bool random) {
-    auto m = std::make_shared<Mem>(bytes, threads);
-    a->mem.push_back(m);
-    const View v = View::contiguous(m->data(), dt, shape);
-    if (random) fill_all(v, seed++);
-    a->io_bytes += static_cast<double>(bytes);
-    return v;
-  };
-  auto small = [&](std::vector<I> s, bool random, double amp) {
-    a->small.emplace_back(ix(numel(s)), 0.f);
-    const View v = View::contiguous(a->small.back().data(), DType::kF32, s);
-    if (random) fill_all(v, seed++, amp);
-    a->io_bytes += static_cast<double>(v.numel()) * 4;
-    return v;
-  };
-  a->small.reserve(16);  // views point into these vectors: no reallocation
-  a->q = big(true);
-  a->k = big(true);
-  a->v = big(true);
-  if (backward) {
-    a->dout = big(true);
-    a->dq = big(false);
-    a->dk = big(false);
-    a->dv = big(false);
-  } else {
-    a->out = big(false);
-  }
+// The encoding's tensors of a bench attention problem (and their gradients' buffers when backward),
+// from small(shape, random, amplitude); rope2d and mrope: the token positions, in a->qpos.
+void encoding_tensors(AttnProblem* a, Encoding enc, I L, bool backward, bool mixed,
+                      const std::function<View(std::vector<I>, bool, double)>& small) {
   switch (enc) {
     case Encoding::kT5:
       a->t.weights = small({kT5Buckets, kHeads}, true, 1.0);
@@ -180,6 +148,46 @@ std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool ba
     default:
       break;  // nope, rope, xpos, alibi (symmetric, slopes by the paper's rule), sandwich: no tensors
   }
+}
+
+}  // namespace
+
+std::shared_ptr<AttnProblem> make_attention(Encoding enc, I L, DType dt, bool backward, int threads,
+                                            bool mixed) {
+  auto a = std::make_shared<AttnProblem>();
+  a->p.encoding = enc;
+  a->p.causal = true;
+  const std::vector<I> shape = {1, L, kHeads, kHeadDim};
+  const std::size_t bytes = ix(numel(shape)) * dtype_size(dt);
+  std::uint32_t seed = 1;
+  auto big = [&](bool random) {
+    auto m = std::make_shared<Mem>(bytes, threads);
+    a->mem.push_back(m);
+    const View v = View::contiguous(m->data(), dt, shape);
+    if (random) fill_all(v, seed++);
+    a->io_bytes += static_cast<double>(bytes);
+    return v;
+  };
+  auto small = [&](std::vector<I> s, bool random, double amp) {
+    a->small.emplace_back(ix(numel(s)), 0.f);
+    const View v = View::contiguous(a->small.back().data(), DType::kF32, s);
+    if (random) fill_all(v, seed++, amp);
+    a->io_bytes += static_cast<double>(v.numel()) * 4;
+    return v;
+  };
+  a->small.reserve(16);  // views point into these vectors: no reallocation
+  a->q = big(true);
+  a->k = big(true);
+  a->v = big(true);
+  if (backward) {
+    a->dout = big(true);
+    a->dq = big(false);
+    a->dk = big(false);
+    a->dv = big(false);
+  } else {
+    a->out = big(false);
+  }
+  encoding_tensors(a.get(), enc, L, backward, mixed, small);
   return a;
 }
 
