@@ -167,7 +167,7 @@ POSENC_BF16_RATE HWY_INLINE void Unpermute(__m512 lo, __m512 hi, __m512* first, 
 
 // o_r[e, e + 32·NC) += Σ_j p_r[j]·V_j over n keys for NR rows (p_r: bfloat16 at P + r·ldp, a 0 after
 // an odd n; o_r = o + r·ldo; V_j = V + j·vld; w ≤ 32·NC elements from e, even), two keys a product;
-// step() after every four keys.
+// step() after every PVStepKeys(2) keys.
 template <int NR, int NC, bool kNative, class Step>
 POSENC_BF16_RATE HWY_INLINE void AddPVChunks(const std::uint16_t* P, I ldp, const std::uint16_t* V, I vld, I n, I e, I w,
                                              float* o, I ldo, Step& step) {
@@ -177,6 +177,7 @@ POSENC_BF16_RATE HWY_INLINE void AddPVChunks(const std::uint16_t* P, I ldp, cons
     const I left = std::clamp<I>(w - 32 * c, 0, 32);
     m[c] = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << left) - 1u);
   }
+  const I mask = decode_kernels::PVStepKeys(2) - 1;
   __m512 acc[NR][2 * NC];
   HWY_UNROLL(4)
   for (int r = 0; r < NR; ++r)
@@ -200,7 +201,7 @@ POSENC_BF16_RATE HWY_INLINE void AddPVChunks(const std::uint16_t* P, I ldp, cons
       HWY_UNROLL(4)
       for (int c = 0; c < 2 * NC; ++c) acc[r][c] = Dot2<kNative>(acc[r][c], p, x[c]);
     }
-    if (j % 4 == 2) step();
+    if ((j & mask) == mask - 1) step();
   }
   HWY_UNROLL(4)
   for (int r = 0; r < NR; ++r)

@@ -131,14 +131,26 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
   for (I j = 0; j < n; j += 4) Logits4<NR>(Q, ldq, K + j * kld, kld, std::min<I>(4, n - j), D, S + j, lds);
 }
 
+// Keys per prefetch step of a P·V pass, for V elements of `bytes`: four; on AMD CPUs eight of 16-bit V
+// (about as many bytes of V a step as four of float32), measured faster there (docs/performance.md).
+inline I PVStepKeys(std::size_t bytes) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  static const bool amd = __builtin_cpu_is("amd");
+#else
+  static const bool amd = false;
+#endif
+  return amd && bytes == 2 ? 8 : 4;
+}
+
 // o_r[e, e + NC·L) += Σ_j p_r[j]·V_j[e, e + NC·L) for NR rows (p_r = p + r·ldp, o_r = o + r·ldo) and
-// n keys (V_j = V + j·vld); step() after every four keys (the caller's prefetch).
+// n keys (V_j = V + j·vld); step() after every PVStepKeys(sizeof(T)) keys (the caller's prefetch).
 template <int NR, int NC, class T, class Step>
 HWY_INLINE void AddPVChunks(const float* HWY_RESTRICT p, I ldp, const T* HWY_RESTRICT V, I vld, I n, I e,
                             float* HWY_RESTRICT o, I ldo, Step& step) {
   const hn::ScalableTag<float> d;
   using Vf = hn::Vec<decltype(d)>;
   const I L = static_cast<I>(hn::Lanes(d));
+  const I mask = PVStepKeys(sizeof(T)) - 1;
   Vf acc[NR][NC];
   POSENC_UNROLL
   for (int r = 0; r < NR; ++r)
@@ -154,7 +166,7 @@ HWY_INLINE void AddPVChunks(const float* HWY_RESTRICT p, I ldp, const T* HWY_RES
       POSENC_UNROLL
       for (int c = 0; c < NC; ++c) acc[r][c] = hn::MulAdd(pr, v[c], acc[r][c]);
     }
-    if ((j & 3) == 3) step();
+    if ((j & mask) == mask) step();
   }
   POSENC_UNROLL
   for (int r = 0; r < NR; ++r)
@@ -169,7 +181,7 @@ HWY_INLINE I PVPasses(I D) {
 }
 
 // o_r [D] += Σ_j p_r[j]·V_j for NR rows and n keys: kChunks vectors of D at a time, then one, then
-// the tail; step() after every four keys of each pass (PVPasses(D) passes).
+// the tail; step() after every PVStepKeys(sizeof(T)) keys of each pass (PVPasses(D) passes).
 template <int NR, class T, class Step>
 HWY_INLINE void AddPV(const float* HWY_RESTRICT p, I ldp, const T* HWY_RESTRICT V, I vld, I n, I D,
                       float* HWY_RESTRICT o, I ldo, Step& step) {

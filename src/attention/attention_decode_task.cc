@@ -300,12 +300,13 @@ class TaskRun {
   }
 
  private:
-  // The next block's prefetch, a step per Logits4 call and per four keys of each AddPV pass (rope2d
-  // mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than spread over
-  // the block; spread faster on Intel: docs/performance.md), and one per xl part. Returns the block's
+  // The next block's prefetch, a step per Logits4 call and per PVStepKeys keys of each AddPV pass
+  // (rope2d mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than
+  // spread over the block; spread faster on Intel: docs/performance.md), and one per xl part. Returns the block's
   // xl parts (keys [a, e) of block [c0, c1) seen).
   I Prefetch(I c0, I c1, I a, I e) {
-    const I groups = H_ * ((e - a + 3) / 4) * RowGroups(t_), pv = groups * decode_kernels::PVPasses(D_);
+    const I groups = H_ * ((e - a + 3) / 4) * RowGroups(t_);
+    const I pv = groups * decode_kernels::PVPasses(D_) * 4 / decode_kernels::PVStepKeys(sizeof(T));
     const I calls = !t_.mixed || MixedSpread() ? groups + pv : 0;
     const I xl_parts = X_ ? (e - a + kXlPart - 1) / kXlPart : 0;
     if (rev_) ahead_.Start(std::max(t_.j0, c0 - nb_), c0, calls + xl_parts);
