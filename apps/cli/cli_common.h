@@ -198,10 +198,8 @@ T5Params t5_params(const ParamFlags& f);
 SinusoidalParams sinusoidal_params(const ParamFlags& f);
 KerpleParams kerple_params(const ParamFlags& f);
 SandwichParams sandwich_params(const ParamFlags& f);
-FireTensors fire_tensors(const ParamFlags& f);  // the six tensors (absent when not given)
-FireTensors fire_grads(const ParamFlags& f);    // their --grad-* outputs (absent unless asked for)
-EncodingTensors encoding_tensors(const ParamFlags& f);
-EncodingGrads encoding_grads(const ParamFlags& f);
+EncodingTensors encoding_tensors(const ParamFlags& f);  // the bound encoding's tensors given (others absent)
+EncodingGrads encoding_grads(const ParamFlags& f);      // their --grad-* outputs asked for (others absent)
 
 // ---- subcommands ------------------------------------------------------------------------------
 struct Command {

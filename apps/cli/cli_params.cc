@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "cli/cli_common.h"
+#include "core/param_text.h"
 
 namespace posenc::cli {
 
@@ -192,23 +193,24 @@ SandwichParams sandwich_params(const ParamFlags& f) {
 
 namespace {
 
-// FIRE's six tensors, each read through `get` (ParamFlags::view or ParamFlags::grad_view).
-FireTensors fire_views(const ParamFlags& f, View (ParamFlags::*get)(const std::string&) const) {
-  FireTensors t;
-  t.w1 = (f.*get)("mlp-w1");
-  t.b1 = (f.*get)("mlp-b1");
-  t.w2 = (f.*get)("mlp-w2");
-  t.b2 = (f.*get)("mlp-b2");
-  t.c = (f.*get)("c");
-  t.threshold = (f.*get)("threshold");
-  return t;
+// The bound encoding's tensors, each read through `get` (ParamFlags::view or grad_view) into the
+// slot the library names for it (`slot`: text::encoding_tensor or encoding_grad, the C ABI's too).
+// RoPE's lists, tensor-typed flags that are parameters rather than tensors, have no slot.
+template <class Set>
+Set tensor_set(const ParamFlags& f, View (ParamFlags::*get)(const std::string&) const,
+               Expected<View*> (*slot)(Encoding, Set*, const std::string&)) {
+  Set set;
+  for (const ParamSpec& spec : f.enc().params) {
+    if (spec.type != "tensor") continue;
+    const View v = (f.*get)(spec.name);
+    if (!v.present()) continue;
+    const Expected<View*> at = slot(f.enc().id, &set, spec.name);
+    if (at.ok()) **at = v;
+  }
+  return set;
 }
 
 }  // namespace
-
-FireTensors fire_tensors(const ParamFlags& f) { return fire_views(f, &ParamFlags::view); }
-
-FireTensors fire_grads(const ParamFlags& f) { return fire_views(f, &ParamFlags::grad_view); }
 
 SinusoidalParams sinusoidal_params(const ParamFlags& f) {
   SinusoidalParams p;
@@ -217,32 +219,11 @@ SinusoidalParams sinusoidal_params(const ParamFlags& f) {
 }
 
 EncodingTensors encoding_tensors(const ParamFlags& f) {
-  EncodingTensors t;
-  t.slopes = f.view("slopes");
-  t.weights = f.view("weights");
-  t.u = f.view("u");
-  t.v = f.view("v-bias");
-  t.rel_proj = f.view("rel-proj");
-  t.table = f.view("table");
-  t.r1 = f.view("r1");
-  t.r2 = f.view("r2");
-  t.fire = fire_tensors(f);
-  t.freqs = f.view("freqs");
-  return t;
+  return tensor_set<EncodingTensors>(f, &ParamFlags::view, &posenc::text::encoding_tensor);
 }
 
 EncodingGrads encoding_grads(const ParamFlags& f) {
-  EncodingGrads g;
-  g.weights = f.grad_view("weights");
-  g.u = f.grad_view("u");
-  g.v = f.grad_view("v-bias");
-  g.rel_proj = f.grad_view("rel-proj");
-  g.table = f.grad_view("table");
-  g.r1 = f.grad_view("r1");
-  g.r2 = f.grad_view("r2");
-  g.fire = fire_grads(f);
-  g.freqs = f.grad_view("freqs");
-  return g;
+  return tensor_set<EncodingGrads>(f, &ParamFlags::grad_view, &posenc::text::encoding_grad);
 }
 
 }  // namespace posenc::cli

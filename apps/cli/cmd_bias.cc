@@ -104,9 +104,9 @@ void compute_bias(BiasState& st, const EncodingInfo& e, const BiasCall& c, const
       check_lib(sandwich_bias(c.sandwich, g, out), names);
       break;
     case Encoding::kFire:
-      check_lib(fire_bias(FireParams{}, g, fire_tensors(st.params), out), names);
+      check_lib(fire_bias(FireParams{}, g, encoding_tensors(st.params).fire, out), names);
       if (dbias.present())
-        check_lib(fire_bias_backward(FireParams{}, g, fire_tensors(st.params), dbias, fire_grads(st.params)),
+        check_lib(fire_bias_backward(FireParams{}, g, encoding_tensors(st.params).fire, dbias, encoding_grads(st.params).fire),
                   names);
       break;
     default:

@@ -44,14 +44,12 @@
 namespace posenc {
 namespace {
 
-using I = std::int64_t;
-inline std::size_t ix(I i) { return static_cast<std::size_t>(i); }
-
 template <typename T> constexpr DType kDType = DType::kF32;
 template <> constexpr DType kDType<double> = DType::kF64;
 
 using study_ops::gemm;
-using study_ops::kLnEps;
+using study_ops::I;
+using study_ops::ix;
 using study_ops::linear;
 using study_ops::linear_backward;
 using study_ops::Ops;

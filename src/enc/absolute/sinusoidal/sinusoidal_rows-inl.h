@@ -29,7 +29,6 @@ using sinus_fast::kReanchor;
 using sinus_fast::kRows;
 using sinus_fast::kRun;
 
-
 // y[0, n) = x[0, n) + pe[0, n) (x null: y = pe). kStream: non-temporal stores from the first
 // aligned element on.
 template <bool kStream, typename T>
