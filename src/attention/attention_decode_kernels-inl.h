@@ -21,6 +21,7 @@
 
 #include <hwy/highway.h>
 
+#include "core/fast_common.h"
 #include "core/simd-inl.h"
 
 #ifndef POSENC_UNROLL  // loops over arrays of vectors unrolled whole, so that the arrays stay in registers
@@ -133,14 +134,7 @@ HWY_INLINE void LogitRows(const float* HWY_RESTRICT Q, I ldq, const T* HWY_RESTR
 
 // Keys per prefetch step of a P·V pass, for V elements of `bytes`: four; on AMD CPUs eight of 16-bit V
 // (about as many bytes of V a step as four of float32), measured faster there (docs/performance.md).
-inline I PVStepKeys(std::size_t bytes) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  static const bool amd = __builtin_cpu_is("amd");
-#else
-  static const bool amd = false;
-#endif
-  return amd && bytes == 2 ? 8 : 4;
-}
+inline I PVStepKeys(std::size_t bytes) { return fast::amd_cpu() && bytes == 2 ? 8 : 4; }
 
 // o_r[e, e + NC·L) += Σ_j p_r[j]·V_j[e, e + NC·L) for NR rows (p_r = p + r·ldp, o_r = o + r·ldo) and
 // n keys (V_j = V + j·vld); step() after every PVStepKeys(sizeof(T)) keys (the caller's prefetch).

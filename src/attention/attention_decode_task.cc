@@ -213,15 +213,8 @@ void CopeCarry(const decode_impl::Task& t, float* S, float* g, double* count) {
 constexpr I kXlPart = 16;
 
 // rope2d mixed: whether the next block's prefetch is spread over the block's MixedLogits4 calls
-// (else issued at the block's end); once per process.
-inline bool MixedSpread() {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  static const bool spread = !__builtin_cpu_is("amd");
-#else
-  static const bool spread = true;
-#endif
-  return spread;
-}
+// (else issued at the block's end).
+inline bool MixedSpread() { return !fast::amd_cpu(); }
 // The row groups of a kv head that read each key: one Logits4 (rope2d mixed: MixedLogits4) call per
 // group and four keys, and one AddPV, as RunTask blocks the rows (the groups kRows rows at a time).
 inline I RowGroups(const decode_impl::Task& t) {

@@ -30,6 +30,7 @@
 #include <cpuid.h>
 #endif
 
+#include "core/fast_common.h"
 #include "attention/tile_gemm.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -299,7 +300,7 @@ attn_fast::TileBlocks blocks_for_cpu() {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   if (__builtin_cpu_is("intel")) return attn_fast::TileBlocks::kWide;
   unsigned a = 0, b = 0, c = 0, d = 0;  // AMD: the family from CPUID leaf 1 (base + extended)
-  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return attn_fast::TileBlocks::kNarrow;
+  if (!fast::amd_cpu() || !__get_cpuid(1, &a, &b, &c, &d)) return attn_fast::TileBlocks::kNarrow;
   const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
   // Zen 5 and later: see kHasWide
   return family >= 0x1A ? attn_fast::TileBlocks::kWide : attn_fast::TileBlocks::kNarrow;

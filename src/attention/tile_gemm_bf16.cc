@@ -1,6 +1,7 @@
 // The bfloat16-pair kernels (tile_gemm_bf16.h): two copies of tile_gemm_bf16-inl.h, one with
 // VDPBF16PS and one emulating it on AVX-512F; the AMX products; each function compiled for its
 // target by attribute (so nothing else of the library needs AVX-512 or AMX); the CPUID checks.
+#include "core/fast_common.h"
 #include "attention/tile_gemm_bf16.h"
 
 #include <hwy/base.h>
@@ -276,11 +277,10 @@ bool cpu_has_amx_bf16() {
 
 const Bf16Ops* bf16_ops() {
 #if POSENC_HAVE_BF16_KERNELS
-  static const bool amd = __builtin_cpu_is("amd");
   switch (mode.load(std::memory_order_relaxed)) {
     case Bf16Mode::kAuto:
       if (cpu_has_amx_bf16()) return &kAmx;
-      return amd && cpu_has_avx512_bf16() ? &kNative : nullptr;
+      return fast::amd_cpu() && cpu_has_avx512_bf16() ? &kNative : nullptr;
     case Bf16Mode::kAmx: return cpu_has_amx_bf16() ? &kAmx : nullptr;
     case Bf16Mode::kVdpbf16: return cpu_has_avx512_bf16() ? &kNative : nullptr;
     case Bf16Mode::kEmulated: {

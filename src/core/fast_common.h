@@ -64,6 +64,17 @@ inline std::int64_t max_abs(const std::vector<std::int64_t>& v) {
   return m;
 }
 
+// Whether this is an AMD CPU (x86 GCC and Clang builds; false elsewhere): where a measured choice
+// differs between AMD's and Intel's CPUs (docs/performance.md). Once per process.
+inline bool amd_cpu() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+#else
+  return false;
+#endif
+}
+
 // Below this many elements a call stays on the calling thread.
 constexpr std::int64_t kParallelMin = std::int64_t{1} << 15;
 inline int threads_for(std::int64_t elements) {
