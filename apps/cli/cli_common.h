@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/npy.h"
+#include "cli/output_set.h"
 #include "posenc/posenc.h"
 #include "study/study.h"
 

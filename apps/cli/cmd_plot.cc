@@ -234,7 +234,7 @@ void run_plot(const PlotState& st, const CLI::App& app) {
   Expected<std::string> png = draw_png(job);
   std::remove(job.png.c_str());
   check(png.status());
-  // written as every output is (cli/npy.h): replaced by a rename, a link's target, a device in place
+  // written as every output is (cli/output_set.h): replaced by a rename, a link's target, a device in place
   outs.attach_bytes("--out", std::move(png).value());
   check(outs.commit());
   std::printf("wrote %s\n", st.out.c_str());

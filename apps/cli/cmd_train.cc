@@ -5,7 +5,7 @@
 // PyTorch's rate too. --save writes the trained checkpoint, --init-out the initial one,
 // --dump-batches the token windows as an int32 .npy [steps, batch, len + 1]: what an independent
 // implementation needs to replay the same run (scripts/train_speed.py, tests/e2e/test_train_torch.py).
-// The three are written together once training has succeeded (cli/npy.h's OutputSet), none otherwise.
+// The three are written together once training has succeeded (cli/output_set.h), none otherwise.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
-#include "cli/npy.h"
+#include "cli/output_set.h"
 #include "study/study.h"
 #include "posenc/threads.h"
 
