@@ -36,7 +36,7 @@ void Fused::bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Sc
 Panels Fused::key_panels(bool rate) const {
   constexpr I kPanelBytes = I{32} << 20;
   const I nkb = (d_.N + kBk - 1) / kBk, nqb = (d_.M + kBq - 1) / kBq, blocks = d_.B * d_.Hkv * nkb;
-  const bool pairs = rate && bf16_, wide = !pairs && !dir_k_ && !dir_v_;
+  const bool pairs = rate && bf16_, wide = !pairs;
   Panels pan;  // a single query row (M = 1) reads K's rows as they are (no tile product)
   if ((!pairs && !wide) || tk_ || (pairs && tq_) || d_.M < 2 || d_.G * nqb < 2 ||
       blocks * (wide ? wide_panel() : bf16_panel()) * 4 > kPanelBytes)
@@ -58,8 +58,8 @@ Panels Fused::key_panels(bool rate) const {
       const I nk = std::min(kBk, d_.N - j0), D = d_.D;
       if (wide) {
         float* dst = &pan.wide[ix(panel_at(b, kh, kb, wide_panel()))];
-        attn_fast::load_rows(k_, D, b, j0, nk, kh, tmp);
-        tr_(tmp, D, nk, D, dst, kLdt);
+        const Tile K = rows(k_, dir_k_, b, j0, nk, kh, tmp, nullptr, 0);  // float32 k in place
+        tr_(K.p, K.ld, nk, D, dst, kLdt);
         attn_fast::load_rows(v_, D, b, j0, nk, kh, dst + D * kLdt);
       } else {
         attn_fast::Pair* dst = &pan.bf16[ix(panel_at(b, kh, kb, bf16_panel()))];

@@ -109,8 +109,8 @@ struct Scratch {
 Scratch& thread_scratch();
 
 // The forward's key panels: every key block's Kᵀ and V packed once per call ([B, Hkv, key blocks]),
-// not once per query tile that reads it. bf16: as bfloat16 pairs for the bfloat16 rate; wide: 16-bit
-// k and v off that rate, widened to float32 once.
+// not once per query tile that reads it. bf16: as bfloat16 pairs for the bfloat16 rate; wide: as
+// float32 off that rate (16-bit k and v widened), V's rows D floats apart.
 struct Panels {
   std::vector<attn_fast::Pair> bf16;
   std::vector<float> wide;
