@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
+#include <utility>
 #include <cstdint>
 #include <vector>
 
@@ -112,8 +114,20 @@ Scratch& thread_scratch();
 // not once per query tile that reads it. bf16: as bfloat16 pairs for the bfloat16 rate; wide: as
 // float32 off that rate (16-bit k and v widened), V's rows D floats apart.
 struct Panels {
+  // Left unset when sized: key_panels writes every element a product reads.
+  template <class T>
+  struct Unset : std::allocator<T> {
+    template <class U>
+    struct rebind {
+      using other = Unset<U>;
+    };
+    template <class U>
+    void construct(U* p) { ::new (static_cast<void*>(p)) U; }
+    template <class U, class... A>
+    void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
+  };
   std::vector<attn_fast::Pair> bf16;
-  std::vector<float> wide;
+  std::vector<float, Unset<float>> wide;
 };
 
 // What a forward wrote, handed to the backward: out [B, M, Hq, D] and lse (float64 [B, Hq, M]).
