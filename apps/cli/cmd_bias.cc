@@ -103,12 +103,13 @@ void compute_bias(BiasState& st, const EncodingInfo& e, const BiasCall& c, const
     case Encoding::kSandwich:
       check_lib(sandwich_bias(c.sandwich, g, out), names);
       break;
-    case Encoding::kFire:
-      check_lib(fire_bias(FireParams{}, g, encoding_tensors(st.params).fire, out), names);
+    case Encoding::kFire: {
+      const FireTensors t = encoding_tensors(st.params).fire;
+      check_lib(fire_bias(FireParams{}, g, t, out), names);
       if (dbias.present())
-        check_lib(fire_bias_backward(FireParams{}, g, encoding_tensors(st.params).fire, dbias, encoding_grads(st.params).fire),
-                  names);
+        check_lib(fire_bias_backward(FireParams{}, g, t, dbias, encoding_grads(st.params).fire), names);
       break;
+    }
     default:
       fail(Status::Internal("posenc bias has no glue for " + e.name));
   }

@@ -19,7 +19,6 @@ constexpr std::int64_t kMaxBytes = std::int64_t{1} << 40;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-
 // ---- the header: a Python dict literal such as
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 struct Header {

@@ -68,7 +68,6 @@ Status write_temp(const std::string& dest, const std::string& shown, const std::
   return Status::Ok();
 }
 
-
 }  // namespace
 
 int probe_dir_errno(const std::string& dir) {

@@ -167,10 +167,9 @@ template <typename T>
 Model<T>::Model(const ModelConfig& c, std::uint64_t seed) : c_(c), layout_(param_layout(c)) {
   std::size_t n = 0;
   for (const ParamInfo& p : layout_) n = std::max(n, p.offset + p.size);
-  w_.assign(n, T(0));
-  g_.assign(n, T(0));
   const std::vector<double> init = initial_weights(c, layout_, n, seed);
-  for (std::size_t i = 0; i < n; ++i) w_[i] = T(init[i]);
+  w_.assign(init.begin(), init.end());  // each weight rounded once to T
+  g_.assign(n, T(0));
 }
 
 

@@ -11,9 +11,6 @@
 namespace posenc {
 namespace {
 
-using I = std::int64_t;
-std::size_t ix(I i) { return static_cast<std::size_t>(i); }
-
 // A deterministic N(0, 1) stream: mt19937_64 bits → uniforms in (0, 1) → Box–Muller.
 class Normal {
  public:
@@ -73,10 +70,10 @@ std::vector<double> initial_weights(const ModelConfig& c, const std::vector<Para
     if (ends("rope2d_freqs")) {
       // RoPE-Mixed's initialisation (rotary.h) with the heads' directions α_h = 2π(h + ½)/H spread
       // evenly (the authors draw them uniformly in [0, 2π)); magnitudes from theta = 10.
-      const I H = c.n_heads;
-      std::vector<double> angles(ix(H));
-      for (I h = 0; h < H; ++h) angles[ix(h)] = 2 * M_PI * (double(h) + 0.5) / double(H);
-      const Expected<std::vector<double>> f = rope2d_mixed_init(H, c.head_dim(), 10.0, angles);
+      std::vector<double> angles(static_cast<std::size_t>(c.n_heads));
+      for (std::size_t h = 0; h < angles.size(); ++h)
+        angles[h] = 2 * M_PI * (double(h) + 0.5) / double(angles.size());
+      const Expected<std::vector<double>> f = rope2d_mixed_init(c.n_heads, c.head_dim(), 10.0, angles);
       for (std::size_t i = 0; i < p.size && f.ok(); ++i) w[p.offset + i] = f.value()[i];
       continue;
     }

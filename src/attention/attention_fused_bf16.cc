@@ -38,27 +38,28 @@ Panels Fused::key_panels(bool rate) const {
   const I nkb = (d_.N + kBk - 1) / kBk, nqb = (d_.M + kBq - 1) / kBq, blocks = d_.B * d_.Hkv * nkb;
   const bool pairs = rate && bf16_, wide = !pairs;
   Panels pan;  // a single query row (M = 1) reads K's rows as they are (no tile product)
-  if ((!pairs && !wide) || tk_ || (pairs && tq_) || d_.M < 2 || d_.G * nqb < 2 ||
+  if (tk_ || (pairs && tq_) || d_.M < 2 || d_.G * nqb < 2 ||
       blocks * (wide ? wide_panel() : bf16_panel()) * 4 > kPanelBytes)
     return pan;
-  std::vector<float> rows_k;  // per thread: a key block's rows, widened
+  const bool widen = wide && !dir_k_;  // 16-bit k: a key block's rows widened first (float32: in place)
+  std::vector<float> rows_k;          // per thread
   try {
     if (wide) pan.wide.resize(ix(blocks * wide_panel()));
     else pan.bf16.resize(ix(blocks * bf16_panel()));
-    rows_k.resize(wide ? ix(threads_ * kBk * d_.D) : 0);
+    rows_k.resize(widen ? ix(threads_ * kBk * d_.D) : 0);
   } catch (const std::bad_alloc&) {
     return {};  // the per-tile packing needs no more memory
   }
 #pragma omp parallel num_threads(threads_) if (threads_ > 1)
   {
-    float* tmp = wide ? &rows_k[ix(omp_get_thread_num() * kBk * d_.D)] : nullptr;
+    float* tmp = widen ? &rows_k[ix(omp_get_thread_num() * kBk * d_.D)] : nullptr;
 #pragma omp for schedule(static)
     for (I t = 0; t < blocks; ++t) {
       const I kb = t % nkb, kh = (t / nkb) % d_.Hkv, b = t / (nkb * d_.Hkv), j0 = kb * kBk;
       const I nk = std::min(kBk, d_.N - j0), D = d_.D;
       if (wide) {
         float* dst = &pan.wide[ix(panel_at(b, kh, kb, wide_panel()))];
-        const Tile K = rows(k_, dir_k_, b, j0, nk, kh, tmp, nullptr, 0);  // float32 k in place
+        const Tile K = rows(k_, dir_k_, b, j0, nk, kh, tmp, nullptr, 0);
         tr_(K.p, K.ld, nk, D, dst, kLdt);
         attn_fast::load_rows(v_, D, b, j0, nk, kh, dst + D * kLdt);
       } else {

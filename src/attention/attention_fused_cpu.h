@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <memory>
 #include <utility>
-#include <cstdint>
 #include <vector>
 
 #include "attention/attention_check.h"
