@@ -126,7 +126,7 @@ struct Panels {
     template <class U, class... A>
     void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
   };
-  std::vector<attn_fast::Pair> bf16;
+  std::vector<attn_fast::Pair, Unset<attn_fast::Pair>> bf16;
   std::vector<float, Unset<float>> wide;
 };
 
