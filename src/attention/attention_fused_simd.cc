@@ -160,6 +160,8 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
     const float sum = ExpSub<true>(Si, n, mn);
     if (m[i] == -HUGE_VALF) {  // the row's first keys: o is still 0, l = 0
       l[i] = sum;
+    } else if (mn == m[i]) {  // the max held: the correction e⁰ = 1
+      l[i] += sum;
     } else {
       const float corr = std::exp(m[i] - mn);
       if (corr != 1.f) ScaleRow(o + i * D, ix(D), corr);
