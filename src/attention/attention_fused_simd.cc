@@ -142,32 +142,41 @@ bool BelowInf(const float* HWY_RESTRICT x, std::size_t n) {
 // last one reads the row again, where it would be taken for wholly masked).
 void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                  float* HWY_RESTRICT o, I D, I band) {
-  for (I i = 0; i < nq; ++i) {
-    float* Si = S + i * attn_fast::kBk;
-    const std::size_t n = ix(attn_fast::band_reach(i, band, nk));
-    const float rm = RowMax(Si, n);
-    if (std::isnan(m[i]) || std::isnan(rm) || rm == HUGE_VALF) {
-      m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
-      ZeroRow(Si, n);
-      continue;
+  // The row maxima of a chunk of rows first, then their exponentials: a row's exp pass waits on its
+  // max's reduction, and with the passes apart the rows' reductions overlap one another.
+  constexpr I kChunk = 32;
+  float rms[kChunk];
+  for (I c0 = 0; c0 < nq; c0 += kChunk) {
+    const I nc = std::min(kChunk, nq - c0);
+    for (I t = 0; t < nc; ++t)
+      rms[t] = RowMax(S + (c0 + t) * attn_fast::kBk, ix(attn_fast::band_reach(c0 + t, band, nk)));
+    for (I i = c0; i < c0 + nc; ++i) {
+      float* Si = S + i * attn_fast::kBk;
+      const std::size_t n = ix(attn_fast::band_reach(i, band, nk));
+      const float rm = rms[i - c0];
+      if (std::isnan(m[i]) || std::isnan(rm) || rm == HUGE_VALF) {
+        m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
+        ZeroRow(Si, n);
+        continue;
+      }
+      const float mn = std::max(m[i], rm);
+      if (mn == -HUGE_VALF) {  // no key yet, unless the −inf row max dropped a NaN
+        if (!BelowInf(Si, n)) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
+        ZeroRow(Si, n);
+        continue;
+      }
+      const float sum = ExpSub<true>(Si, n, mn);
+      if (m[i] == -HUGE_VALF) {  // the row's first keys: o is still 0, l = 0
+        l[i] = sum;
+      } else if (mn == m[i]) {  // the max held: the correction e⁰ = 1
+        l[i] += sum;
+      } else {
+        const float corr = std::exp(m[i] - mn);
+        if (corr != 1.f) ScaleRow(o + i * D, ix(D), corr);
+        l[i] = l[i] * corr + sum;
+      }
+      m[i] = mn;
     }
-    const float mn = std::max(m[i], rm);
-    if (mn == -HUGE_VALF) {  // no key yet, unless the −inf row max dropped a NaN
-      if (!BelowInf(Si, n)) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
-      ZeroRow(Si, n);
-      continue;
-    }
-    const float sum = ExpSub<true>(Si, n, mn);
-    if (m[i] == -HUGE_VALF) {  // the row's first keys: o is still 0, l = 0
-      l[i] = sum;
-    } else if (mn == m[i]) {  // the max held: the correction e⁰ = 1
-      l[i] += sum;
-    } else {
-      const float corr = std::exp(m[i] - mn);
-      if (corr != 1.f) ScaleRow(o + i * D, ix(D), corr);
-      l[i] = l[i] * corr + sum;
-    }
-    m[i] = mn;
   }
 }
 
