@@ -46,8 +46,23 @@ HWY_INLINE float ExpSub(float* HWY_RESTRICT x, std::size_t n, float mx) {
   const hn::ScalableTag<float> d;
   const std::size_t L = hn::Lanes(d);
   const auto vm = hn::Set(d, mx);
-  auto s = hn::Zero(d);
+  auto s = hn::Zero(d), s1 = hn::Zero(d);
   std::size_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) {  // four vectors at a time: their long chains interleaved
+    const auto e0 = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    const auto e1 = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i + L), vm));
+    const auto e2 = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i + 2 * L), vm));
+    const auto e3 = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i + 3 * L), vm));
+    hn::StoreU(e0, d, x + i);
+    hn::StoreU(e1, d, x + i + L);
+    hn::StoreU(e2, d, x + i + 2 * L);
+    hn::StoreU(e3, d, x + i + 3 * L);
+    if (kSum) {
+      s = hn::Add(s, hn::Add(e0, e1));
+      s1 = hn::Add(s1, hn::Add(e2, e3));
+    }
+  }
+  if (kSum) s = hn::Add(s, s1);
   for (; i + L <= n; i += L) {
     const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i), vm));
     hn::StoreU(e, d, x + i);
