@@ -702,10 +702,10 @@ TEST(AttentionNaNMore, FinitenessScan) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
-// The pass over a whole k or v [B, L, H, D] (all_finite) on every layout it walks differently:
-// contiguous, tokens of H·D floats inside a wider row (a packed q|k|v buffer), heads apart, and a
-// strided last dimension; a NaN or ±inf at every element is found, and nothing outside the view is read
-// (the padding holds NaN).
+// The pass over a whole k or v [B, L, H, D] (all_finite) on every layout it walks differently, in
+// float32, bfloat16 and float16: contiguous, tokens of H·D values inside a wider row (a packed q|k|v
+// buffer), heads apart, and a strided last dimension; a NaN or ±inf at every element is found, and
+// nothing outside the view is read (the padding holds NaN).
 TEST(AttentionNaNMore, FinitenessOfAView) {
   const I B = 2, L = 3, H = 2, D = 9;  // H·D = 18: a vector and a tail on every target
   struct Layout {
@@ -721,27 +721,58 @@ TEST(AttentionNaNMore, FinitenessOfAView) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     const attn_fast::Simd sd = attn_fast::simd();
-    for (const Layout& lay : layouts) {
-      const I extent = (B - 1) * lay.strides[0] + (L - 1) * lay.strides[1] + (H - 1) * lay.strides[2] +
-                       (D - 1) * lay.strides[3] + 1;
-      std::vector<float> buf(static_cast<std::size_t>(extent), std::numeric_limits<float>::quiet_NaN());
-      View x;
-      x.data = buf.data();
-      x.dtype = DType::kF32;
-      x.ndim = 4;
-      x.shape = {B, L, H, D};
-      for (std::size_t i = 0; i < 4; ++i) x.strides[i] = lay.strides[i];
-      for (I e = 0; e < x.numel(); ++e) x.set(e, static_cast<double>(e % 7) - 3.0);
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (const Layout& lay : layouts) {
+        const I extent = (B - 1) * lay.strides[0] + (L - 1) * lay.strides[1] + (H - 1) * lay.strides[2] +
+                         (D - 1) * lay.strides[3] + 1;
+        std::vector<float> buf(static_cast<std::size_t>(extent));  // room for 16-bit values too
+        View x;
+        x.data = buf.data();
+        x.dtype = dt;
+        x.ndim = 4;
+        x.shape = {B, L, H, D};
+        for (std::size_t i = 0; i < 4; ++i) x.strides[i] = lay.strides[i];
+        View all = View::contiguous(buf.data(), dt, {extent});
+        for (I e = 0; e < extent; ++e) all.set(e, std::numeric_limits<double>::quiet_NaN());
+        for (I e = 0; e < x.numel(); ++e) x.set(e, static_cast<double>(e % 7) - 3.0);
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + dtype_name(dt) + " " + lay.name +
+                       " threads " + std::to_string(threads));
+          EXPECT_TRUE(attn_fast::all_finite(sd, x, threads));
+          for (I e = 0; e < x.numel(); ++e)
+            for (float bad : bads) {
+              const double keep = x.get(e);
+              x.set(e, bad);
+              EXPECT_FALSE(attn_fast::all_finite(sd, x, threads)) << e << " " << bad;
+              x.set(e, keep);
+            }
+        }
+      }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// A contiguous 16-bit view long enough to be cut into pieces over the threads: a bad value at either
+// side of a piece's edge, or at the very end, is found.
+TEST(AttentionNaNMore, FinitenessOfALong16BitView) {
+  const I L = 4000, H = 2, D = 20;  // 160000 values: three pieces of 2^16
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    std::vector<std::uint16_t> buf(static_cast<std::size_t>(L * H * D));
+    const View x = View::contiguous(buf.data(), dt, {1, L, H, D});
+    for (I e = 0; e < x.numel(); ++e) x.set(e, 0.5);
+    const I at[] = {0, (I{1} << 16) - 1, I{1} << 16, x.numel() - 1};
+    for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      const attn_fast::Simd sd = attn_fast::simd();
       for (int threads : {1, 2}) {
-        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + lay.name + " threads " +
+        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + dtype_name(dt) + " threads " +
                      std::to_string(threads));
         EXPECT_TRUE(attn_fast::all_finite(sd, x, threads));
-        for (I e = 0; e < x.numel(); ++e)
-          for (float bad : bads) {
-            const double keep = x.get(e);
+        for (I e : at)
+          for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
             x.set(e, bad);
-            EXPECT_FALSE(attn_fast::all_finite(sd, x, threads)) << e << " " << bad;
-            x.set(e, keep);
+            EXPECT_FALSE(attn_fast::all_finite(sd, x, threads)) << e;
+            x.set(e, 0.5);
           }
       }
     }

@@ -195,6 +195,22 @@ void SoftmaxStep(float* HWY_RESTRICT S, I nq, I nk, float* HWY_RESTRICT m, float
   }
 }
 
+// Whether no x[0, n) has every bit of em set (16-bit floats, em their exponent field: ±inf, NaN).
+bool Finite16(const std::uint16_t* HWY_RESTRICT x, std::size_t n, std::uint16_t em) {
+  const hn::ScalableTag<std::uint16_t> d;
+  const std::size_t L = hn::Lanes(d);
+  const auto vem = hn::Set(d, em);
+  auto bad = hn::Zero(d);  // lanes where some x had every bit of em
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto v = hn::LoadU(d, x + i);
+    bad = hn::Or(bad, hn::VecFromMask(d, hn::Eq(hn::And(v, vem), vem)));
+  }
+  bool ok = hn::AllTrue(d, hn::Eq(bad, hn::Zero(d)));
+  for (; i < n; ++i) ok = ok && (x[i] & em) != em;
+  return ok;
+}
+
 // Whether `rows` runs of n floats, run r at x + r·stride, hold no NaN or ±inf: the largest |x| as
 // bits below those of +inf, one reduction for all of them.
 bool AllFiniteRows(const float* HWY_RESTRICT x, std::size_t n, std::size_t rows, std::size_t stride) {
@@ -217,7 +233,7 @@ bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) { return AllFiniteRow
 
 attn_fast::Simd GetSimd() {
   return attn_fast::Simd{&ExpRows, &ScaleRow, &AddTo,    &DsRow,        &Dot,
-                         &SoftmaxStep, &AllFinite, &AllFiniteRows, &BelowInf};
+                         &SoftmaxStep, &AllFinite, &AllFiniteRows, &BelowInf, &Finite16};
 }
 
 // c, s [n, half] = sc·cos, sc·sin of the angles ang [n, half] (formed in double by the caller from

@@ -85,6 +85,8 @@ struct Simd {
   // the same over `rows` runs of n floats, run r at x + r·stride
   bool (*finite_rows)(const float* x, std::size_t n, std::size_t rows, std::size_t stride);
   bool (*below_inf)(const float* x, std::size_t n);  // every x < +inf: no NaN, no +inf (−inf passes)
+  // whether no x[0, n) has all the bits of em set (16-bit floats: em the exponent field, ±inf and NaN)
+  bool (*finite16)(const std::uint16_t* x, std::size_t n, std::uint16_t em);
 };
 
 // The best target's helpers on this CPU (attention_fused_simd.cc); a kernel fetches them once per call.
@@ -287,6 +289,14 @@ inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
   }
   bool ok = true;
   const int th = rows * D > (I{1} << 16) ? threads : 1;
+  if (x.dtype != DType::kF32 && x.is_contiguous()) {  // 16-bit, one run, in pieces over the threads
+    const auto* p = static_cast<const std::uint16_t*>(x.data);
+    const std::uint16_t em = x.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
+    const I n = rows * D, piece = I{1} << 16, np = (n + piece - 1) / piece;
+#pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
+    for (I c = 0; c < np; ++c) ok = ok && sd.finite16(p + c * piece, ix(std::min(piece, n - c * piece)), em);
+    return ok;
+  }
   if (x.dtype == DType::kF32 && s3 == 1 && x.strides[2] == D) {  // each token's H·D floats one run
     // one call per batch and chunk of ~2^16 floats' tokens, the chunks over the threads
     const I per = std::max<I>(1, (I{1} << 16) / (H * D)), nc = (L + per - 1) / per;
