@@ -426,6 +426,45 @@ TEST_P(FastAttentionBf16Rate, ForwardMatchesReference) {
     }
 }
 
+// At the rate the products read bfloat16 q's pairs in place where its rows allow it (unit inner
+// stride, 4-byte aligned rows), else rows copied first: the same bits either way, for q contiguous,
+// q one element off 4-byte alignment, and q with an odd row stride.
+TEST(FastAttentionBf16RatePath, QReadInPlaceOrCopiedGivesTheSameBits) {
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kEmulated);
+  if (!attn_fast::bf16_ops()) {
+    attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+    GTEST_SKIP() << "this CPU has no AVX-512";
+  }
+  const I M = 200, H = 2, D = 64;
+  Problem pr(variants()[0], {1, M, M, H, 1, D}, true, 100);
+  Tensor k(DType::kBF16, randn(ix(M * D), 2), pr.kshape());
+  Tensor v(DType::kBF16, randn(ix(M * D), 3), pr.kshape());
+  const Vec qv = randn(ix(M * H * D), 1);
+  std::vector<bf16> buf(ix(M * (H * D + 1) + 1));
+  std::vector<std::vector<bf16>> outs;
+  for (int layout = 0; layout < 3; ++layout) {  // contiguous, off alignment, odd row stride
+    const I ld = layout == 2 ? H * D + 1 : H * D;
+    bf16* q0 = buf.data() + (layout == 1 ? 1 : 0);
+    for (I i = 0; i < M; ++i)
+      for (I e = 0; e < H * D; ++e) q0[i * ld + e] = to_bf16(static_cast<float>(qv[ix(i * H * D + e)]));
+    View q;
+    q.data = q0;
+    q.dtype = DType::kBF16;
+    q.ndim = 4;
+    q.shape = {1, M, H, D};
+    q.strides = {M * ld, ld, D, 1};
+    std::vector<bf16> out(ix(M * H * D));
+    const Status st = fused::attention_forward(pr.p, q, k.view(), v.view(), pr.tensors(),
+                                               View::contiguous(out.data(), DType::kBF16, {1, M, H, D}));
+    ASSERT_TRUE(st.ok()) << st.message();
+    outs.push_back(out);
+  }
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+  for (int layout = 1; layout < 3; ++layout)
+    for (std::size_t e = 0; e < outs[0].size(); ++e)
+      ASSERT_EQ(outs[ix(layout)][e].bits, outs[0][e].bits) << "layout " << layout << " element " << e;
+}
+
 // The emulated mode does take the rate path: P rounded to bfloat16 changes out's bits against the
 // float32 products' (kOff) at a size the tiles see.
 TEST(FastAttentionBf16RatePath, EmulatedModeRoundsP) {

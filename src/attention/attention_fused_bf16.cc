@@ -6,8 +6,8 @@
 
 namespace posenc::fused_cpu {
 
-void Fused::bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Scratch* w, float* o,
-                       const attn_fast::Pair* panel) const {
+void Fused::bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, const attn_fast::Pair* qp, I ldq,
+                       Scratch* w, float* o, const attn_fast::Pair* panel) const {
   const I D = d_.D, kh = h / d_.G;
   float* S = w->s.data();
   float* m = w->ml.data();
@@ -23,8 +23,8 @@ void Fused::bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Sc
   if (tq_ || tk_) {
     logits(h, q0, nq, j0, nk, Q, rows(k_, dir_k_, b, j0, nk, kh, w->k.data(), tk_, h), w);
   } else {
-    bf16_->gemm(attn_fast::Bf16Form::kScores, nq, nk, D / 2, static_cast<float>(d_.scale), w->qb.data(), D / 2, kt,
-                kLdt, S, kBk, bd);
+    bf16_->gemm(attn_fast::Bf16Form::kScores, nq, nk, D / 2, static_cast<float>(d_.scale), qp, ldq, kt, kLdt, S,
+                kBk, bd);
     finish_logits(h, q0, nq, nk, (d_.k_off + j0) - (d_.q_off + q0), bd, S, w->diag.data());
   }
   if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);

@@ -278,8 +278,17 @@ class Fused {
   // (docs/attention.md); the softmax stays float32. Under a rotary encoding the logits stay the
   // float32 tile product of the rotated rows (rounded to bfloat16, those moved lse past its 1e-4).
   // panel: the key block's packed Kᵀ and V (key_panels), or null: packed here.
-  void bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, Scratch* w, float* o,
-                  const attn_fast::Pair* panel) const;
+  // qp: Q as pairs, rows ldq pairs apart (bfloat16 q in place, or w->qb).
+  void bf16_block(I b, I h, I q0, I nq, I j0, I nk, I bd, const Tile& Q, const attn_fast::Pair* qp, I ldq,
+                  Scratch* w, float* o, const attn_fast::Pair* panel) const;
+  // Row `row` of (b, head h) of bfloat16 q as pairs read in place where q's rows allow it (unit inner
+  // stride, every row 4-byte aligned), else null.
+  const attn_fast::Pair* q_pairs(I b, I row, I h) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(q_.data);
+    if (q_.strides[3] != 1 || at % 4 != 0 || q_.strides[0] % 2 != 0 || q_.strides[1] % 2 != 0 || q_.strides[2] % 2 != 0)
+      return nullptr;
+    return reinterpret_cast<const attn_fast::Pair*>(row_at(q_, b, row, h));
+  }
 
   // Keys [j0, j0 + nk) of (b, kv head kh) as pairs transposed, Kᵀ [D/2, kLdt]; their values as row
   // pairs, V [kBk/2, D] (tile_gemm_bf16.h).

@@ -147,9 +147,15 @@ void Fused::finish_logits(I h, I q0, I nq, I nk, I base, I bd, float* S, float* 
 void Fused::forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* lse, bool careful_v,
                           bool rate_ok, const Panels* panels) const {
   const I D = d_.D, kh = h / d_.G;
-  const Tile Q = rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
   const bool rate = rate_ok && bf16_ && !careful_v && nq > 1;
-  if (rate && !tq_) bf16_->round_rows(Q.p, Q.ld, nq, D, w->qb.data(), D / 2);  // exact: q is bfloat16
+  // at the rate without a rotary encoding the products read q's pairs in place, else rows made here
+  const attn_fast::Pair* qp = rate && !tq_ && !tk_ ? q_pairs(b, q0, h) : nullptr;
+  I ldq = qp ? q_.strides[1] / 2 : D / 2;
+  const Tile Q = qp ? Tile{nullptr, D} : rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
+  if (rate && !tq_ && !qp) {
+    bf16_->round_rows(Q.p, Q.ld, nq, D, w->qb.data(), D / 2);  // exact: q is bfloat16
+    qp = w->qb.data();
+  }
   const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;
   I jlo = 0, jhi = d_.N;
   if (past_only(h)) jhi = std::clamp<I>(qp_max - d_.k_off + 1, 0, d_.N);
@@ -165,7 +171,7 @@ void Fused::forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* ls
     const I bd = band(h, (d_.k_off + j0) - qp_min);
     const bool whole = panels && j0 % kBk == 0;  // a key block of the panels
     if (rate) {
-      bf16_block(b, h, q0, nq, j0, nk, bd, Q, w, o,
+      bf16_block(b, h, q0, nq, j0, nk, bd, Q, qp, ldq, w, o,
                  whole && !panels->bf16.empty() ? &panels->bf16[ix(panel_at(b, kh, j0 / kBk, bf16_panel()))]
                                                 : nullptr);
       continue;
