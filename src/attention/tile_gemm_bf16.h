@@ -38,7 +38,7 @@ struct Bf16Ops {
 };
 
 // kAuto: AMX where the CPU has AMX-BF16, else VDPBF16PS on AMD CPUs with AVX512_BF16 (on Zen 5,
-// ~1.55× the float32 attention forward and backward), else none: on an Intel CPU with AMX the
+// 1.59× the float32 attention forward, 1.55× its backward), else none: on an Intel CPU with AMX the
 // VDPBF16PS kernel measured slower than the float32 products (docs/performance.md).
 // kOff: none. kAmx, kVdpbf16: that kernel where the CPU has it, else none. kEmulated: the VDPBF16PS
 // kernels with each pair product as two float32 multiply-adds (any AVX-512 CPU), for tests.
