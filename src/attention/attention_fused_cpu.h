@@ -285,8 +285,8 @@ class Fused {
   // stride, every row 4-byte aligned), else null.
   const attn_fast::Pair* q_pairs(I b, I row, I h) const {
     const auto at = reinterpret_cast<std::uintptr_t>(q_.data);
-    if (q_.strides[3] != 1 || at % 4 != 0 || q_.strides[0] % 2 != 0 || q_.strides[1] % 2 != 0 || q_.strides[2] % 2 != 0)
-      return nullptr;
+    const bool even = q_.strides[0] % 2 == 0 && q_.strides[1] % 2 == 0 && q_.strides[2] % 2 == 0;
+    if (q_.strides[3] != 1 || at % 4 != 0 || !even) return nullptr;
     return reinterpret_cast<const attn_fast::Pair*>(row_at(q_, b, row, h));
   }
 

@@ -148,12 +148,14 @@ void Fused::forward_block(I b, I h, I q0, I nq, Scratch* w, float* o, double* ls
                           bool rate_ok, const Panels* panels) const {
   const I D = d_.D, kh = h / d_.G;
   const bool rate = rate_ok && bf16_ && !careful_v && nq > 1;
-  // at the rate without a rotary encoding the products read q's pairs in place, else rows made here
-  const attn_fast::Pair* qp = rate && !tq_ && !tk_ ? q_pairs(b, q0, h) : nullptr;
-  I ldq = qp ? q_.strides[1] / 2 : D / 2;
+  // at the rate without a rotary encoding the products read Q as pairs: q's own where its rows allow,
+  // else rows rounded here (exact: q is bfloat16); under one, the float32 rows (bf16_block)
+  const bool pair_q = rate && !tq_ && !tk_;
+  const attn_fast::Pair* qp = pair_q ? q_pairs(b, q0, h) : nullptr;
+  const I ldq = qp ? q_.strides[1] / 2 : D / 2;
   const Tile Q = qp ? Tile{nullptr, D} : rows(q_, dir_q_, b, q0, nq, h, w->q.data(), tq_, h);
-  if (rate && !tq_ && !qp) {
-    bf16_->round_rows(Q.p, Q.ld, nq, D, w->qb.data(), D / 2);  // exact: q is bfloat16
+  if (pair_q && !qp) {
+    bf16_->round_rows(Q.p, Q.ld, nq, D, w->qb.data(), D / 2);
     qp = w->qb.data();
   }
   const I qp_min = d_.q_off + q0, qp_max = qp_min + nq - 1;

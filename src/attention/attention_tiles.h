@@ -289,9 +289,9 @@ inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
   }
   bool ok = true;
   const int th = rows * D > (I{1} << 16) ? threads : 1;
+  const std::uint16_t em = x.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;  // 16-bit: the exponent field
   if (x.dtype != DType::kF32 && x.is_contiguous()) {  // 16-bit, one run, in pieces over the threads
     const auto* p = static_cast<const std::uint16_t*>(x.data);
-    const std::uint16_t em = x.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
     const I n = rows * D, piece = I{1} << 16, np = (n + piece - 1) / piece;
 #pragma omp parallel for num_threads(th) schedule(static) reduction(&& : ok) if (th > 1)
     for (I c = 0; c < np; ++c) ok = ok && sd.finite16(p + c * piece, ix(std::min(piece, n - c * piece)), em);
@@ -322,7 +322,6 @@ inline bool all_finite(const Simd& sd, const View& x, int threads = 1) {
       }
     } else {  // the exponent field all ones: ±inf or NaN
       const std::uint16_t* y = static_cast<const std::uint16_t*>(x.data) + off;
-      const std::uint16_t em = x.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
       for (I e = 0; e < D && ok; ++e) ok = (y[e * s3] & em) != em;
     }
   }

@@ -414,7 +414,7 @@ HWY_INLINE hn::Vec<D> ExpTaylor(D d, hn::Vec<D> r, hn::Vec<D> acc = hn::Vec<D>()
 // 1.5·2²³ (one rounding, to nearest even) is an integer whose low bits are n, so nf = t − 1.5·2²³
 // and n·2²³ = t's bits shifted left by 23, with no float-to-integer conversion (valid for
 // |x·log₂e| < 2²²: every x the result keeps). Below −86 (e^x < 5·10⁻³⁸, where 2ⁿ·e^r could leave the
-// normal range), at −∞ and for NaN the result is 0. About 14 instructions a vector; within 2 ulp of
+// normal range), at −∞ and for NaN the result is 0. About 15 instructions a vector; within 2 ulp of
 // e^x (tested on every target).
 template <class D>
 HWY_INLINE hn::Vec<D> ExpSoftmax(D d, hn::Vec<D> x) {
