@@ -18,6 +18,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/attention_decode.h"
@@ -240,18 +241,19 @@ TEST(FastCope, TwoThreads) {
 }
 
 // Every SIMD target compiled and supported here, on shapes that run every tile path: three key
-// blocks, rows whose counts saturate (npos = 5: forward tiles wholly clamped, backward tiles left
-// of every j*) and rows that never clamp (npos = 300).
+// blocks, a whole query block and a partial one, rows whose counts saturate (npos = 5: forward
+// tiles wholly clamped, backward tiles left of every j*; causal, with masked keys in the diagonal
+// tiles, and not) and rows that never clamp (npos = 300).
 TEST(FastCope, EveryTarget) {
   set_num_threads(1);
   int n = 0;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
-    for (bool causal : {true, false}) {
+    for (const auto& [causal, npos] : {std::pair{true, 5}, std::pair{false, 300}, std::pair{false, 5}}) {
       ++n;
-      SCOPED_TRACE(std::string(hwy::TargetName(target)) + (causal ? " causal" : " full"));
-      Problem pr({1, 131, 260, 2, 1, 32}, causal, causal ? 5 : 300, DType::kF32, DType::kF32,
-                 1000 + n);
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + (causal ? " causal" : " full") + " npos " +
+                   std::to_string(npos));
+      Problem pr({1, 131, 260, 2, 1, 32}, causal, npos, DType::kF32, DType::kF32, 1000 + n);
       check(pr);
     }
   }

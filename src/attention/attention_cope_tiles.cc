@@ -64,7 +64,7 @@ HWY_INLINE V CopeForwardCounts(D d, const cope_fast::FwdTile& t, cope_fast::I c0
   V tk = hn::Zero(d), tr = hn::Zero(d);  // the tile's suffix sum of gates
   auto js = hn::LoadU(di, t.js + c0);
   V uk = hn::LoadU(d, t.uk + c0), ur = hn::LoadU(d, t.ur + c0);
-  V fcur = hn::Set(d, -1.f), qf = hn::Zero(d), qd = hn::Zero(d);
+  V fcur = hn::Set(d, -2.f), qf = hn::Zero(d), qc = hn::Zero(d), qd = hn::Zero(d);  // -2: no floor yet
   const I nk = t.nk, base = t.base, nq = t.nq, j0 = t.j0;
   const bool causal = t.causal;
   float* const at = t.at;
@@ -86,10 +86,14 @@ HWY_INLINE V CopeForwardCounts(D d, const cope_fast::FwdTile& t, cope_fast::I c0
     }
     const V f = hn::Min(hn::IfThenElse(uncl, K, topv), colv);
     const V w = hn::IfThenElseZero(uncl, r);
-    if (!hn::AllFalse(d, hn::Ne(f, fcur))) {
-      const V c = hn::Min(hn::Add(f, one), colv);
-      qf = hn::GatherIndex(d, qe, CopeIndex(d, di, f, rb));
-      qd = hn::Sub(hn::GatherIndex(d, qe, CopeIndex(d, di, c, rb)), qf);
+    const auto moved = hn::Ne(f, fcur);
+    if (!hn::AllFalse(d, moved)) {  // ⌊p⌋ moves by one key at a time: the old ceiling is the new floor
+      const auto up = hn::And(moved, hn::Eq(f, hn::Add(fcur, one)));
+      qf = hn::IfThenElse(up, qc, qf);
+      if (!hn::AllTrue(d, hn::Or(up, hn::Not(moved))))  // a jump: the tile's first key, a carried count
+        qf = hn::IfThenElse(hn::AndNot(up, moved), hn::GatherIndex(d, qe, CopeIndex(d, di, f, rb)), qf);
+      qc = hn::GatherIndex(d, qe, CopeIndex(d, di, hn::Min(hn::Add(f, one), colv), rb));
+      qd = hn::Sub(qc, qf);
       fcur = f;
     }
     const V lg = hn::Add(a, hn::MulAdd(w, qd, qf));
@@ -106,52 +110,141 @@ HWY_INLINE V CopeForwardCounts(D d, const cope_fast::FwdTile& t, cope_fast::I c0
   return mx;
 }
 
+// Vectors of lanes a forward step takes together, key row by key row (the tile's rows are 512 bytes
+// apart: a lane chunk walked down its column touches a cache line per key and only an eighth of the
+// L1's sets): the AVX-512 targets' 32 registers hold 8 vectors' max, sum and q·e_top, the others' 4.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kG = 8;
+#else
+constexpr int kG = 4;
+#endif
+
+// The forward's softmax step of the G lane chunks from c0 (their counts, where computed, already
+// added to the tile's logits, in mx the running max over them): every logit turned into
+// exp(logit − m_new), the running statistics updated. saturated: the tile holds a, the logit is
+// a + q·e_top, and max_j (a_j + q·e_top) = (max_j a_j) + q·e_top (the rounding of a sum is
+// monotone), so the logits are formed in the exponentials' pass. kMask: some lane or key masked.
+template <int G, bool kMask, class D, class V>
+HWY_INLINE void CopeForwardStep(D d, const cope_fast::FwdTile& t, cope_fast::I c0, V* mx) {
+  using cope_fast::I;
+  constexpr I kBq = attn_fast::kBq;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const V ninf = hn::Set(d, -HUGE_VALF), nqf = hn::Set(d, static_cast<float>(t.nq));
+  float* const at = t.at;
+  const I nk = t.nk;
+  const bool saturated = t.saturated;
+  const auto load = [&](I j, int g) {
+    const V x = hn::LoadU(d, at + j * kBq + c0 + g * L);
+    if constexpr (!kMask) return x;
+    const V iv = hn::Iota(d, static_cast<float>(c0 + g * L));
+    return hn::IfThenElse(CopeValid(d, iv, nqf, t.causal, j, t.base, t.nq), x, ninf);
+  };
+  V qt[G], mu[G], sum[G];
+  HWY_UNROLL(8)
+  for (int g = 0; g < G; ++g) qt[g] = saturated ? hn::LoadU(d, t.qetop + c0 + g * L) : hn::Zero(d);
+  if (saturated) {
+    V ma[G];
+    HWY_UNROLL(8)
+    for (int g = 0; g < G; ++g) ma[g] = ninf;
+    for (I j = 0; j < nk; ++j)
+      HWY_UNROLL(8)
+    for (int g = 0; g < G; ++g) ma[g] = hn::Max(ma[g], load(j, g));
+    HWY_UNROLL(8)
+    for (int g = 0; g < G; ++g) mx[g] = hn::Max(mx[g], hn::Add(ma[g], qt[g]));
+  }
+  // a row still without a key keeps m = −inf and gets P = 0
+  HWY_UNROLL(8)
+  for (int g = 0; g < G; ++g) mu[g] = hn::IfThenZeroElse(hn::Eq(mx[g], ninf), mx[g]), sum[g] = hn::Zero(d);
+  for (I j = 0; j < nk; ++j)
+    HWY_UNROLL(8)
+    for (int g = 0; g < G; ++g) {
+      float* x = at + j * kBq + c0 + g * L;
+      const V lg = saturated ? hn::Add(load(j, g), qt[g]) : hn::LoadU(d, x);
+      const V e = ExpSoftmax(d, hn::Sub(lg, mu[g]));
+      hn::StoreU(e, d, x);
+      sum[g] = hn::Add(sum[g], e);
+    }
+  HWY_UNROLL(8)
+  for (int g = 0; g < G; ++g) {
+    const I c = c0 + g * L;
+    const V corr = ExpSoftmax(d, hn::Sub(hn::LoadU(d, t.m + c), mu[g]));  // 0 while m was −inf
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, t.l + c), corr, sum[g]), d, t.l + c);
+    hn::StoreU(mx[g], d, t.m + c);
+    hn::StoreU(corr, d, t.corr + c);
+  }
+}
+
+// G lane chunks from c0: the counts where the tile needs them (a chunk at a time: they run down the
+// keys), then the softmax step.
+template <int G, bool kMask, class D>
+HWY_INLINE void CopeForwardChunks(D d, const cope_fast::FwdTile& t, cope_fast::I c0) {
+  using V = hn::Vec<D>;
+  const cope_fast::I L = static_cast<cope_fast::I>(hn::Lanes(d));
+  V mx[G];
+  HWY_UNROLL(8)
+  for (int g = 0; g < G; ++g) {
+    const cope_fast::I c = c0 + g * L;
+    mx[g] = hn::LoadU(d, t.m + c);
+    if (t.saturated) continue;
+    const V iv = hn::Iota(d, static_cast<float>(c));
+    mx[g] = t.track ? CopeForwardCounts<true>(d, t, c, iv, mx[g]) : CopeForwardCounts<false>(d, t, c, iv, mx[g]);
+  }
+  CopeForwardStep<G, kMask>(d, t, c0, mx);
+}
+
 void CopeForwardTile(const cope_fast::FwdTile& t) {
   using cope_fast::I;
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));  // divides Bq = 128 on every target
-  constexpr I kBq = attn_fast::kBq;
-  const auto ninf = hn::Set(d, -HUGE_VALF);
-  const auto nqf = hn::Set(d, static_cast<float>(t.nq));
-  for (I c0 = 0; c0 < t.nq; c0 += L) {
-    const auto iv = hn::Iota(d, static_cast<float>(c0));
-    auto mx = hn::LoadU(d, t.m + c0);
-    const auto mold = mx;
-    if (t.saturated) {
-      const auto qt = hn::LoadU(d, t.qetop + c0);
-      for (I j = 0; j < t.nk; ++j) {
-        float* row = t.at + j * kBq + c0;
-        const auto a = hn::IfThenElse(CopeValid(d, iv, nqf, t.causal, j, t.base, t.nq),
-                                      hn::LoadU(d, row), ninf);
-        const auto lg = hn::Add(a, qt);
-        hn::StoreU(lg, d, row);
-        mx = hn::Max(mx, lg);
-      }
-    } else if (t.track) {
-      mx = CopeForwardCounts<true>(d, t, c0, iv, mx);
-    } else {
-      mx = CopeForwardCounts<false>(d, t, c0, iv, mx);
-    }
-    // online softmax in the lanes; a row still without a key keeps m = −inf and gets P = 0
-    const auto mu = hn::IfThenZeroElse(hn::Eq(mx, ninf), mx);
-    auto sum = hn::Zero(d);
-    for (I j = 0; j < t.nk; ++j) {
-      float* row = t.at + j * kBq + c0;
-      const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, row), mu));
-      hn::StoreU(e, d, row);
-      sum = hn::Add(sum, e);
-    }
-    const auto corr = ExpSoftmax(d, hn::Sub(mold, mu));  // 0 while m was −inf
-    hn::StoreU(hn::MulAdd(hn::LoadU(d, t.l + c0), corr, sum), d, t.l + c0);
-    hn::StoreU(mx, d, t.m + c0);
-    hn::StoreU(corr, d, t.corr + c0);
-  }
+  const bool keys_masked = t.causal && t.base + t.nk - 1 > 0;  // (j, i) masked where i < j + base
+  I c0 = 0;
+  for (; c0 + kG * L <= t.nq; c0 += kG * L)
+    keys_masked ? CopeForwardChunks<kG, true>(d, t, c0) : CopeForwardChunks<kG, false>(d, t, c0);
+  for (; c0 < t.nq; c0 += L) CopeForwardChunks<1, true>(d, t, c0);
 }
 
 // C[idx] += acc lane by lane (the lanes are distinct rows, so the scatter never collides).
 template <class D, class V, class VI>
 HWY_INLINE void CopeScatterAdd(D d, float* c, VI idx, V acc) {
   hn::ScatterIndex(hn::Add(hn::GatherIndex(d, c, idx), acc), d, c, idx);
+}
+
+// The backward's step of G lane chunks from c0 in a clamped tile, key row by key row: P = exp(a +
+// q·e_top − lse), da = P·(dp − D), and Σ_j da per lane into ctop. kMask: some lane or key masked.
+template <int G, bool kMask, class D>
+HWY_INLINE void CopeBackwardClamped(D d, const cope_fast::BwdTile& t, cope_fast::I c0) {
+  using cope_fast::I;
+  using V = hn::Vec<D>;
+  constexpr I kBq = attn_fast::kBq;
+  const I L = static_cast<I>(hn::Lanes(d));
+  const V ninf = hn::Set(d, -HUGE_VALF), nqf = hn::Set(d, static_cast<float>(t.nq));
+  float* const at = t.at;
+  float* const dp = t.dp;
+  const I nk = t.nk;
+  V qt[G], lse[G], dd[G], ct[G];
+  HWY_UNROLL(8)
+  for (int g = 0; g < G; ++g) {
+    const I c = c0 + g * L;
+    qt[g] = hn::LoadU(d, t.qetop + c), lse[g] = hn::LoadU(d, t.lse + c), dd[g] = hn::LoadU(d, t.dd + c);
+    ct[g] = hn::Zero(d);
+  }
+  for (I j = 0; j < nk; ++j)
+    HWY_UNROLL(8)
+    for (int g = 0; g < G; ++g) {
+      float* ar = at + j * kBq + c0 + g * L;
+      float* dr = dp + j * kBq + c0 + g * L;
+      V a = hn::LoadU(d, ar);
+      if constexpr (kMask)
+        a = hn::IfThenElse(CopeValid(d, hn::Iota(d, static_cast<float>(c0 + g * L)), nqf, t.causal, j, t.base, t.nq),
+                           a, ninf);
+      const V P = ExpSoftmax(d, hn::Sub(hn::Add(a, qt[g]), lse[g]));
+      const V dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd[g]));
+      ct[g] = hn::Add(ct[g], dl);
+      hn::StoreU(P, d, ar);
+      hn::StoreU(dl, d, dr);
+    }
+  HWY_UNROLL(8)
+  for (int g = 0; g < G; ++g) hn::StoreU(ct[g], d, t.ctop + c0 + g * L);
 }
 
 void CopeBackwardTile(const cope_fast::BwdTile& t) {
@@ -166,27 +259,19 @@ void CopeBackwardTile(const cope_fast::BwdTile& t) {
   const auto nqf = hn::Set(d, static_cast<float>(t.nq));
   const I nk = t.nk, base = t.base, nq = t.nq, j0 = t.j0;
   const bool causal = t.causal;
+  if (t.clamped) {
+    constexpr int G = kG / 2;  // four vectors of state per chunk
+    const bool keys_masked = causal && base + nk - 1 > 0;
+    I c0 = 0;
+    for (; c0 + G * L <= nq; c0 += G * L)
+      keys_masked ? CopeBackwardClamped<G, true>(d, t, c0) : CopeBackwardClamped<G, false>(d, t, c0);
+    for (; c0 < nq; c0 += L) CopeBackwardClamped<1, true>(d, t, c0);
+    return;
+  }
   for (I c0 = 0; c0 < nq; c0 += L) {
     const auto iv = hn::Iota(d, static_cast<float>(c0));
     const auto lse = hn::LoadU(d, t.lse + c0);
     const auto dd = hn::LoadU(d, t.dd + c0);
-    if (t.clamped) {
-      const auto qt = hn::LoadU(d, t.qetop + c0);
-      auto ct = zero;
-      for (I j = 0; j < nk; ++j) {
-        float* ar = t.at + j * kBq + c0;
-        float* dr = t.dp + j * kBq + c0;
-        const auto a =
-            hn::IfThenElse(CopeValid(d, iv, nqf, causal, j, base, nq), hn::LoadU(d, ar), ninf);
-        const auto P = ExpSoftmax(d, hn::Sub(hn::Add(a, qt), lse));
-        const auto dl = hn::Mul(P, hn::Sub(hn::LoadU(d, dr), dd));
-        ct = hn::Add(ct, dl);
-        hn::StoreU(P, d, ar);
-        hn::StoreU(dl, d, dr);
-      }
-      hn::StoreU(ct, d, t.ctop + c0);
-      continue;
-    }
     const auto rb = hn::Sub(hn::LoadU(di, t.rowbase + c0), hn::Set(di, 0x4B000000));
     const auto js = hn::LoadU(di, t.js + c0);
     const auto bk = hn::LoadU(d, t.bk + c0), br = hn::LoadU(d, t.br + c0);
