@@ -265,9 +265,17 @@ class TaskRun {
     std::fill(l0_, l0_ + H_ * R_, 0.f);
     std::fill(o0_, o0_ + H_ * R_ * D_, 0.f);
     if (rev_) CopeCarry<T>(t_, S_, gb_, count_.data());
-    const I blocks = (t_.j1 - t_.j0 + nb_ - 1) / nb_;
-    for (I bi = 0; bi < blocks; ++bi) {
-      const I c0 = t_.j0 + (rev_ ? blocks - 1 - bi : bi) * nb_, c1 = std::min(t_.j1, c0 + nb_);
+    // blocks [b0, b1) still to walk: cope from the last while some row's count runs, then (every
+    // row clamped: a key's position term no longer depends on the keys right of it) in memory
+    // order, which the prefetchers follow better
+    I b0 = 0, b1 = (t_.j1 - t_.j0 + nb_ - 1) / nb_;
+    bool back = rev_;
+    while (b0 < b1) {
+      back = back && CountsRun(b0, b1);
+      const I bi = back ? --b1 : b0++;
+      const I c0 = t_.j0 + bi * nb_, c1 = std::min(t_.j1, c0 + nb_);
+      const I n0 = back ? t_.j0 + (b1 - 1) * nb_ : c1;  // the next block (prefetched)
+      const I n1 = b0 < b1 ? std::min(t_.j1, n0 + nb_) : n0;
       I a = c1, e = c0;  // the keys some row of some head sees
       for (I r = 0; r < H_ * R_; ++r)
         if (t_.lo[r] < c1 && t_.hi[r] > c0 && t_.lo[r] < t_.hi[r])
@@ -279,7 +287,7 @@ class TaskRun {
         win_->seek(k);
         win_->turn(t_.yt, H_ * R_, yw_);
       }
-      const I xl_parts = Prefetch(c0, c1, a, e);
+      const I xl_parts = Prefetch(n0, n1, a, e);
       for (I x0 = a; x0 < a + xl_parts * kXlPart; x0 += kXlPart) XlTerms(x0, std::min(e, x0 + kXlPart) - x0);
       for (I kh = 0; kh < H_; ++kh) {
         if (t_.mixed) MixedLogits(kh, a, e);
@@ -297,14 +305,22 @@ class TaskRun {
   // (rope2d mixed on AMD CPUs: all at the block's end, ahead.Rest(), measured faster there than
   // spread over the block; spread faster on Intel: docs/performance.md), and one per xl part. Returns the block's
   // xl parts (keys [a, e) of block [c0, c1) seen).
-  I Prefetch(I c0, I c1, I a, I e) {
+  I Prefetch(I n0, I n1, I a, I e) {
     const I groups = H_ * ((e - a + 3) / 4) * RowGroups(t_);
     const I pv = groups * decode_kernels::PVPasses(D_) * 4 / decode_kernels::PVStepKeys(sizeof(T));
     const I calls = !t_.mixed || MixedSpread() ? groups + pv : 0;
     const I xl_parts = X_ ? (e - a + kXlPart - 1) / kXlPart : 0;
-    if (rev_) ahead_.Start(std::max(t_.j0, c0 - nb_), c0, calls + xl_parts);
-    else ahead_.Start(c1, std::min(t_.j1, c1 + nb_), calls + xl_parts);
+    ahead_.Start(n0, n1, calls + xl_parts);
     return xl_parts;
+  }
+
+  // cope: whether some row's count is below npos − 1 with keys left to walk in blocks [b0, b1).
+  bool CountsRun(I b0, I b1) const {
+    const double top = static_cast<double>(t_.npos - 1);
+    const I k0 = t_.j0 + b0 * nb_, k1 = std::min(t_.j1, t_.j0 + b1 * nb_);
+    for (I r = 0; r < H_ * R_; ++r)
+      if (count_[static_cast<std::size_t>(r)] < top && std::max(k0, t_.lo[r]) < std::min(k1, t_.hi[r])) return true;
+    return false;
   }
 
   // xl: the position terms of keys [x0, x0 + n), every kv head's rows, into Sx_.
