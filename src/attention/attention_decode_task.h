@@ -84,7 +84,7 @@ struct Task {
   const float* yt = nullptr;    // xl: Ỹᵀ [X, Hkv·R], each row's Ỹ a column (attention_decode.cc)
   attn_fast::TileGemmFn gemm = nullptr;  // xl: tile_gemm_for(X)
   attn_fast::TileTransposeFn tr = nullptr;  // xl: tile_transpose_fn()
-  I npos = 0;                   // cope: table rows (0: not cope); keys are walked from the last
+  I npos = 0;                   // cope: table rows (0: not cope); keys walked from the last while counts run
   I ncol = 0;                   // cope: the columns of qe, min(npos, N + 1)
   const float* qe = nullptr;    // cope: [Hkv, R, ncol], q·e_c of each row (q unscaled)
   const MixedKeys* mixed = nullptr;  // rope2d mixed: the keys' rotations (q: only its own)
