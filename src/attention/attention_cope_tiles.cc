@@ -148,7 +148,7 @@ HWY_INLINE void CopeForwardStep(D d, const cope_fast::FwdTile& t, cope_fast::I c
     for (int g = 0; g < G; ++g) ma[g] = ninf;
     for (I j = 0; j < nk; ++j)
       HWY_UNROLL(8)
-    for (int g = 0; g < G; ++g) ma[g] = hn::Max(ma[g], load(j, g));
+      for (int g = 0; g < G; ++g) ma[g] = hn::Max(ma[g], load(j, g));
     HWY_UNROLL(8)
     for (int g = 0; g < G; ++g) mx[g] = hn::Max(mx[g], hn::Add(ma[g], qt[g]));
   }
