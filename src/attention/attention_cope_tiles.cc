@@ -38,6 +38,9 @@ HWY_INLINE hn::Mask<D> CopeValid(D d, V iv, V nqf, bool causal, cope_fast::I j, 
   return valid;
 }
 
+// Whether a tile of nk keys masks some (key j, query i ≥ 0): causal, i < j + base.
+inline bool CopeKeysMasked(bool causal, cope_fast::I base, cope_fast::I nk) { return causal && base + nk - 1 > 0; }
+
 // r + g (r ∈ [0, 1), g ∈ [0, 1]) back into [0, 1), carrying 1 into k.
 template <class D, class V>
 HWY_INLINE void CopeAddFrac(D d, V g, V& k, V& r) {
@@ -196,7 +199,7 @@ void CopeForwardTile(const cope_fast::FwdTile& t) {
   using cope_fast::I;
   const hn::ScalableTag<float> d;
   const I L = static_cast<I>(hn::Lanes(d));  // divides Bq = 128 on every target
-  const bool keys_masked = t.causal && t.base + t.nk - 1 > 0;  // (j, i) masked where i < j + base
+  const bool keys_masked = CopeKeysMasked(t.causal, t.base, t.nk);
   I c0 = 0;
   for (; c0 + kG * L <= t.nq; c0 += kG * L)
     keys_masked ? CopeForwardChunks<kG, true>(d, t, c0) : CopeForwardChunks<kG, false>(d, t, c0);
@@ -261,7 +264,7 @@ void CopeBackwardTile(const cope_fast::BwdTile& t) {
   const bool causal = t.causal;
   if (t.clamped) {
     constexpr int G = kG / 2;  // four vectors of state per chunk
-    const bool keys_masked = causal && base + nk - 1 > 0;
+    const bool keys_masked = CopeKeysMasked(causal, base, nk);
     I c0 = 0;
     for (; c0 + G * L <= nq; c0 += G * L)
       keys_masked ? CopeBackwardClamped<G, true>(d, t, c0) : CopeBackwardClamped<G, false>(d, t, c0);

@@ -30,7 +30,8 @@
 //   cope (blocks walked from the last, a row's count carried across them in double): + z, the
 //     interpolation of qe = q·E [R, ncol] (a tile product) at the row's count of gates σ(a) from
 //     this key to its last; a row whose count reached npos − 1 adds qe[npos − 1] to every key left
-//     of it without gates (every row there: the blocks left walked in memory order); a key part first counts the gates of the keys right of it (CopeCarry);
+//     of it without gates (every row there: the blocks left walked in memory order); a key part
+//     first counts the gates of the keys right of it (CopeCarry);
 //   online softmax per row (running max m, sum l, o rescaled), o += P·V (V converted in registers,
 //   shared by the rows that share their keys).
 // Every K and V row is read from memory once per call, whatever G and M.

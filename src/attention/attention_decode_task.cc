@@ -231,8 +231,8 @@ inline I RowGroups(const decode_impl::Task& t) {
 // task's table of s(m), Ỹ' the rows turned by the angles of the keys' window of xl_table_keys
 // (XlWindows), then transposed); bias and
 // online softmax per row (cope: the position term first, CopeRow, with key blocks walked from the
-// last until every row's count is clamped, then the rest in memory order; rope2d mixed: MixedLogitRows per run of keys sharing y and x's high part); o += P·V straight
-// from the V rows. The rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
+// last until every row's count is clamped, then the rest in memory order; rope2d mixed:
+// MixedLogitRows per run of keys sharing y and x's high part); o += P·V straight from the V rows. The rows (g, i), (g + 1, i), … of one query i share their keys (but nonsymmetric
 // ALiBi's halves): kRows at a time share each K and V load.
 template <class T>
 class TaskRun {
