@@ -317,7 +317,7 @@ TEST(TileGemm, WideBlocksEqualNarrowBitForBitOnEveryTarget) {
 }
 
 // The default blocks follow their rule (tile_gemm.h), read here from /proc/cpuinfo rather than
-// CPUID: wide on Intel and on AMD family 26 (Zen 5) or later, narrow elsewhere.
+// CPUID: wide on Intel and on AMD family 25 (Zen 4) or later, narrow elsewhere.
 TEST(TileGemm, DefaultBlocksFollowTheVendorAndFamily) {
   std::ifstream in("/proc/cpuinfo");
   if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
@@ -330,7 +330,7 @@ TEST(TileGemm, DefaultBlocksFollowTheVendorAndFamily) {
     if (line.rfind("cpu family", 0) == 0) family = std::stoi(line.substr(colon + 1));
   }
   if (vendor.empty() || family < 0) GTEST_SKIP() << "/proc/cpuinfo names no x86 vendor and family";
-  const bool wide = vendor == "GenuineIntel" || (vendor == "AuthenticAMD" && family >= 26);
+  const bool wide = vendor == "GenuineIntel" || (vendor == "AuthenticAMD" && family >= 25);
   EXPECT_EQ(attn_fast::default_tile_blocks(), wide ? attn_fast::TileBlocks::kWide : attn_fast::TileBlocks::kNarrow)
       << vendor << " family " << family;
 }

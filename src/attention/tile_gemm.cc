@@ -66,7 +66,9 @@ constexpr I kWideM = 128;
 // CPU time over 7–11 rounds alternating with the narrow blocks): forward 9–15% and backward 13–17%
 // less time than the narrow blocks. On an AMD EPYC Zen 5 (family 1Ah, 512-bit FMA datapath; `posenc
 // bench` nope, two runs of 3 rounds, alternating): forward 122 → 136–141 GFLOP/s, backward 104–107 →
-// 115–116. Zen 4 (512-bit ops as two 256-bit halves) keeps the narrow blocks (wide not measured there).
+// 115–116. On an AMD EPYC Zen 4 (family 19h, 512-bit ops as two 256-bit halves; `posenc bench` nope,
+// xl, cope at L = 4096, 3 runs each, alternating): backward 4–7% less time, forward level (nope, xl)
+// or 7% less (cope); the model's projection shapes 0.90–1.0 of the narrow blocks' time.
 constexpr bool kHasWide = HWY_MAX_BYTES >= 64;
 
 // Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.
@@ -302,8 +304,8 @@ attn_fast::TileBlocks blocks_for_cpu() {
   unsigned a = 0, b = 0, c = 0, d = 0;  // AMD: the family from CPUID leaf 1 (base + extended)
   if (!fast::amd_cpu() || !__get_cpuid(1, &a, &b, &c, &d)) return attn_fast::TileBlocks::kNarrow;
   const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-  // Zen 5 and later: see kHasWide
-  return family >= 0x1A ? attn_fast::TileBlocks::kWide : attn_fast::TileBlocks::kNarrow;
+  // Zen 4 and later (the AVX-512 ones; earlier families run 16-register targets): see kHasWide
+  return family >= 0x19 ? attn_fast::TileBlocks::kWide : attn_fast::TileBlocks::kNarrow;
 #else
   return attn_fast::TileBlocks::kNarrow;
 #endif

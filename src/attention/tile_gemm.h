@@ -46,11 +46,10 @@ using TileGemmFn = void (*)(GemmForm form, std::int64_t M, std::int64_t N, std::
 
 // Register blocks of the GEMM (tile_gemm.cc): kNarrow (4 or 6 rows × 2 vectors) or kWide (6 rows × 4
 // vectors first; the same as kNarrow on targets with 16 vector registers). Both give the same sums,
-// bit for bit. kWide measured faster on Intel Cascade Lake and AMD Zen 5 (tile_gemm.cc); on AMD Zen 4
-// blocks of 6 or 8 rows × 2 vectors were slower than 4 rows, and kWide is not measured there.
+// bit for bit. kWide measured faster on Intel Cascade Lake and AMD Zen 4 and Zen 5 (tile_gemm.cc).
 enum class TileBlocks { kNarrow, kWide };
 
-// kWide on Intel CPUs and AMD family 1Ah (Zen 5) or later, else kNarrow.
+// kWide on Intel CPUs and AMD family 19h (Zen 4) or later, else kNarrow.
 TileBlocks default_tile_blocks();
 
 // The best target's GEMM on this CPU with the given blocks. Not cached: the tests switch targets
