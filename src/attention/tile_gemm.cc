@@ -67,8 +67,8 @@ constexpr I kWideM = 128;
 // less time than the narrow blocks. On an AMD EPYC Zen 5 (family 1Ah, 512-bit FMA datapath; `posenc
 // bench` nope, two runs of 3 rounds, alternating): forward 122 → 136–141 GFLOP/s, backward 104–107 →
 // 115–116. On an AMD EPYC Zen 4 (family 19h, 512-bit ops as two 256-bit halves; `posenc bench` nope,
-// xl, cope at L = 4096, 3 runs each, alternating): backward 4–7% less time, forward level (nope, xl)
-// or 7% less (cope); the model's projection shapes 0.90–1.0 of the narrow blocks' time.
+// xl, cope at L = 4096, 3 runs each, alternating): backward 3–7% less time, forward level (nope, xl)
+// or 7% less (cope); the model's projection shapes 0.90–1.04 of the narrow blocks' time.
 constexpr bool kHasWide = HWY_MAX_BYTES >= 64;
 
 // Rows [0, R) × vectors [0, W) of C from a(i, k) = A[i·sai + k·sak] and rows b(k) = B + k·ldb.

@@ -46,7 +46,7 @@ using TileGemmFn = void (*)(GemmForm form, std::int64_t M, std::int64_t N, std::
 
 // Register blocks of the GEMM (tile_gemm.cc): kNarrow (4 or 6 rows × 2 vectors) or kWide (6 rows × 4
 // vectors first; the same as kNarrow on targets with 16 vector registers). Both give the same sums,
-// bit for bit. kWide measured faster on Intel Cascade Lake and AMD Zen 4 and Zen 5 (tile_gemm.cc).
+// bit for bit. kWide measured faster on Intel Cascade Lake and AMD Zen 5, faster or level on Zen 4 (tile_gemm.cc).
 enum class TileBlocks { kNarrow, kWide };
 
 // kWide on Intel CPUs and AMD family 19h (Zen 4) or later, else kNarrow.
