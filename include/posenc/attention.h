@@ -77,8 +77,9 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
 // attention_forward wrote them for the same p, q, k, v and t (out [B, M, Hq, D] of q's dtype, lse
 // float64 [B, Hq, M]). Where the fused kernels run, they read out and lse instead of computing the
 // forward again; elsewhere (the reference's sizes and dtypes; cope) they are checked but not read. The
-// gradients equal attention_backward's, bit for bit when out is float32 (16-bit out: Δ_i = dout_i·out_i
-// of the rounded out). Every encoding. Errors as attention_backward's, plus "out" and "lse".
+// gradients equal attention_backward's within float32 rounding (bit for bit, with float32 out, where
+// that computes out again; docs/attention.md). Every encoding. Errors as attention_backward's, plus
+// "out" and "lse".
 Status attention_backward_saved(const AttentionParams& p, const View& q, const View& k, const View& v,
                                 const EncodingTensors& t, const View& out, const View& lse,
                                 const View& dout, const View& dq, const View& dk, const View& dv,

@@ -244,9 +244,10 @@ def test_bias_causal_mask_and_sandwich_formula():
 ])
 @pytest.mark.parametrize("length,dtype", [(6, torch.float64), (150, torch.float32)])
 def test_autograd_backward_equals_the_library_backward(encoding, params, length, dtype):
-    # the backward from the forward's kept out and lse, bit for bit the one that computes the forward again:
-    # at the reference's size (float64) and the fused kernels' (float32), also for cope and a RoPE scheme
-    # that reads the call's own length
+    # the backward from the forward's kept out and lse against the library's plain backward: bit for bit at
+    # the reference's size (float64); at the fused kernels' (float32), where the plain backward may take the
+    # stored path (its Δ summed as Σ P·dP), within 1e-5 of the largest entry; also for cope and a RoPE
+    # scheme that reads the call's own length
     q, k, v = (rand(1, length, 2, 32).to(dtype).requires_grad_() for _ in range(3))
     params = {n: t.to(dtype) if isinstance(t, torch.Tensor) else t for n, t in params.items()}
     out = posenc.attention(q, k, v, encoding, causal=True, **params)
@@ -257,4 +258,5 @@ def test_autograd_backward_equals_the_library_backward(encoding, params, length,
     tensors = {n: t for n, t in params.items() if isinstance(t, torch.Tensor)}
     dq, dk, dv, _ = posenc._C.attention_backward(q.detach(), k.detach(), v.detach(), dout, encoding, texts, tensors, [])
     for got, ref in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
-        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+        atol = 0.0 if dtype == torch.float64 else 1e-5 * ref.abs().max().item()
+        torch.testing.assert_close(got, ref, rtol=0, atol=atol)

@@ -105,6 +105,13 @@
 //     ran what; dK and dV do not depend on T at all.
 //   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread plus Kᵀ and Vᵀ (2·D·Bk floats),
 //     the dQ buffers and the dense Q and dO (at most 8 MiB a thread) above.
+//   Stored path (attention_fused_backward_stored.cc), without a kept out and lse, where a thread's
+//     tiles fit kScoreStoreBytes, the units split evenly over the threads, the products are float32
+//     and k, v finite (not rope2d mixed): per unit, per query head and query block, sweep 1 over the
+//     block's key blocks keeps S and dP = dO·Vᵀ, runs the online softmax (lse) and sums
+//     D = Σ_j P_ij·dP_ij alongside (rescaled with l); sweep 2 turns the kept tiles into P, dS and
+//     adds dV, dK (the unit's [N, D] rows, stored at the end) and dQ: five products per tile
+//     against pass 1's two and pass 2's five. Memory: [2, Bq, N] tiles and [2, N, D] per thread.
 //
 // OpenBLAS (D > kTileGemmMaxD, sgemv) is called from inside the OpenMP threads with its own
 // threading set to 1 for the call (restored after). SIMD row helpers (max, exp, scale, add, the
@@ -216,6 +223,10 @@ std::string bf16_products(const AttentionParams& p) {
 
 void set_dq_buffer_limit(std::int64_t bytes) {
   attn_fast::dq_buffer_limit.store(bytes < 0 ? attn_fast::kDqBufferBytes : bytes);
+}
+
+void set_score_store_limit(std::int64_t bytes) {
+  attn_fast::score_store_limit.store(bytes < 0 ? attn_fast::kScoreStoreBytes : bytes);
 }
 
 std::string covered() {

@@ -33,6 +33,17 @@ Status attention_backward(const AttentionParams& p, const View& q, const View& k
 // float32 dq in place (attn_fast::kDqBufferBytes; 0: always in place); negative restores the default.
 void set_dq_buffer_limit(std::int64_t bytes);
 
+// For tests: the most bytes a thread keeps for the plain backward's stored tiles
+// (attn_fast::kScoreStoreBytes; 0: pass 1 runs the forward again); negative restores the default.
+void set_score_store_limit(std::int64_t bytes);
+// For tests: set_score_store_limit(bytes) for a scope, the default restored after it.
+struct ScoreStoreLimit {
+  explicit ScoreStoreLimit(std::int64_t bytes) { set_score_store_limit(bytes); }
+  ~ScoreStoreLimit() { set_score_store_limit(-1); }
+  ScoreStoreLimit(const ScoreStoreLimit&) = delete;
+  ScoreStoreLimit& operator=(const ScoreStoreLimit&) = delete;
+};
+
 // ---- the kernels of the other files, called by the dispatcher of attention_cpu.cc -----------------
 // Arguments are validated (d filled by attn::validate_*), the dtype is covered, no output overlaps an
 // input, and OpenBLAS is set to one thread for the call.

@@ -1,6 +1,8 @@
 // class Fused (attention_fused_cpu.h): the backward (FlashAttention-2; attention_cpu.cc describes
 // its passes): pass 1's lse and D, pass 2 per (b, kv head) over its key blocks, the split of a unit
-// over the threads, dQ's rotation back and rope2d mixed's frequency gradients.
+// over the threads, dQ's rotation back and rope2d mixed's frequency gradients. Where its tiles fit,
+// a backward without saved statistics takes the stored path instead
+// (attention_fused_backward_stored.cc).
 #include <omp.h>
 
 #include "attention/attention_fused_cpu.h"
@@ -25,12 +27,17 @@ void Fused::backward(const View& dout, const View& dq, const View& dk, const Vie
             : bias_ == Bias::kFire ? 2 * fire_p_.segs() + 2
             : bw.freq              ? 2 * d_.rot.half
                                    : 0;
+  const I npar = bw.npar;
+  std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
+  if (stored_ok(bw, saved)) {  // attention_fused_backward_stored.cc
+    stored_backward(bw, &gw);
+    write_param_grads(gw, bw, g);
+    return;
+  }
   pass1(&bw, saved);
   attn_fast::RegionGuard guard;
   // pass 2, per (b, kv head) = unit; units beyond the last multiple of the thread count are split
   // over the key blocks (see the file comment).
-  const I npar = bw.npar;
-  std::vector<double> gw(ix(B * Hq * npar), 0.0);  // [B, Hq, npar]
   const I U = B * Hkv, T = threads_, whole = U - U % T, nkb = (N + kBk - 1) / kBk;
   const bool need_dq = dq.present() || bw.freq;
   const bool dq_dir = dq.present() && direct_out(dq, Hq) && !attn_fast::dq_buffered(G, M, D);

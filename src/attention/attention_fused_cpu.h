@@ -258,8 +258,9 @@ class Fused {
 
   // w->s [nq, Bk] = scale·Q·Kᵀ + bias, masked entries −inf. Kt: K's rows transposed [D, kLdt] (the
   // tile GEMM's kNP form), or null.
+  // out: where the tile goes instead of w->s (rows kBk apart).
   void logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w,
-              const float* Kt = nullptr) const;
+              const float* Kt = nullptr, float* out = nullptr) const;
 
   // The rest of logits() on S [nq, Bk] holding scale·Q·Kᵀ: the bias, and the masks.
   void finish_logits(I h, I q0, I nq, I nk, I base, I bd, float* S, float* diag) const;
@@ -343,6 +344,24 @@ class Fused {
   // before the range sees no key: P = dS = 0; dQ skips it). False, nothing done, where rate_rows()
   // declines.
   bool keys_rate(const Bwd& bw, I b, I kh, I kb0, I kb1, const Acc& acc, double* gwu, Scratch* w) const;
+
+  // A thread's tiles of the stored backward (stored_unit): S and dP of one query block's key blocks
+  // [2, blocks, kBq, kBk] each block's S then its dP; the unit's dK, dV, K (rotated) [3, N, D] and
+  // Kᵀ, Vᵀ per key block [2, blocks, D, kLdt]; per row m, l, the running Σ P·dP, lse and D [5, kBq].
+  struct Store {
+    std::vector<float> tiles, unit, row;
+  };
+  // Whether the backward takes the stored path: no saved statistics, float32 products through the
+  // tile GEMM (not the bfloat16 rate, not rope2d mixed), k and v finite, whole units on every thread,
+  // and a thread's Store within score_store_limit.
+  bool stored_ok(const Bwd& bw, const Saved* saved) const;
+  // The stored backward, every unit (b, kv head) on one thread: stored_unit, then dQ finished.
+  void stored_backward(const Bwd& bw, std::vector<double>* gw) const;
+  // One unit, per query head and query block: sweep 1 forms S and dP of each key block it sees
+  // (kept in st), the online softmax's lse and D = Σ_j P_ij·dP_ij (= rowsum(dO ⊙ out)); sweep 2
+  // turns the kept tiles into P and dS and adds dV, dK (the unit's rows in st) and dQ (into acc):
+  // five tile products per tile where the forward again and pass 2 take seven. Then dK, dV stored.
+  void stored_unit(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, Scratch* w, Store* st) const;
 
   // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key
   // block meets, over the group's heads, plus a share for loading the block).

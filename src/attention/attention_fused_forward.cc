@@ -98,8 +98,8 @@ Tile Fused::rows(const View& x, bool dir, I b, I r0, I n, I head, float* buf, co
 }
 
 void Fused::logits(I h, I q0, I nq, I j0, I nk, const Tile& Q, const Tile& K, Scratch* w,
-                   const float* Kt) const {
-  float* S = w->s.data();
+                   const float* Kt, float* out) const {
+  float* S = out ? out : w->s.data();
   const I base = (d_.k_off + j0) - (d_.q_off + q0);  // kp − qp of (row 0, col 0)
   const I bd = band(h, base);
   if (nq == 1)  // a decode step: no tile to reuse, so skip sgemm's packing
