@@ -111,7 +111,8 @@
 //     block's key blocks keeps S and dP = dO·Vᵀ, runs the online softmax (lse) and sums
 //     D = Σ_j P_ij·dP_ij alongside (rescaled with l); sweep 2 turns the kept tiles into P, dS and
 //     adds dV, dK (the unit's [N, D] rows, stored at the end) and dQ: five products per tile
-//     against pass 1's two and pass 2's five. Memory: [2, Bq, N] tiles and [2, N, D] per thread.
+//     against pass 1's two and pass 2's five. Memory per thread: S and dP [2, Bq, N], the unit's dK,
+//     dV and rotated K [3, N, D], its Kᵀ and Vᵀ blocks (2·N·D·kLdt/Bk floats).
 //
 // OpenBLAS (D > kTileGemmMaxD, sgemv) is called from inside the OpenMP threads with its own
 // threading set to 1 for the call (restored after). SIMD row helpers (max, exp, scale, add, the

@@ -18,8 +18,9 @@ namespace posenc::fused_cpu {
 
 namespace {
 // A thread's Store: the tiles, dK, dV and K, Kᵀ and Vᵀ of a unit, the rows' statistics.
-I tile_floats(I N) { return 2 * ((N + kBk - 1) / kBk) * kBq * kBk; }
-I unit_floats(I N, I D) { return 3 * N * D + 2 * ((N + kBk - 1) / kBk) * D * kLdt; }
+I key_blocks(I N) { return (N + kBk - 1) / kBk; }
+I tile_floats(I N) { return 2 * key_blocks(N) * kBq * kBk; }
+I unit_floats(I N, I D) { return 3 * N * D + 2 * key_blocks(N) * D * kLdt; }
 I store_floats(I N, I D) { return tile_floats(N) + unit_floats(N, D) + 5 * kBq; }
 }  // namespace
 
@@ -68,7 +69,7 @@ void Fused::stored_unit(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, S
   float* dV = dK + N * D;
   float* Kr = dV + N * D;  // K's rows (rotated), then Kᵀ and Vᵀ per key block [D, kLdt]
   float* Kt = Kr + N * D;
-  float* Vt = Kt + ((N + kBk - 1) / kBk) * D * kLdt;
+  float* Vt = Kt + key_blocks(N) * D * kLdt;
   std::fill(dK, dK + 2 * N * D, 0.f);
   for (I j0 = 0; j0 < N; j0 += kBk) {  // once per unit, not per tile
     const I nk = std::min(kBk, N - j0), at = j0 / kBk * D * kLdt;
