@@ -159,6 +159,16 @@ void check(Problem& pr) {
   EXPECT_TRUE(AllClose(de.values(), we, tg.atol * g_scale, tg.rtol)) << "dtable";
 }
 
+// check() with the stored backward (taken where it fits: the default) and with the one that runs
+// the forward again (attention_cope_backward_stored.cc, attention_cope_backward.cc).
+void check_both_paths(Problem& pr) {
+  for (bool stored : {true, false}) {
+    SCOPED_TRACE(stored ? "stored backward" : "recomputing backward");
+    const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+    check(pr);
+  }
+}
+
 struct NamedCase {
   const char* name;
   Case c;
@@ -190,7 +200,7 @@ TEST(FastCope, MatchesReference) {
           SCOPED_TRACE(std::string(nc.name) + (causal ? " causal " : " full ") + dtype_name(dt) +
                        " npos " + std::to_string(npos) + " table " + dtype_name(tdt));
           Problem pr(nc.c, causal, npos, dt, tdt, 100 + n);
-          check(pr);
+          check_both_paths(pr);
         }
       }
   set_num_threads(0);
@@ -206,36 +216,63 @@ TEST(FastCope, SparseGates) {
       ++n;
       SCOPED_TRACE(std::string(causal ? "causal" : "full") + " npos " + std::to_string(npos));
       Problem pr({1, 131, 400, 2, 1, 16}, causal, npos, DType::kF32, DType::kF64, 1500 + n, 4.0);
-      check(pr);
+      check_both_paths(pr);
     }
   set_num_threads(0);
 }
 
 // Two threads: against the reference, and equal to one thread (tasks partition the work; only
-// dtable sums per-thread partials, in double).
+// dtable sums per-thread partials, in double), on either backward path.
 TEST(FastCope, TwoThreads) {
   const Case c{2, 130, 130, 4, 2, 64};  // B·Hq·M·N above the kernels' one-thread threshold
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "full");
     Problem pr(c, causal, 64, DType::kF32, DType::kF64, 900);
     set_num_threads(2);
-    check(pr);
-    std::vector<Vec> res[2];
-    for (int threads : {1, 2}) {
-      set_num_threads(threads);
-      Tensor out(DType::kF32, pr.q.shape), dq(DType::kF32, pr.q.shape), dk(DType::kF32, pr.k.shape),
-          dv(DType::kF32, pr.v.shape), de(DType::kF64, pr.table.shape);
-      EncodingGrads g;
-      g.table = de.view();
-      const EncodingTensors t = pr.tensors();
-      const View qv = pr.q.view(), kv = pr.k.view(), vv = pr.v.view();
-      ASSERT_TRUE(fused::attention_forward(pr.p, qv, kv, vv, t, out.view()).ok());
-      ASSERT_TRUE(fused::attention_backward(pr.p, qv, kv, vv, t, pr.dout.view(), dq.view(),
-                                            dk.view(), dv.view(), g).ok());
-      res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(), de.values()};
+    check_both_paths(pr);
+    for (bool stored : {true, false}) {
+      SCOPED_TRACE(stored ? "stored backward" : "recomputing backward");
+      const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+      std::vector<Vec> res[2];
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        Tensor out(DType::kF32, pr.q.shape), dq(DType::kF32, pr.q.shape), dk(DType::kF32, pr.k.shape),
+            dv(DType::kF32, pr.v.shape), de(DType::kF64, pr.table.shape);
+        EncodingGrads g;
+        g.table = de.view();
+        const EncodingTensors t = pr.tensors();
+        const View qv = pr.q.view(), kv = pr.k.view(), vv = pr.v.view();
+        ASSERT_TRUE(fused::attention_forward(pr.p, qv, kv, vv, t, out.view()).ok());
+        ASSERT_TRUE(fused::attention_backward(pr.p, qv, kv, vv, t, pr.dout.view(), dq.view(),
+                                              dk.view(), dv.view(), g).ok());
+        res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(), de.values()};
+      }
+      for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+      EXPECT_TRUE(AllClose(res[1][4], res[0][4], 0, 1e-12)) << "dtable";
     }
-    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
-    EXPECT_TRUE(AllClose(res[1][4], res[0][4], 0, 1e-12)) << "dtable";
+  }
+  set_num_threads(0);
+}
+
+// The stored backward is taken where it fits: its dv equals the recomputing backward's bit for bit
+// (the same P, summed in the same order while the query rows make one chunk) and its dk does not
+// (D = Σ P·dP rounds otherwise than dO·out), causal or not.
+TEST(FastCope, StoredBackwardTakenWhereItFits) {
+  set_num_threads(1);
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    Problem pr({1, 300, 300, 2, 1, 32}, causal, 16, DType::kF32, DType::kF32, 1800);
+    std::vector<Vec> res[2];
+    for (int stored : {1, 0}) {
+      const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+      Tensor dk(DType::kF32, pr.k.shape), dv(DType::kF32, pr.v.shape);
+      ASSERT_TRUE(fused::attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), pr.tensors(),
+                                            pr.dout.view(), View{}, dk.view(), dv.view(), EncodingGrads{})
+                      .ok());
+      res[stored] = {dk.values(), dv.values()};
+    }
+    EXPECT_NE(res[1][0], res[0][0]) << "dk";
+    EXPECT_EQ(res[1][1], res[0][1]) << "dv";
   }
   set_num_threads(0);
 }
@@ -254,7 +291,7 @@ TEST(FastCope, EveryTarget) {
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + (causal ? " causal" : " full") + " npos " +
                    std::to_string(npos));
       Problem pr({1, 131, 260, 2, 1, 32}, causal, npos, DType::kF32, DType::kF32, 1000 + n);
-      check(pr);
+      check_both_paths(pr);
     }
   }
   hwy::SetSupportedTargetsForTest(0);
@@ -265,7 +302,7 @@ TEST(FastCope, EveryTarget) {
 TEST(FastCope, L989MatchesReference) {
   set_num_threads(2);
   Problem pr({1, 989, 989, 2, 1, 64}, true, 64, DType::kF32, DType::kF32, 1200);
-  check(pr);
+  check_both_paths(pr);
   set_num_threads(0);
 }
 
@@ -278,6 +315,7 @@ TEST(FastCope, L989MatchesReference) {
 // M < N with q_off = 0 (causal: the last keys are seen by no chunk and get 0). Against the reference with every output; then every other subset of dq, dk, dv
 // and dtable, and float32 dk, dv with strides, give the same values bit for bit.
 TEST(FastCope, ChunkedBackward) {
+  const fused::ScoreStoreLimit recompute(0);  // chunks are the recomputing backward's
   set_num_threads(1);
   const NamedCase shapes[] = {
       {"M_eq_N", {1, 389, 389, 4, 2, 16}},
@@ -347,6 +385,7 @@ TEST(FastCope, ChunkedBackward) {
 // either way, and a float32 dk, dv sums the same parts in place, in the same order). One and two
 // threads (each thread has its own buffer), causal and not, grouped-query heads, chunks of 100 rows.
 TEST(FastCope, ChunkedSixteenBitSumsRoundOnce) {
+  const fused::ScoreStoreLimit recompute(0);
   fused::cope_set_chunk_rows(100);
   auto run = [](Problem& x, DType dt, std::vector<Vec>* res) {
     Tensor dq = filled(dt, x.q.shape), dk = filled(dt, x.k.shape), dv = filled(dt, x.v.shape),

@@ -14,6 +14,7 @@ namespace posenc::cope_cpu {
 bool Cope::backward(const View& dout, const View& dq, const View& dk, const View& dv,
                     const View& dtable) const {
   const I D = d_.D, M = d_.M, nc = ncol_;
+  if (stored_ok()) return stored_backward(Grads{dout, dq, dk, dv, dtable.present()}, dtable);
   Stats st;
   if (!pass1(dout, &st)) return false;
   // pass 2: per (b, kv head), its query rows in chunks of mc rows per head
@@ -81,7 +82,8 @@ bool Cope::pass1(const View& dout, Stats* st) const {
       if (guard.failed()) continue;
       const I qb = nqb - 1 - task / per, bh = task % per, b = bh / Hq, h = bh % Hq;
       const I q0 = qb * kBq, nq = std::min(kBq, M - q0);
-      forward_block(b, h, q0, nq, true, &w, l.data(), kv.empty() ? nullptr : kv.data());
+      const auto [kr, vr] = unit_rows(kv, b, h / d_.G);
+      forward_block(b, h, q0, nq, true, &w, l.data(), kr, vr);
       load_rows(dout, D, b, q0, nq, h, w.dout.data());
       for (I i = 0; i < nq; ++i) {
         const std::size_t at = ix((b * Hq + h) * M + q0 + i);
@@ -95,11 +97,15 @@ bool Cope::pass1(const View& dout, Stats* st) const {
   guard.rethrow();
   for (I r = 0; r < B * Hq * M; ++r)  // a row that sees keys has a finite lse and D from finite inputs
     if (sees_keys(r % M) && (!std::isfinite(st->lse[ix(r)]) || !std::isfinite(st->Dv[ix(r)]))) return false;
-  // the rows that see no key (a prefix) still enter dE = Cᵀ·Q with C = 0: 0·NaN from their q
+  return unseen_rows_finite();
+}
+
+bool Cope::unseen_rows_finite() const {
+  const I D = d_.D, M = d_.M;
   const I none = d_.N == 0 ? M : causal_ ? std::clamp<I>(d_.k_off - d_.q_off, 0, M) : 0;
   std::vector<float> row(ix(D));
-  for (I b = 0; b < B; ++b)
-    for (I h = 0; h < Hq; ++h)
+  for (I b = 0; b < d_.B; ++b)
+    for (I h = 0; h < d_.Hq; ++h)
       for (I i = 0; i < none; ++i) {
         load_rows(q_, D, b, i, 1, h, row.data());
         if (!simd_.finite(row.data(), ix(D))) return false;

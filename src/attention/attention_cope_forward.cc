@@ -29,7 +29,8 @@ bool Cope::forward(const View& out, const View& lse) const {
       if (guard.failed()) continue;
       const I qb = nqb - 1 - task / per, bh = task % per, b = bh / d_.Hq, h = bh % d_.Hq;
       const I q0 = qb * kBq, nq = std::min(kBq, d_.M - q0);
-      forward_block(b, h, q0, nq, false, &w, l.data(), kv.empty() ? nullptr : kv.data());
+      const auto [kr, vr] = unit_rows(kv, b, h / d_.G);
+      forward_block(b, h, q0, nq, false, &w, l.data(), kr, vr);
       for (I i = 0; i < nq; ++i)
         bad = bad || (sees_keys(q0 + i) && (!std::isfinite(l[ix(i)]) || !simd_.finite(&w.o[ix(i * d_.D)], ix(d_.D))));
       store_rows(out, d_.D, b, q0, nq, h, w.o.data());
@@ -44,7 +45,8 @@ bool Cope::forward(const View& out, const View& lse) const {
   return !bad;
 }
 
-void Cope::forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse, const float* kv) const {
+void Cope::forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse, const float* kr,
+                         const float* vr, const Keep* keep) const {
   const I D = d_.D, kh = h / d_.G, nc = ncol_;
   load_rows(q_, D, b, q0, nq, h, w->q.data());
   tile_gemm(gemm_, GemmForm::kNT, nq, cols(q0, nq), D, 1.f, w->q.data(), D, E_.data(), D,
@@ -83,15 +85,20 @@ void Cope::forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* l
     const I nk = std::min(kBk, jhi - j0);
     const float* K = w->k.data();
     const float* V = w->v.data();
-    if (kv) {
-      K = kv + ((b * d_.Hkv + kh) * d_.N + j0) * D;
-      V = K + d_.B * d_.Hkv * d_.N * D;
+    if (kr) {
+      K = kr + j0 * D;
+      V = vr + j0 * D;
     } else {
       load_rows(k_, D, b, j0, nk, kh, w->k.data());
       load_rows(v_, D, b, j0, nk, kh, w->v.data());
     }
     tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, static_cast<float>(d_.scale), K, D, w->qt.data(), kLdt,
               w->at.data(), kBq);
+    float* kept = keep ? keep->tiles + j0 / kBk * 2 * kBk * kBq : nullptr;  // S, then dPᵀ
+    if (kept) {
+      std::copy(w->at.begin(), w->at.begin() + nk * kBq, kept);
+      tile_gemm(gemm_, GemmForm::kNP, nk, nq, D, 1.f, V, D, keep->dot, kLdt, kept + kBk * kBq, kBq);
+    }
     bool sat = true;  // counts only grow leftwards: every key from here on is clamped
     for (I i = 0; i < nq && sat; ++i) sat = w->ck[ix(i)] >= top_;
     t.nk = nk;
@@ -106,6 +113,14 @@ void Cope::forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* l
         w->ck[ix(i)] = static_cast<float>(std::floor(cnt));
         w->cr[ix(i)] = static_cast<float>(cnt - std::floor(cnt));
       }
+    if (kept) {  // D's running sum, rescaled as O would be, then + Σ_j P_ij·dP_ij (lanes: rows)
+      float* ds = keep->dsum;
+      for (I i = 0; i < nq; ++i) ds[i] *= w->corr[ix(i)];
+      const float* P = w->at.data();
+      const float* dP = kept + kBk * kBq;
+      for (I j = 0; j < nk; ++j) simd_.mul_add_to(ds, P + j * kBq, dP + j * kBq, ix(nq));
+      continue;
+    }
     for (I i = 0; i < nq; ++i)
       if (w->corr[ix(i)] != 1.f) simd_.scale(o + i * D, ix(D), w->corr[ix(i)]);
     tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, 1.f, w->at.data(), kBq, V, D, o, D);

@@ -161,6 +161,37 @@ class Cope {
     }
   };
 
+  // A thread's arrays for the stored backward (attention_cope_backward_stored.cc): the kept tiles of
+  // one query block (per key block it sees: S = scale·K·Qᵀ as the forward step reads it, then dPᵀ =
+  // V·dOᵀ, [kBk, kBq] each), its unit's K and V rows and float dK, dV sums [N, D] each, the block's dOᵀ
+  // [D, kLdt], dQ [kBq, D] and C [kBq, ncol], its rows' Σ P·dP and carries; dE [ncol, D] of the unit.
+  struct Store {
+    std::vector<float> tiles, unit, dot, dq, C, dEt, dsum;
+    std::vector<double> gc;
+  };
+
+  // What the forward walk leaves for the stored backward's first sweep (forward_block's keep).
+  struct Keep {
+    float* tiles;       // Store::tiles: S and dPᵀ of each key block
+    const float* dot;   // dOᵀ [D, kLdt] of the block's rows
+    float* dsum;        // [kBq] out: Σ_j exp(l_ij − m_i)·dP_ij, rescaled with the running sum
+  };
+
+  // Whether backward() takes the stored path: a thread's Store fits score_store_limit
+  // (attention_tiles.h).
+  bool stored_ok() const;
+  // The backward without pass 1 (the contract of backward()): per unit (b, kv head) and query block
+  // of each of its heads, the forward walk keeps the tiles S and dPᵀ and sums D = Σ P·dP; a second
+  // sweep reads them back for the backward tile step and the three gradient products.
+  bool stored_backward(const Grads& gr, const View& dtable) const;
+  // One unit of it; false where a row that sees keys has a non-finite lse or D.
+  bool stored_unit(const Grads& gr, I b, I kh, Scratch* w, Store* st) const;
+  // Sweep 2 of query rows [q0, q0 + nq) of head h against the kept tiles of keys [0, jhi).
+  void stored_sweep2(const Grads& gr, I b, I h, I q0, I nq, I jhi, const float* kr, Scratch* w,
+                     Store* st) const;
+  // Whether the rows that see no key (a prefix) have a finite q: they still enter dE = Cᵀ·Q, C = 0.
+  bool unseen_rows_finite() const;
+
   // Pass 1: st's lse, D, j*, U of every row, from the forward again. False where a row that sees
   // keys has a non-finite lse or D, or a row that sees none a non-finite q (it still enters dE).
   bool pass1(const View& dout, Stats* st) const;
@@ -196,8 +227,16 @@ class Cope {
 
   // Rows [q0, q0 + nq) of head h: w->o [nq, D] = softmax(logits)·V, lse [nq]; with track, leaves
   // each row's j* (the leftmost unclamped key; the walk's right end when there is none) in w->js
-  // and its count in w->uk + w->ur. kv: key_rows() or null.
-  void forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse, const float* kv) const;
+  // and its count in w->uk + w->ur. kr, vr: the unit's K and V rows [N, D] (key_rows()), or null
+  // (each tile's rows loaded). With keep, the tiles are kept and D summed instead of O = P·V (o 0).
+  void forward_block(I b, I h, I q0, I nq, bool track, Scratch* w, double* lse, const float* kr,
+                     const float* vr, const Keep* keep = nullptr) const;
+  // The unit (b, kv head kh)'s K and V rows in key_rows()' kv, or null when kv is empty.
+  std::pair<const float*, const float*> unit_rows(const std::vector<float>& kv, I b, I kh) const {
+    if (kv.empty()) return {nullptr, nullptr};
+    const float* k = kv.data() + (b * d_.Hkv + kh) * d_.N * d_.D;
+    return {k, k + d_.B * d_.Hkv * d_.N * d_.D};
+  }
 
   Dims d_;
   View q_, k_, v_;

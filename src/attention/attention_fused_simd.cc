@@ -116,6 +116,15 @@ void AddTo(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, std::size_t n) {
   for (; i < n; ++i) y[i] += x[i];
 }
 
+void MulAddTo(float* HWY_RESTRICT y, const float* HWY_RESTRICT a, const float* HWY_RESTRICT x, std::size_t n) {
+  const hn::ScalableTag<float> d;
+  const std::size_t L = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + L <= n; i += L)
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  for (; i < n; ++i) y[i] += a[i] * x[i];
+}
+
 void DsRow(float* HWY_RESTRICT p, const float* HWY_RESTRICT dp, std::size_t n, float di) {
   const hn::ScalableTag<float> d;
   const std::size_t L = hn::Lanes(d);
@@ -232,7 +241,7 @@ bool AllFiniteRows(const float* HWY_RESTRICT x, std::size_t n, std::size_t rows,
 bool AllFinite(const float* HWY_RESTRICT x, std::size_t n) { return AllFiniteRows(x, n, 1, n); }
 
 attn_fast::Simd GetSimd() {
-  return attn_fast::Simd{&ExpRows, &ScaleRow, &AddTo,    &DsRow,        &Dot,
+  return attn_fast::Simd{&ExpRows,   &ScaleRow,      &AddTo,    &MulAddTo, &DsRow,   &Dot,
                          &SoftmaxStep, &AllFinite, &AllFiniteRows, &BelowInf, &Finite16};
 }
 

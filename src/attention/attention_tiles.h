@@ -82,6 +82,7 @@ struct Simd {
   void (*exp_rows)(float* S, I nq, I nk, I ld, const float* lse, I band);
   void (*scale)(float* x, std::size_t n, float c);         // x *= c
   void (*add_to)(float* y, const float* x, std::size_t n);  // y += x
+  void (*mul_add_to)(float* y, const float* a, const float* x, std::size_t n);  // y += a ⊙ x
   void (*ds_row)(float* p, const float* dp, std::size_t n, float di);  // p = p·(dp − di)
   float (*dot)(const float* a, const float* b, std::size_t n);
   // online_softmax_step below, every row of the tile in one call
