@@ -756,8 +756,10 @@ TEST(FastAttentionTargets, SoftmaxExponentialOnEveryTarget) {
 // one part whatever the split, so they equal the one-thread result exactly; dq and the parameter
 // gradients are summed in another order, so they agree within float32 rounding of the sum
 // (tol_grad), and the reference holds every thread count to the usual tolerances.
-std::vector<Vec> backward_fused(Problem& pr, DType dt, bool with_dq, std::uint64_t seed) {
-  Tensor q(dt, randn(ix(pr.s.B * pr.s.M * pr.s.Hq * pr.s.D), seed + 1), pr.qshape());
+std::vector<Vec> backward_fused(Problem& pr, DType dt, bool with_dq, std::uint64_t seed, I nan_in_q = -1) {
+  Vec qv = randn(ix(pr.s.B * pr.s.M * pr.s.Hq * pr.s.D), seed + 1);
+  if (nan_in_q >= 0) qv[ix(nan_in_q)] = std::nan("");
+  Tensor q(dt, qv, pr.qshape());
   Tensor k(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 2), pr.kshape());
   Tensor v(dt, randn(ix(pr.s.B * pr.s.N * pr.s.Hkv * pr.s.D), seed + 3), pr.kshape());
   Tensor dout(dt, randn(q.d.size(), seed + 4), pr.qshape());
@@ -818,24 +820,28 @@ TEST(FastAttentionStored, TakenWhereItFits) {
   set_num_threads(0);
 }
 
-// The bfloat16-rate backward (keys_rate: q, k, v and dout bfloat16, no rotary encoding): dq, dk, dv
-// and the parameter gradients within the bfloat16 tolerances, on the shapes above and on one whose
-// key blocks meet query ranges starting at an odd row (q_offset 1, M odd), at one thread and at two
-// (B·Hkv = 1: a unit split over its key blocks). Emulated on any AVX-512 CPU; VDPBF16PS, AMX where
-// this CPU has them.
+// The bfloat16-rate backward (q, k, v and dout bfloat16): dq, dk, dv and the parameter gradients
+// within the bfloat16 tolerances, on the shapes above and on one whose key blocks meet query ranges
+// starting at an odd row (q_offset 1, M odd), on the stored path at the rate (one thread: every unit
+// whole; not under a rotary encoding, which the other path has) and on keys_rate after the forward
+// again, at one thread and at two (B·Hkv = 1: a unit split over its key blocks). Emulated on any
+// AVX-512 CPU; VDPBF16PS, AMX where this CPU has them.
 TEST_P(FastAttentionBf16Rate, BackwardMatchesReference) {
   const auto& [var, mode] = GetParam();
   attn_fast::bf16_set_mode(mode);
   if (!attn_fast::bf16_ops()) GTEST_SKIP() << "this CPU lacks the instructions of this mode";
   std::vector<NamedShape> all = shapes();
   all.push_back({"odd_rows_gqa", {1, 299, 300, 4, 2, 64}});
-  for (const NamedShape& ns : all)
-    for (bool causal : {false, true}) {
-      if (ns.s.D == 130 || (var.enc == Encoding::kRope2d && ns.s.D < 4)) continue;
-      SCOPED_TRACE(std::string(ns.name) + (causal ? " causal" : " full"));
-      Problem pr(var, ns.s, causal, 300);
-      check_backward(pr, DType::kBF16, 400);
-    }
+  for (bool stored : {true, false})
+    for (const NamedShape& ns : all)
+      for (bool causal : {false, true}) {
+        if (ns.s.D == 130 || (var.enc == Encoding::kRope2d && ns.s.D < 4)) continue;
+        SCOPED_TRACE(std::string(ns.name) + (causal ? " causal" : " full") + (stored ? " stored" : " recomputed"));
+        const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+        set_num_threads(stored ? 1 : 0);
+        Problem pr(var, ns.s, causal, 300);
+        check_backward(pr, DType::kBF16, 400);
+      }
   set_num_threads(2);
   Problem pr(var, {1, 260, 261, 2, 1, 64}, true, 300);
   check_backward(pr, DType::kBF16, 400);
@@ -871,6 +877,46 @@ TEST(FastAttentionBf16RatePath, EmulatedBackwardRoundsP) {
       }
     }
   }
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+}
+
+// The stored path at the bfloat16 rate is taken (one thread, emulated products): dq, dk and dv differ
+// from the float32 products' (kOff, on the stored path), as P and dS are rounded to bfloat16 for
+// their products. With a NaN in a query row of the second query block the rate gives up that unit
+// after its first block and runs the float32 stored unit: every gradient, the parameter gradients
+// included, then equals kOff's bit for bit (NaNs in the same places), nothing of the first block's
+// rate products left in them.
+TEST(FastAttentionBf16RatePath, StoredBackwardAtTheRate) {
+  attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kEmulated);
+  if (!attn_fast::bf16_ops()) {
+    attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
+    GTEST_SKIP() << "this CPU has no AVX-512";
+  }
+  const auto same_bits = [](const Vec& a, const Vec& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](double x, double y) {
+             return x == y || (std::isnan(x) && std::isnan(y));
+           });
+  };
+  set_num_threads(1);
+  for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"t5", Encoding::kT5}}) {
+    Problem pr(var, {1, 260, 260, 2, 1, 64}, true, 900);
+    for (I nan_at : {I{-1}, I{(140 * 2 + 1) * 64 + 3}}) {  // row 140, head 1, element 3
+      SCOPED_TRACE(var.name + (nan_at < 0 ? " finite" : " NaN in q"));
+      std::vector<Vec> res[2];
+      for (int off : {0, 1}) {
+        attn_fast::bf16_set_mode(off ? attn_fast::Bf16Mode::kOff : attn_fast::Bf16Mode::kEmulated);
+        res[off] = backward_fused(pr, DType::kBF16, true, 950, nan_at);
+      }
+      for (std::size_t t = 0; t < res[0].size(); ++t) {
+        if (nan_at < 0 && t < 3) {
+          EXPECT_FALSE(same_bits(res[0][t], res[1][t])) << "gradient " << t;
+        } else if (nan_at >= 0) {
+          EXPECT_TRUE(same_bits(res[0][t], res[1][t])) << "gradient " << t;
+        }
+      }
+    }
+  }
+  set_num_threads(0);
   attn_fast::bf16_set_mode(attn_fast::Bf16Mode::kAuto);
 }
 

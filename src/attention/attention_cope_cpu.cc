@@ -78,6 +78,19 @@
 //   forward 2.4 MiB.
 //   Never an [M, N] buffer.
 //
+// ---- backward, stored (attention_cope_backward_stored.cc) -----------------------------------------
+//   Where a thread's tiles fit score_store_limit (attention_tiles.h; N up to ~12000 at D = 64):
+//   per (b, kv head), OpenMP dynamic over B·Hkv, its K and V rows loaded once; per query head and
+//   query block, sweep 1 is the forward walk above (track on) that keeps each key block's At
+//   (before the step turns it into P) and dPᵀ = V·dOᵀ, and sums D_i = Σ_j P_ij·dP_ij in the lanes,
+//   rescaled with the running sum, in place of O = P·V; sweep 2 walks the kept tiles forward with
+//   pass 2's tile step and its three products, then dQ += C·E, dE += Cᵀ·Q for the block. Five tile
+//   products per tile where pass 1 and pass 2 take seven; dK and dV summed in float [N, D] over the
+//   unit's blocks and rounded once; the same bits at any thread count (a unit is one thread's). D
+//   rounds otherwise than dO·out, so its gradients differ from pass 2's in the last bits. Memory per
+//   thread: At and dPᵀ of every key block [2, N, Bq] and K, V, dK, dV [4, N, D] floats (8 MiB at
+//   N = 4096, D = 64).
+//
 // ---- non-finite inputs --------------------------------------------------------------------------
 //   The tiles assume finite inputs (their e^x, ExpSoftmax of core/simd-inl.h, and so the gate give 0
 //   for NaN, and a NaN count would clamp): a call whose q, k, v or dout hold a NaN or ±inf runs the

@@ -106,13 +106,17 @@
 //   Memory: lse and D (8·B·Hq·M bytes), the forward's per thread plus Kᵀ and Vᵀ (2·D·Bk floats),
 //     the dQ buffers and the dense Q and dO (at most 8 MiB a thread) above.
 //   Stored path (attention_fused_backward_stored.cc), without a kept out and lse, where a thread's
-//     tiles fit kScoreStoreBytes, the units split evenly over the threads, the products are float32
-//     and k, v finite (not rope2d mixed): per unit, per query head and query block, sweep 1 over the
-//     block's key blocks keeps S and dP = dO·Vᵀ, runs the online softmax (lse) and sums
-//     D = Σ_j P_ij·dP_ij alongside (rescaled with l); sweep 2 turns the kept tiles into P, dS and
-//     adds dV, dK (the unit's [N, D] rows, stored at the end) and dQ: five products per tile
+//     tiles fit kScoreStoreBytes, the units split evenly over the threads, the products go through
+//     the tile GEMM and k, v finite (not rope2d mixed): per unit, per query head and query block,
+//     sweep 1 over the block's key blocks keeps S and dP = dO·Vᵀ, runs the online softmax (lse) and
+//     sums D = Σ_j P_ij·dP_ij alongside (rescaled with l); sweep 2 turns the kept tiles into P, dS
+//     and adds dV, dK (the unit's [N, D] rows, stored at the end) and dQ: five products per tile
 //     against pass 1's two and pass 2's five. Memory per thread: S and dP [2, Bq, N], the unit's dK,
-//     dV and rotated K [3, N, D], its Kᵀ and Vᵀ blocks (2·N·D·kLdt/Bk floats).
+//     dV and rotated K [3, N, D], its Kᵀ and Vᵀ blocks (2·N·D·kLdt/Bk floats). At the bfloat16 rate
+//     (not under a rotary encoding or with future-only heads) the same sweeps run keys_rate's
+//     products on pairs packed once per unit (Kᵀ, Vᵀ, K's row pairs) and per query block (Q, dO),
+//     dKᵀ and dVᵀ summed per key block; a unit with a row that sees no key or a non-finite lse or D
+//     runs the float32 sweeps instead (they have the careful steps).
 //
 // OpenBLAS (D > kTileGemmMaxD, sgemv) is called from inside the OpenMP threads with its own
 // threading set to 1 for the call (restored after). SIMD row helpers (max, exp, scale, add, the

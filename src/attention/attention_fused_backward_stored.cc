@@ -6,7 +6,7 @@
 // the kept tiles back as P and dS for the products dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K: five
 // products per tile. The kept tiles ([kBq, N] twice) and the unit's dK, dV, K rows and Kᵀ, Vᵀ
 // blocks (~5·N·D floats) cost memory, so the path is taken where they fit score_store_limit a thread
-// (attention_tiles.h).
+// (attention_tiles.h). stored_unit_rate runs the same sweeps with the bfloat16-rate products.
 #include <omp.h>
 
 #include <cmath>
@@ -22,12 +22,20 @@ I key_blocks(I N) { return (N + kBk - 1) / kBk; }
 I tile_floats(I N) { return 2 * key_blocks(N) * kBq * kBk; }
 I unit_floats(I N, I D) { return 3 * N * D + 2 * key_blocks(N) * D * kLdt; }
 I store_floats(I N, I D) { return tile_floats(N) + unit_floats(N, D) + 5 * kBq; }
+// At the bfloat16 rate: the unit's Kᵀ and Vᵀ pairs [2, blocks, D/2, kLdt] and K's row pairs
+// [blocks, kBk/2, D]; a query block's Q and dO row pairs [2, kBq, D/2] and their transposes
+// [2, D, kBq/2]. Its floats: dKᵀ, dVᵀ [2, blocks, D, kLdt].
+I rate_pairs(I N, I D) { return key_blocks(N) * (D * kLdt + kBk / 2 * D) + 2 * kBq * D; }
+I rate_floats(I N, I D) { return 2 * key_blocks(N) * D * kLdt; }
 }  // namespace
 
 bool Fused::stored_ok(const Bwd& bw, const Saved* saved) const {
-  const I U = d_.B * d_.Hkv, T = threads_;
-  if (saved || bw.rate || per_head_ || bw.careful || !gemm_ || U % T != 0) return false;
-  return store_floats(d_.N, d_.D) * I{4} <= score_store_limit.load();
+  const I U = d_.B * d_.Hkv, T = threads_, N = d_.N, D = d_.D;
+  if (saved || per_head_ || bw.careful || !gemm_ || U % T != 0) return false;
+  // the bfloat16 rate: not under a rotary encoding or with future-only heads (keys_rate has them)
+  if (bw.rate && (tq_ || tk_ || nonsym_)) return false;
+  const I rate = bw.rate ? rate_pairs(N, D) + std::max<I>(rate_floats(N, D) - unit_floats(N, D), 0) : 0;
+  return (store_floats(N, D) + rate) * I{4} <= score_store_limit.load();
 }
 
 void Fused::stored_backward(const Bwd& bw, std::vector<double>* gw) const {
@@ -43,9 +51,11 @@ void Fused::stored_backward(const Bwd& bw, std::vector<double>* gw) const {
     guard.run([&] {
       w.init(D);
       w.init_backward(D);
+      if (bw.rate) w.init_bf16_backward(D);
       st.tiles.resize(ix(tile_floats(N)));
-      st.unit.resize(ix(unit_floats(N, D)));
+      st.unit.resize(ix(std::max(unit_floats(N, D), bw.rate ? rate_floats(N, D) : 0)));
       st.row.resize(ix(5 * kBq));
+      st.pairs.resize(bw.rate ? ix(rate_pairs(N, D)) : 0);
       dqbuf.resize(dq.present() && !dq_dir ? ix(G * M * D) : 0);
     });
 #pragma omp for schedule(dynamic, 1)
@@ -54,7 +64,12 @@ void Fused::stored_backward(const Bwd& bw, std::vector<double>* gw) const {
       const I b = u / Hkv, kh = u % Hkv;
       const Acc acc = dq_dir ? dq_in_place(dq, b, kh) : dq.present() ? Acc{dqbuf.data(), D, M * D, 0} : Acc{};
       for (I g = 0; g < G && acc.p; ++g) zero_rows(acc, g, 0, M);
-      stored_unit(bw, b, kh, acc, npar ? &(*gw)[ix((b * Hq + kh * G) * npar)] : nullptr, &w, &st);
+      double* gwu = npar ? &(*gw)[ix((b * Hq + kh * G) * npar)] : nullptr;
+      if (!bw.rate || !stored_unit_rate(bw, b, kh, acc, gwu, &w, &st)) {
+        for (I g = 0; g < G && acc.p && bw.rate; ++g) zero_rows(acc, g, 0, M);  // the rate's part undone
+        if (gwu && bw.rate) std::fill(gwu, gwu + G * npar, 0.0);
+        stored_unit(bw, b, kh, acc, gwu, &w, &st);
+      }
       for (I g = 0; g < G && acc.p; ++g) finish_dq(dq, dq_dir, acc, b, kh, g, 0, M);
     }
   }
@@ -164,6 +179,113 @@ void Fused::stored_unit(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, S
     attn_fast::store_rows(bw.dk, D, b, 0, N, kh, dK);
   }
   if (bw.dv.present()) attn_fast::store_rows(bw.dv, D, b, 0, N, kh, dV);
+}
+
+bool Fused::stored_unit_rate(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, Scratch* w, Store* st) const {
+  using attn_fast::Bf16Form;
+  using attn_fast::Pair;
+  const I D = d_.D, D2 = D / 2, G = d_.G, M = d_.M, N = d_.N, nkb = key_blocks(N), Bh = kBq / 2;
+  const float sc = static_cast<float>(d_.scale);
+  float* dKt = st->unit.data();  // [blocks, D, kLdt]
+  float* dVt = dKt + nkb * D * kLdt;
+  Pair* Kt = st->pairs.data();  // [blocks, D/2, kLdt]
+  Pair* Vt = Kt + nkb * D2 * kLdt;
+  Pair* Kp = Vt + nkb * D2 * kLdt;  // [blocks, kBk/2, D]
+  Pair* Qr = Kp + nkb * kBk / 2 * D;  // the query block's Q, dO rows [kBq, D/2], Qᵀ, dOᵀ [D, kBq/2]
+  Pair* dOr = Qr + kBq * D2;
+  Pair* Qt = dOr + kBq * D2;
+  Pair* dOt = Qt + D * Bh;
+  for (I kb = 0; kb < nkb; ++kb) {  // once per unit
+    const I j0 = kb * kBk, nk = std::min(kBk, N - j0);
+    pack_keys(b, kh, j0, nk, Kt + kb * D2 * kLdt);
+    bf16_->transpose_pairs(row_at(v_, b, j0, kh), v_.strides[1], nk, D2, Vt + kb * D2 * kLdt, kLdt);
+    bf16_->interleave_rows(row_at(k_, b, j0, kh), k_.strides[1], nk, D, Kp + kb * kBk / 2 * D, D);
+  }
+  std::fill(dKt, dKt + 2 * nkb * D * kLdt, 0.f);
+  float* m = st->row.data();
+  float* l = m + kBq;
+  float* dsum = l + kBq;
+  float* lse = dsum + kBq;
+  float* Di = lse + kBq;
+  float* S = w->s.data();
+  const auto* pb16 = reinterpret_cast<const std::uint16_t*>(w->pb.data());
+  for (I g = 0; g < G; ++g) {
+    const I h = kh * G + g;
+    double* gwh = gwu ? gwu + g * bw.npar : nullptr;
+    for (I q0 = 0; q0 < M; q0 += kBq) {
+      const I nq = std::min(kBq, M - q0), nqh = (nq + 1) / 2, qp_max = d_.q_off + q0 + nq - 1;
+      const I jhi = past_only(h) ? std::clamp<I>(qp_max - d_.k_off + 1, 0, N) : N;
+      for (int which = 0; which < 2; ++which) {  // Q's and dO's row pairs and their transposes
+        const Tile X = rows(which ? bw.dout : q_, false, b, q0, nq, h, w->q.data(), nullptr, 0);
+        Pair* r = which ? dOr : Qr;
+        bf16_->round_rows(X.p, X.ld, nq, D, r, D2);
+        bf16_->interleave_rows(reinterpret_cast<const std::uint16_t*>(r), D, nq, D, w->ib.data(), D);
+        bf16_->transpose_pairs(reinterpret_cast<const std::uint16_t*>(w->ib.data()), 2 * D, nqh, D,
+                               which ? dOt : Qt, Bh);
+      }
+      std::fill(m, m + nq, kNegInfF);
+      std::fill(l, l + nq, 0.f);
+      std::fill(dsum, dsum + nq, 0.f);
+      float* tile = st->tiles.data();
+      for (I j0 = 0; j0 < jhi; j0 += kBk, tile += 2 * kBq * kBk) {  // sweep 1, as stored_unit's
+        const I nk = std::min(kBk, jhi - j0), base = (d_.k_off + j0) - (d_.q_off + q0), bd = band(h, base);
+        float* dP = tile + kBq * kBk;
+        bf16_->gemm(Bf16Form::kScores, nq, nk, D2, sc, Qr, D2, Kt + j0 / kBk * D2 * kLdt, kLdt, tile, kBk, bd);
+        finish_logits(h, q0, nq, nk, base, bd, tile, w->diag.data());
+        bf16_->gemm(Bf16Form::kScores, nq, nk, D2, 1.f, dOr, D2, Vt + j0 / kBk * D2 * kLdt, kLdt, dP, kBk, bd);
+        std::copy(tile, tile + (nq - 1) * kBk + nk, S);
+        if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);
+        online_softmax_step(simd_, S, nq, nk, m, l, dsum, 1, bd);
+        for (I i = 0; i < nq; ++i)
+          dsum[i] += simd_.dot(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)));
+      }
+      for (I i = 0; i < nq; ++i) {
+        lse[i] = l[i] > 0 ? static_cast<float>(static_cast<double>(m[i]) + std::log(static_cast<double>(l[i])))
+                          : std::numeric_limits<float>::quiet_NaN();
+        Di[i] = l[i] > 0 ? dsum[i] / l[i] : std::numeric_limits<float>::quiet_NaN();
+      }
+      if (careful_rows(lse, Di, nq)) return false;  // a row that sees no key, a NaN or ±inf: stored_unit
+      tile = st->tiles.data();
+      for (I j0 = 0; j0 < jhi; j0 += kBk, tile += 2 * kBq * kBk) {  // sweep 2, as keys_rate's products
+        const I nk = std::min(kBk, jhi - j0), kb = j0 / kBk, base = (d_.k_off + j0) - (d_.q_off + q0);
+        const I bd = band(h, base);
+        float* P = tile;
+        const float* dP = tile + kBq * kBk;
+        simd_.exp_rows(P, nq, nk, kBk, lse, bd);
+        if (bw.dv.present()) {  // dVᵀ += dOᵀ·P
+          bf16_->round_rows(P, kBk, nq, nk, w->pb.data(), kBk / 2);
+          bf16_->interleave_rows(pb16, kBk, nq, nk, w->ib.data(), kLdt);
+          bf16_->gemm(Bf16Form::kValues, D, nk, nqh, 1.f, dOt, Bh, w->ib.data(), kLdt, dVt + kb * D * kLdt, kLdt,
+                      attn_fast::kNoBand);
+        }
+        for (I i = 0; i < nq; ++i) simd_.ds_row(P + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)), Di[i]);
+        if (gwh && bias_ == Bias::kFire) fire_tile(h, q0, base, nq, nk, nullptr, P, gwh);
+        else if (gwh && bias_ != Bias::kNone) param_grads(h, base, nq, nk, P, w->diag.data(), gwh);
+        for (I i = 0; i < nq; ++i) simd_.scale(P + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)), sc);
+        bf16_->round_rows(P, kBk, nq, nk, w->pb.data(), kBk / 2);  // scale·dS
+        if (bw.dk.present()) {  // dKᵀ += Qᵀ·(scale·dS)
+          bf16_->interleave_rows(pb16, kBk, nq, nk, w->ib.data(), kLdt);
+          bf16_->gemm(Bf16Form::kValues, D, nk, nqh, 1.f, Qt, Bh, w->ib.data(), kLdt, dKt + kb * D * kLdt, kLdt,
+                      attn_fast::kNoBand);
+        }
+        if (acc.p)  // dQ += (scale·dS)·K
+          bf16_->gemm(Bf16Form::kValues, nq, D, (nk + 1) / 2, 1.f, w->pb.data(), kBk / 2, Kp + kb * kBk / 2 * D, D,
+                      acc.row(g, q0), acc.ld, bd);
+      }
+    }
+  }
+  for (I kb = 0; kb < nkb; ++kb) {  // keys no row sees keep 0
+    const I j0 = kb * kBk, nk = std::min(kBk, N - j0);
+    if (bw.dk.present()) {
+      tr_(dKt + kb * D * kLdt, kLdt, D, nk, w->dk.data(), D);
+      attn_fast::store_rows(bw.dk, D, b, j0, nk, kh, w->dk.data());
+    }
+    if (bw.dv.present()) {
+      tr_(dVt + kb * D * kLdt, kLdt, D, nk, w->dv.data(), D);
+      attn_fast::store_rows(bw.dv, D, b, j0, nk, kh, w->dv.data());
+    }
+  }
+  return true;
 }
 
 }  // namespace posenc::fused_cpu

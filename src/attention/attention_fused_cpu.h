@@ -348,8 +348,11 @@ class Fused {
   // A thread's tiles of the stored backward (stored_unit): S and dP of one query block's key blocks
   // [2, blocks, kBq, kBk] each block's S then its dP; the unit's dK, dV, K (rotated) [3, N, D] and
   // Kᵀ, Vᵀ per key block [2, blocks, D, kLdt]; per row m, l, the running Σ P·dP, lse and D [5, kBq].
+  // At the bfloat16 rate (stored_unit_rate) unit holds dKᵀ, dVᵀ per key block and pairs the unit's
+  // K and V as the products read them and the query block's Q and dO.
   struct Store {
     std::vector<float> tiles, unit, row;
+    std::vector<attn_fast::Pair> pairs;
   };
   // Whether the backward takes the stored path: no saved statistics, float32 products through the
   // tile GEMM (not the bfloat16 rate, not rope2d mixed), k and v finite, whole units on every thread,
@@ -362,6 +365,11 @@ class Fused {
   // turns the kept tiles into P and dS and adds dV, dK (the unit's rows in st) and dQ (into acc):
   // five tile products per tile where the forward again and pass 2 take seven. Then dK, dV stored.
   void stored_unit(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, Scratch* w, Store* st) const;
+  // stored_unit at the bfloat16 rate (bw.rate): S, dP, dV, dK and dQ as keys_rate forms them, from
+  // pairs packed once per unit (K, V) or per query block (Q, dO); dKᵀ, dVᵀ summed per key block.
+  // False (acc and gwu partly written) where a query block has a row that sees no key or a non-finite
+  // lse or D: the caller then runs stored_unit, which has the careful steps.
+  bool stored_unit_rate(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, Scratch* w, Store* st) const;
 
   // Key-block cuts [T + 1] of kv head kh into T parts of about equal work (the query rows each key
   // block meets, over the group's heads, plus a share for loading the block).
