@@ -165,6 +165,16 @@ void check(Problem& pr, DType gdt) {
   EXPECT_TRUE(Close(dw.values(), ww, tol_param(pr.dt))) << "drel_proj";
 }
 
+// check() with the stored backward (taken where it fits: the default) and with the one that runs the
+// forward again (attention_xl_backward_stored.cc, attention_xl_backward.cc).
+void check_both_paths(Problem& pr, DType gdt) {
+  for (bool stored : {true, false}) {
+    SCOPED_TRACE(stored ? "stored backward" : "recomputing backward");
+    const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+    check(pr, gdt);
+  }
+}
+
 TEST(FastAttentionXL, MatchesReferenceEveryShape) {
   int n = 0;
   for (int threads : {1, 2}) {
@@ -179,7 +189,7 @@ TEST(FastAttentionXL, MatchesReferenceEveryShape) {
                        " threads " + std::to_string(threads) + " enc " + dtype_name(enc) + " grads " +
                        dtype_name(gdt));
           Problem pr(s, causal, dt, enc, 100 + 10 * n);
-          check(pr, gdt);
+          check_both_paths(pr, gdt);
         }
   }
   set_num_threads(0);
@@ -189,7 +199,7 @@ TEST(FastAttentionXL, MatchesReferenceEveryShape) {
 TEST(FastAttentionXL, L989MatchesReference) {
   set_num_threads(2);
   Problem pr({"L989", 1, 989, 989, 2, 1, 64, 64}, true, DType::kF32, DType::kF64, 600);
-  check(pr, DType::kF64);
+  check_both_paths(pr, DType::kF64);
   set_num_threads(0);
 }
 
@@ -199,7 +209,7 @@ TEST(FastAttentionXL, EverySimdTarget) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     Problem pr({"mid", 1, 150, 140, 2, 1, 64, 16, I{20}, I{3}}, true, DType::kF32, DType::kF64, 700);
-    check(pr, DType::kF64);
+    check_both_paths(pr, DType::kF64);
   }
   hwy::SetSupportedTargetsForTest(0);
 }
@@ -208,6 +218,7 @@ TEST(FastAttentionXL, EverySimdTarget) {
 // transposed from the table, each backward tile's [Q + u | Ỹ] formed again, dQ summed in dq itself.
 // Causal with offsets (tiles not aligned to the query blocks) and full with GQA and two batch rows.
 TEST(FastAttentionXL, UncachedPathsMatchReference) {
+  const fused::ScoreStoreLimit recompute(0);  // the buffers are the recomputing backward's
   fused::xl_set_cache_limit(0);
   fused::set_dq_buffer_limit(0);
   for (int threads : {1, 2}) {
@@ -245,77 +256,115 @@ TEST(FastAttentionXL, DecodeStepSameHoweverTheGroupIsCut) {
 }
 
 TEST(FastAttentionXL, TwoThreadsEqualOne) {
-  Problem pr({"two", 2, 200, 200, 4, 2, 64, 64}, false, DType::kF32, DType::kF64, 800);
-  const EncodingTensors t = pr.tensors();
-  std::vector<Vec> res[2];
-  for (int threads : {1, 2}) {
-    set_num_threads(threads);
-    Tensor out(DType::kF32, pr.qshape()), dq(DType::kF32, pr.qshape()), dk(DType::kF32, pr.kshape()),
-        dv(DType::kF32, pr.kshape()), du(DType::kF64, pr.u.shape), dvb(DType::kF64, pr.vb.shape),
-        dw(DType::kF64, pr.w.shape);
-    EncodingGrads g;
-    g.u = du.view();
-    g.v = dvb.view();
-    g.rel_proj = dw.view();
-    ASSERT_TRUE(fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view()).ok());
-    ASSERT_TRUE(fused::attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t,
-                                          pr.dout.view(), dq.view(), dk.view(), dv.view(), g).ok());
-    res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(),
-                        du.values(),  dvb.values(), dw.values()};
+  for (bool stored : {true, false}) {
+    SCOPED_TRACE(stored ? "stored backward" : "recomputing backward");
+    const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+    Problem pr({"two", 2, 200, 200, 4, 2, 64, 64}, false, DType::kF32, DType::kF64, 800);
+    const EncodingTensors t = pr.tensors();
+    std::vector<Vec> res[2];
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Tensor out(DType::kF32, pr.qshape()), dq(DType::kF32, pr.qshape()), dk(DType::kF32, pr.kshape()),
+          dv(DType::kF32, pr.kshape()), du(DType::kF64, pr.u.shape), dvb(DType::kF64, pr.vb.shape),
+          dw(DType::kF64, pr.w.shape);
+      EncodingGrads g;
+      g.u = du.view();
+      g.v = dvb.view();
+      g.rel_proj = dw.view();
+      ASSERT_TRUE(fused::attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view()).ok());
+      ASSERT_TRUE(fused::attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t,
+                                            pr.dout.view(), dq.view(), dk.view(), dv.view(), g).ok());
+      res[threads - 1] = {out.values(), dq.values(), dk.values(), dv.values(),
+                          du.values(),  dvb.values(), dw.values()};
+    }
+    set_num_threads(0);
+    for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
   }
+}
+
+// The stored backward is taken where it fits: a causal first row sees only key 0, so P = 1 and the
+// stored path's D = Σ P·dP is dP itself, dS exactly 0 and that row's dq exactly 0; computing the
+// forward again gives D = dO·out, which rounds otherwise and leaves a few ulps.
+TEST(FastAttentionXL, StoredBackwardTakenWhereItFits) {
+  set_num_threads(1);
+  Problem pr({"first", 1, 200, 200, 2, 1, 64, 16}, true, DType::kF32, DType::kF64, 1500);
+  const EncodingTensors t = pr.tensors();
+  Vec row0[2];
+  for (int stored : {0, 1}) {
+    const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+    Tensor dq(DType::kF32, pr.qshape());
+    ASSERT_TRUE(fused::attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, pr.dout.view(),
+                                          dq.view(), View{}, View{}, EncodingGrads{}).ok());
+    const Vec all = dq.values();
+    row0[stored].assign(all.begin(), all.begin() + 64);  // row 0 of head 0
+  }
+  EXPECT_EQ(row0[1], Vec(64, 0.0));
+  EXPECT_NE(row0[0], Vec(64, 0.0));
   set_num_threads(0);
-  for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
 }
 
 // attention_backward_saved given the public forward's out and lse: the public backward's gradients,
-// bit for bit with float32 out (pass 1 reads out and lse instead of running the forward), at a size
-// the dispatcher sends to the kernel and at one it sends to the reference; with bfloat16 out (Δ from
-// the rounded out), within the kernel's bfloat16 gradient tolerance of the float64 reference.
+// bit for bit with float32 out where that runs the forward again (pass 1 reads out and lse instead),
+// within 1e-5 of each output's largest entry where it takes the stored path (D = Σ P·dP rounds
+// otherwise), at a size the dispatcher sends to the kernel and at one it sends to the reference; with
+// bfloat16 out (Δ from the rounded out), within the kernel's bfloat16 gradient tolerance of the
+// float64 reference.
 TEST(FastAttentionXL, SavedForwardGivesTheSameBackward) {
-  for (DType dt : {DType::kF32, DType::kBF16})
-    for (I L : {I{4}, I{200}}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " L = " + std::to_string(L));
-      Problem pr({"saved", 1, L, L, 4, 2, 64, 16}, true, dt, DType::kF64, 1300);
-      const EncodingTensors t = pr.tensors();
-      Tensor out(dt, pr.qshape());
-      Vec lse(ix(4 * L));
-      const View lv = View::contiguous(lse.data(), DType::kF64, {1, 4, L});
-      ASSERT_TRUE(attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(), lv).ok());
-      std::vector<Vec> res[2];
-      for (int saved : {0, 1}) {
-        Tensor dq(dt, pr.qshape()), dk(dt, pr.kshape()), dv(dt, pr.kshape()), du(DType::kF64, pr.u.shape),
-            dvb(DType::kF64, pr.vb.shape), dw(DType::kF64, pr.w.shape);
-        EncodingGrads g;
-        g.u = du.view();
-        g.v = dvb.view();
-        g.rel_proj = dw.view();
-        const Status st =
-            saved ? attention_backward_saved(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(), lv,
-                                             pr.dout.view(), dq.view(), dk.view(), dv.view(), g)
-                  : attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, pr.dout.view(),
-                                       dq.view(), dk.view(), dv.view(), g);
-        ASSERT_TRUE(st.ok()) << st.message();
-        res[saved] = {dq.values(), dk.values(), dv.values(), du.values(), dvb.values(), dw.values()};
+  for (bool stored : {false, true})
+    for (DType dt : {DType::kF32, DType::kBF16})
+      for (I L : {I{4}, I{200}}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " L = " + std::to_string(L) + (stored ? " stored" : ""));
+        const fused::ScoreStoreLimit limit(stored ? -1 : 0);
+        Problem pr({"saved", 1, L, L, 4, 2, 64, 16}, true, dt, DType::kF64, 1300);
+        const EncodingTensors t = pr.tensors();
+        Tensor out(dt, pr.qshape());
+        Vec lse(ix(4 * L));
+        const View lv = View::contiguous(lse.data(), DType::kF64, {1, 4, L});
+        ASSERT_TRUE(attention_forward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(), lv).ok());
+        std::vector<Vec> res[2];
+        for (int saved : {0, 1}) {
+          Tensor dq(dt, pr.qshape()), dk(dt, pr.kshape()), dv(dt, pr.kshape()), du(DType::kF64, pr.u.shape),
+              dvb(DType::kF64, pr.vb.shape), dw(DType::kF64, pr.w.shape);
+          EncodingGrads g;
+          g.u = du.view();
+          g.v = dvb.view();
+          g.rel_proj = dw.view();
+          const Status st =
+              saved ? attention_backward_saved(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, out.view(), lv,
+                                               pr.dout.view(), dq.view(), dk.view(), dv.view(), g)
+                    : attention_backward(pr.p, pr.q.view(), pr.k.view(), pr.v.view(), t, pr.dout.view(),
+                                         dq.view(), dk.view(), dv.view(), g);
+          ASSERT_TRUE(st.ok()) << st.message();
+          res[saved] = {dq.values(), dk.values(), dv.values(), du.values(), dvb.values(), dw.values()};
+        }
+        if (dt == DType::kF32) {
+          for (std::size_t i = 0; i < res[0].size(); ++i) {
+            if (!stored) {
+              EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+              continue;
+            }
+            double top = 0, worst = 0;
+            for (std::size_t e = 0; e < res[1][i].size(); ++e)
+              top = std::max(top, std::fabs(res[1][i][e])), worst = std::max(worst, std::fabs(res[0][i][e] - res[1][i][e]));
+            EXPECT_LE(worst, 1e-5 * top) << "output " << i;
+          }
+          continue;
+        }
+        Vec wq(pr.q.d.size()), wk(pr.k.d.size()), wv(pr.v.d.size()), wu(pr.u.d.size()), wvb(pr.vb.d.size()),
+            ww(pr.w.d.size());
+        EncodingGrads gw;
+        gw.u = View::contiguous(wu.data(), DType::kF64, pr.u.shape);
+        gw.v = View::contiguous(wvb.data(), DType::kF64, pr.vb.shape);
+        gw.rel_proj = View::contiguous(ww.data(), DType::kF64, pr.w.shape);
+        ASSERT_TRUE(reference::attention_backward(pr.p, pr.q.view64(), pr.k.view64(), pr.v.view64(), t,
+                                                  pr.dout.view64(), View::contiguous(wq.data(), DType::kF64, pr.qshape()),
+                                                  View::contiguous(wk.data(), DType::kF64, pr.kshape()),
+                                                  View::contiguous(wv.data(), DType::kF64, pr.kshape()), gw)
+                        .ok());
+        // Δ from the rounded out carries bfloat16's error into every gradient, the parameters' too
+        const Vec* want[] = {&wq, &wk, &wv, &wu, &wvb, &ww};
+        for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(Close(res[1][i], *want[i], tol_grad(dt))) << "output " << i;
       }
-      if (dt == DType::kF32) {
-        for (std::size_t i = 0; i < res[0].size(); ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
-        continue;
-      }
-      Vec wq(pr.q.d.size()), wk(pr.k.d.size()), wv(pr.v.d.size()), wu(pr.u.d.size()), wvb(pr.vb.d.size()),
-          ww(pr.w.d.size());
-      EncodingGrads gw;
-      gw.u = View::contiguous(wu.data(), DType::kF64, pr.u.shape);
-      gw.v = View::contiguous(wvb.data(), DType::kF64, pr.vb.shape);
-      gw.rel_proj = View::contiguous(ww.data(), DType::kF64, pr.w.shape);
-      ASSERT_TRUE(reference::attention_backward(pr.p, pr.q.view64(), pr.k.view64(), pr.v.view64(), t,
-                                                pr.dout.view64(), View::contiguous(wq.data(), DType::kF64, pr.qshape()),
-                                                View::contiguous(wk.data(), DType::kF64, pr.kshape()),
-                                                View::contiguous(wv.data(), DType::kF64, pr.kshape()), gw)
-                      .ok());
-      // Δ from the rounded out carries bfloat16's error into every gradient, the parameters' too
-      const Vec* want[] = {&wq, &wk, &wv, &wu, &wvb, &ww};
-      for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(Close(res[1][i], *want[i], tol_grad(dt))) << "output " << i;
-    }
 }
 
 // kB of the process's peak resident memory (VmHWM).

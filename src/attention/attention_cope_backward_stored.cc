@@ -46,19 +46,22 @@ bool Cope::stored_backward(const Grads& gr, const View& dtable) const {
     guard.run([&] {
       w.init(D, nc);
       w.init_backward(D);
-      st.tiles.resize(ix(tile_floats(N)));
-      st.unit.resize(ix(4 * N * D));
-      st.dot.assign(ix(D * kLdt), 0.f);
-      st.dq.resize(ix(kBq * D));
-      st.C.resize(ix(kBq * nc));
-      st.dEt.assign(ix(nc * D), 0.f);
-      st.dsum.resize(ix(kBq));
-      st.gc.resize(ix(kBq));
       dEs.assign(gr.dtable ? ix(nc * D) : 0, 0.0);
     });
 #pragma omp for schedule(dynamic, 1) reduction(|| : bad)
     for (I u = 0; u < units; ++u) {
       if (guard.failed() || bad) continue;
+      if (st.gc.empty() && !guard.run([&] {  // a thread's Store, once it has a unit
+            st.tiles.resize(ix(tile_floats(N)));
+            st.unit.resize(ix(4 * N * D));
+            st.dot.assign(ix(D * kLdt), 0.f);
+            st.dq.resize(ix(kBq * D));
+            st.C.resize(ix(kBq * nc));
+            st.dEt.assign(ix(nc * D), 0.f);
+            st.dsum.resize(ix(kBq));
+            st.gc.resize(ix(kBq));
+          }))
+        continue;
       bad = !stored_unit(gr, u / d_.Hkv, u % d_.Hkv, &w, &st);
       if (bad || !gr.dtable) continue;
       for (I x = 0; x < nc * D; ++x) dEs[ix(x)] += static_cast<double>(st.dEt[ix(x)]);

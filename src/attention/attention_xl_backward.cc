@@ -18,6 +18,10 @@ void XlFused::backward(const View& dout, const View& dq, const View& dk, const V
   // the careful steps on every tile (attention_tiles.h): k or v not finite
   const bool careful_all = (cf_.k_known ? !cf_.k_finite : !all_finite(simd_, k_, threads_)) ||
                            !all_finite(simd_, v_, threads_);
+  if (!saved_out && !careful_all && stored_ok()) {  // attention_xl_backward_stored.cc
+    stored_backward(dout, dq, dk, dv, g);
+    return;
+  }
   std::vector<float> lse, Dv;  // [B, Hq, M]
   pass1(dout, saved_out, saved_lse, careful_all, &lse, &Dv);
   RegionGuard guard;
@@ -55,16 +59,9 @@ void XlFused::backward(const View& dout, const View& dq, const View& dk, const V
                    &qall[ix(G * M * D + (gi * M + i0) * R)]);
             load_rows(dout, D, b, i0, nq, kh * G + gi, &qall[ix(G * M * Dc + (gi * M + i0) * D)]);
           }
-      // dQc of head kh·G + gi, row i at qbase + gi·qhs + i·qld
-      float* qbase = qacc.data();
-      I qld = D, qhs = M * D;
-      if (dq_dir) {
-        qbase = static_cast<float*>(dq.data) + b * dq.strides[0] + kh * G * dq.strides[2];
-        qld = M == 1 ? D : dq.strides[1];
-        qhs = dq.strides[2];
-        for (I gi = 0; gi < G; ++gi)
-          for (I i = 0; i < M; ++i) std::fill(qbase + gi * qhs + i * qld, qbase + gi * qhs + i * qld + D, 0.f);
-      }
+      const DqRows dqr = dq_rows(dq, dq_dir, b, kh, &qacc);
+      float* qbase = dqr.base;
+      const I qld = dqr.ld, qhs = dqr.hs;
       for (I j0 = 0; j0 < N; j0 += kBk) {
         const I nk = std::min(kBk, N - j0), kp0 = d_.k_off + j0;
         load_rows(k_, D, b, j0, nk, kh, w.kc.data());
@@ -106,6 +103,16 @@ void XlFused::backward(const View& dout, const View& dq, const View& dk, const V
   }
   guard.rethrow();
   write_param_grads(gp, g);
+}
+
+XlFused::DqRows XlFused::dq_rows(const View& dq, bool dq_dir, I b, I kh, std::vector<float>* qacc) const {
+  const I D = d_.D, M = d_.M, G = d_.G;
+  if (!dq_dir) return DqRows{qacc->data(), D, M * D};
+  DqRows r{static_cast<float*>(dq.data) + b * dq.strides[0] + kh * G * dq.strides[2], M == 1 ? D : dq.strides[1],
+           dq.strides[2]};
+  for (I gi = 0; gi < G; ++gi)
+    for (I i = 0; i < M; ++i) std::fill(r.base + gi * r.hs + i * r.ld, r.base + gi * r.hs + i * r.ld + D, 0.f);
+  return r;
 }
 
 void XlFused::pass1(const View& dout, const View* saved_out, const View* saved_lse, bool careful, std::vector<float>* lse,
@@ -154,8 +161,7 @@ void XlFused::pass1(const View& dout, const View* saved_out, const View* saved_l
 
 void XlFused::tile(const Tiles& t, I b, I h, I i0, I nq, I j0, I nk, float* qc, const float* yt, const float* dO,
                    const float* C, float* dq, I ldq, float* xt, Scratch* w) const {
-  const I D = d_.D, R = d_.R, M = d_.M, Hq = d_.Hq;
-  const float sc = static_cast<float>(d_.scale);
+  const I D = d_.D, M = d_.M, Hq = d_.Hq;
   float* S = w->s.data();
   float* dP = w->dp.data();
   // banded (tile_gemm.h): P and dS formed on each row's reach and visible keys, the
@@ -165,26 +171,34 @@ void XlFused::tile(const Tiles& t, I b, I h, I i0, I nq, I j0, I nk, float* qc, 
   const float* Di = &t.Dv[ix((b * Hq + h) * M + i0)];
   simd_.exp_rows(S, nq, nk, kBk, L, bd);  // P
   tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, D, w->vt.data(), kLdt, dP, kBk, bd);
+  const TileGrads tg{t.careful || careful_rows(L, Di, nq), Di, qc, dO, w->kc.data(), C, w->dk.data(), w->dv.data(),
+                     dq, ldq, xt};
+  tile_grads(tg, nq, nk, bd, S, dP, w);
+}
+
+void XlFused::tile_grads(const TileGrads& t, I nq, I nk, I bd, float* S, const float* dP, Scratch* w) const {
+  const I D = d_.D, R = d_.R;
+  const float sc = static_cast<float>(d_.scale);
   // careful (attention_tiles.h): the products read sanitized dO, Qu, K; dO's non-finite
   // entries' terms added back into dV; dS 0 where P is
-  const bool careful = t.careful || careful_rows(L, Di, nq);
+  const bool careful = t.careful;
+  const float* dO = t.dO;
   const bool bad_do = careful && sanitize_rows(dO, D, nq, D, w->sd.data());
-  if (bad_do) tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w->sd.data(), D, w->dv.data(), D, bd);
-  else tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO, D, w->dv.data(), D, bd);
-  if (bad_do) add_back_ptdo(S, nq, nk, dO, D, D, w->dv.data());
+  if (bad_do) tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, w->sd.data(), D, t.dv, D, bd);
+  else tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, 1.f, S, kBk, dO, D, t.dv, D, bd);
+  if (bad_do) add_back_ptdo(S, nq, nk, dO, D, D, t.dv);
   for (I i = 0; i < nq; ++i) {
     const I n = std::clamp<I>(i + bd + 1, 0, nk);
-    if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, Di[i]);
-    else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), Di[i]);
+    if (careful) careful_ds(S + i * kBk, dP + i * kBk, n, t.Di[i]);
+    else simd_.ds_row(S + i * kBk, dP + i * kBk, ix(n), t.Di[i]);
   }
   // S now holds dS; c = scale·dS.
-  const bool bad_q = careful && sanitize_rows(qc, D, nq, D, w->sq.data());
-  tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w->sq.data() : qc, D, w->dk.data(),
-            D, bd);
-  const bool bad_k = careful && sanitize_rows(w->kc.data(), D, nk, D, w->sk.data());
-  const float* K = bad_k ? w->sk.data() : w->kc.data();
-  tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K, D, dq, ldq, bd);
-  tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, C, R, xt, R, bd);
+  const bool bad_q = careful && sanitize_rows(t.qc, D, nq, D, w->sq.data());
+  tile_gemm(gemm_, GemmForm::kTN, nk, D, nq, sc, S, kBk, bad_q ? w->sq.data() : t.qc, D, t.dk, D, bd);
+  const bool bad_k = careful && sanitize_rows(t.K, D, nk, D, w->sk.data());
+  const float* K = bad_k ? w->sk.data() : t.K;
+  tile_gemm(gemm_, GemmForm::kNN, nq, D, nk, sc, S, kBk, K, D, t.dq, t.ldq, bd);
+  tile_gemm(gemm_r_, GemmForm::kNN, nq, R, nk, sc, S, kBk, t.C, R, t.xt, R, bd);
 }
 
 void XlFused::finish_rows(I b, I h, float* qa, I ld, const float* xt_all, Scratch* w, double* gph,

@@ -104,6 +104,49 @@ class XlFused {
   void tile(const Tiles& t, I b, I h, I i0, I nq, I j0, I nk, float* qc, const float* yt, const float* dO,
             const float* C, float* dq, I ldq, float* xt, Scratch* w) const;
 
+  // What tile_grads reads and adds into: whether the tile takes the careful steps, D of its rows, its
+  // Qu [nq, D], dO [nq, D], K's rows [nk, D], C [nk, R];
+  // dK, dV [nk, D], dQc (row stride ldq), X̃ [nq, R].
+  struct TileGrads {
+    bool careful;
+    const float* Di;
+    float* qc;
+    const float* dO;
+    const float* K;
+    const float* C;
+    float *dk, *dv, *dq;
+    I ldq;
+    float* xt;
+  };
+  // The part of a pass-2 tile after S and dP: S [nq, Bk] holding P (in: P, out: dS), dP; dV += Pᵀ·dO,
+  // dS, dK += cᵀ·Qu, dQc += c·K, X̃ += c·C (c = scale·dS), banded by bd.
+  void tile_grads(const TileGrads& t, I nq, I nk, I bd, float* S, const float* dP, Scratch* w) const;
+
+  // Where a unit (b, kv head kh) sums dQc: head g's row i at base + g·hs + i·ld — in dq itself
+  // (dq_dir; zeroed here) or in qacc [G, M, D].
+  struct DqRows {
+    float* base;
+    I ld, hs;
+  };
+  DqRows dq_rows(const View& dq, bool dq_dir, I b, I kh, std::vector<float>* qacc) const;
+
+  // The stored backward (attention_xl_backward_stored.cc): a thread's kept S and dP tiles of one
+  // query block [2, key blocks, Bq, Bk]; its unit's [K | C]ᵀ and Vᵀ per key block, K's rows and
+  // the float dK, dV sums [3, N, D]; the block's rows' m, l, Σ P·dP, lse and D [5, Bq].
+  struct Store {
+    std::vector<float> tiles, unit, row;
+  };
+  // Floats of a Store; whether one fits score_store_limit (attention_tiles.h).
+  I store_floats() const;
+  bool stored_ok() const;
+  // The backward without pass 1 (no saved out and lse, k and v finite): per unit (b, kv head), per
+  // query head and query block, sweep 1 forms S and dP = dO·Vᵀ of each key block the block sees,
+  // keeps both and runs the online softmax for lse and D = Σ_j P_ij·dP_ij; sweep 2 reads them back
+  // as P for tile_grads. Seven products of dimension D or R per tile where pass 1 and pass 2 take ten.
+  void stored_backward(const View& dout, const View& dq, const View& dk, const View& dv, const EncodingGrads& g) const;
+  void stored_unit(const View& dout, const View& dk, const View& dv, I b, I kh, const DqRows& dqr, float* xacc,
+                   Scratch* w, Store* st) const;
+
   // The angle table tab_ [rows, R]: s(p) = per pair (sin ω·p, cos ω·p), sinusoidal_table's rows, for
   // the positions p relative to k_off of the queries, q_off − k_off + i, and of the keys, j. One run
   // of positions covers both where it is no longer than M + N rows (queries near their keys), else
