@@ -379,8 +379,11 @@ long peak_kb() {
 // L = 8192, one head, forward and backward: an L×L float buffer would be 256 MB; the kernel needs
 // the angle table (L·R floats, 2 MB), per thread X̃ (L·R floats, 2 MB; dQ sums in dq), lse, D, and
 // the key panels of the forward and of the backward's first pass (L·(D + R) floats and row padding,
-// 4.7 MB each; under ASan's quarantine the second does not reuse the first's pages).
+// 4.7 MB each; under ASan's quarantine the second does not reuse the first's pages). The backward
+// that computes the forward again: the stored path, which this size would take, adds its tiles and
+// rows (22 MB here), bounded by score_store_limit a thread (attention_tiles.h).
 TEST(FastAttentionXL, LongSequenceNeedsNoLxLBuffer) {
+  const fused::ScoreStoreLimit recompute(0);
   const I L = 8192, D = 64, R = 64;
   set_num_threads(2);
   Problem pr({"long", 1, L, L, 1, 1, D, R}, true, DType::kF32, DType::kF32, 900);
