@@ -99,7 +99,7 @@ double amax(const Vec& x) {
 // carry the usual float32 error; the count p adds its own, ~1e-6 absolute (gates from float logits,
 // sums rounded by 2^-24 per gate), which z turns into logit error at the rate q·(e_⌈p⌉ − e_⌊p⌋), a
 // few units here: measured up to 5e-6 (out) and 2e-5 (gradients) relative to the largest entry, so
-// 2e-5 and 1e-4. bfloat16 adds its output rounding (2^-8 relative), as in test_attention_fast.cc.
+// 2e-5 and 1e-4. bfloat16 adds its output rounding (2^-8 relative), as in attention_fast_testing.h.
 struct Tol {
   double atol, rtol;
 };

@@ -12,7 +12,7 @@
 // the tile kernel.
 //
 // The reference sees exactly what the kernel reads: inputs are rounded to the dtype first.
-// Tolerances as tests/test_attention_fast.cc's: |got − want| ≤ atol·max|want| + rtol·|want|.
+// Tolerances as tests/attention_fast_testing.h's: |got − want| ≤ atol·max|want| + rtol·|want|.
 #include <cmath>
 #include <limits>
 #include <random>

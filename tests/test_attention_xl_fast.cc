@@ -10,7 +10,7 @@
 // The reference sees exactly what the kernel reads: q/k/v are rounded to the dtype first, and the
 // encoding tensors (u, v, W: float64 or float32 views, alternating over the cases) are the same views.
 // Tolerances: |got − want| ≤ atol + rtol·|want|, atol scaled by the largest |want| of the tensor; they
-// are test_attention_fast.cc's (the kernel's arithmetic is the same float32 sgemm tiles; the
+// are attention_fast_testing.h's (the kernel's arithmetic is the same float32 sgemm tiles; the
 // position term widens the score product's inner dimension by R, and float32 sin/cos tables).
 #include <hwy/targets.h>
 
