@@ -202,30 +202,14 @@ void Cope::tile(const Stats& st, I b, I h, I g, I r, I i0, I nq, I j0, I nk, Scr
     w->qetop[ix(i)] = real ? c->qe[ix((gm + i) * nc + nc - 1)] : 0.f;
     if (real) minjs = std::min(minjs, w->js[ix(i)]);
   }
-  cope_fast::BwdTile t;
+  cope_fast::BwdTile t = bwd_tile(w, &c->qe[ix(gm * nc)], &c->C[ix(gm * nc)]);
   t.at = w->at.data();
   t.dp = w->dpt.data();
   t.nk = nk;
   t.nq = nq;
   t.j0 = j0;
-  t.causal = causal_;
   t.base = (d_.k_off + j0) - (d_.q_off + i0);
   t.clamped = j0 + nk <= minjs;
-  t.qe = &c->qe[ix(gm * nc)];
-  t.c = &c->C[ix(gm * nc)];
-  t.rowbase = w->rowbase.data();
-  t.qetop = w->qetop.data();
-  t.top = top_;
-  t.colmax = static_cast<float>(nc - 1);
-  t.lse = w->lse.data();
-  t.dd = w->dd.data();
-  t.js = w->js.data();
-  t.bk = w->ck.data();
-  t.br = w->cr.data();
-  t.tk = w->tk.data();
-  t.tr = w->tr.data();
-  t.dc = w->dc.data();
-  t.ctop = w->ctop.data();
   kern_.bwd(t);
   if (t.clamped) {
     for (I i = 0; i < nq; ++i) c->C[ix((gm + i) * nc + nc - 1)] += w->ctop[ix(i)];
@@ -240,6 +224,27 @@ void Cope::tile(const Stats& st, I b, I h, I g, I r, I i0, I nq, I j0, I nk, Scr
   tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, 1.f, w->at.data(), kBq, dO, D, w->dv.data(), D);
   tile_gemm(gemm_, GemmForm::kNN, nk, D, nq, sc, w->dpt.data(), kBq, Q, D, w->dk.data(), D);
   tile_gemm(gemm_, GemmForm::kTN, nq, D, nk, sc, w->dpt.data(), kBq, w->k.data(), D, &c->dqt[ix(gm * D)], D);
+}
+
+cope_fast::BwdTile Cope::bwd_tile(Scratch* w, const float* qe, float* C) const {
+  cope_fast::BwdTile t;
+  t.causal = causal_;
+  t.qe = qe;
+  t.c = C;
+  t.rowbase = w->rowbase.data();
+  t.qetop = w->qetop.data();
+  t.top = top_;
+  t.colmax = static_cast<float>(ncol_ - 1);
+  t.lse = w->lse.data();
+  t.dd = w->dd.data();
+  t.js = w->js.data();
+  t.bk = w->ck.data();
+  t.br = w->cr.data();
+  t.tk = w->tk.data();
+  t.tr = w->tr.data();
+  t.dc = w->dc.data();
+  t.ctop = w->ctop.data();
+  return t;
 }
 
 }  // namespace posenc::cope_cpu

@@ -136,24 +136,8 @@ void Cope::stored_sweep2(const Grads& gr, I b, I h, I q0, I nq, I jhi, const flo
   std::fill(w->dc.begin(), w->dc.end(), 0.f);
   std::fill(st->C.begin(), st->C.end(), 0.f);
   std::fill(st->dq.begin(), st->dq.begin() + nq * D, 0.f);
-  cope_fast::BwdTile t;
+  cope_fast::BwdTile t = bwd_tile(w, w->qe.data(), st->C.data());
   t.nq = nq;
-  t.causal = causal_;
-  t.qe = w->qe.data();
-  t.c = st->C.data();
-  t.rowbase = w->rowbase.data();
-  t.qetop = w->qetop.data();
-  t.top = top_;
-  t.colmax = static_cast<float>(nc - 1);
-  t.lse = w->lse.data();
-  t.dd = w->dd.data();
-  t.js = w->js.data();
-  t.bk = w->ck.data();
-  t.br = w->cr.data();
-  t.tk = w->tk.data();
-  t.tr = w->tr.data();
-  t.dc = w->dc.data();
-  t.ctop = w->ctop.data();
   const float* Q = w->q.data();
   const float* dO = w->dout.data();
   for (I j0 = 0; j0 < jhi; j0 += kBk) {

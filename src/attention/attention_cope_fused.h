@@ -206,6 +206,10 @@ class Cope {
   // dV += Pᵀ·dO, dK += scale·daᵀ·Q (w->dv, w->dk) and dQ += scale·da·K (c->dqt); the rows' carries
   // and C updated.
   void tile(const Stats& st, I b, I h, I g, I r, I i0, I nq, I j0, I nk, Scratch* w, Chunk* c) const;
+  // A backward tile step's arguments that stay from tile to tile: w's per-row arrays, the table's
+  // sizes, the rows' QE and C (qe, C [Bq, ncol]); the caller sets the tile's own (at, dp, nk, nq, j0,
+  // base, clamped).
+  cope_fast::BwdTile bwd_tile(Scratch* w, const float* qe, float* C) const;
   // Whether query row i sees any key (else its lse is −inf and its out 0 whatever the inputs).
   bool sees_keys(I i) const { return d_.N > 0 && (!causal_ || d_.q_off + i >= d_.k_off); }
 

@@ -129,23 +129,9 @@ void Fused::stored_unit(const Bwd& bw, I b, I kh, const Acc& acc, double* gwu, S
         logits(h, q0, nq, j0, nk, Q, K, w, kt, tile);
         tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO.p, dO.ld, vt, kLdt, dP, kBk, bd);
         std::copy(tile, tile + (nq - 1) * kBk + nk, S);
-        if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);
-        online_softmax_step(simd_, S, nq, nk, m, l, dsum, 1, bd);  // dsum rescaled as a 1-wide out
-        for (I i = 0; i < nq; ++i)
-          dsum[i] += simd_.dot(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)));
+        stored_sweep_step(simd_, S, dP, nq, nk, bd, cf_.rows, m, l, dsum);
       }
-      // lse and D as online_softmax_finish and pass 1 give them (D: rowsum(dO ⊙ out) there)
-      for (I i = 0; i < nq; ++i) {
-        if (l[i] > 0) {
-          lse[i] = static_cast<float>(static_cast<double>(m[i]) + std::log(static_cast<double>(l[i])));
-          Di[i] = dsum[i] / l[i];
-        } else if (std::isnan(m[i]) || std::isnan(l[i])) {
-          lse[i] = Di[i] = std::numeric_limits<float>::quiet_NaN();
-        } else {  // no key seen: out is 0
-          lse[i] = kNegInfF;
-          Di[i] = dsum[i];
-        }
-      }
+      stored_row_stats(nq, m, l, dsum, lse, Di);  // lse and D as pass 1 gives them
       // sweep 2: P, dS and the three products; the careful steps as in keys()
       const bool careful = careful_rows(lse, Di, nq);
       const bool bad_do = careful && sanitize_rows(dO.p, dO.ld, nq, D, w->dos.data());
@@ -234,16 +220,9 @@ bool Fused::stored_unit_rate(const Bwd& bw, I b, I kh, const Acc& acc, double* g
         finish_logits(h, q0, nq, nk, base, bd, tile, w->diag.data());
         bf16_->gemm(Bf16Form::kScores, nq, nk, D2, 1.f, dOr, D2, Vt + j0 / kBk * D2 * kLdt, kLdt, dP, kBk, bd);
         std::copy(tile, tile + (nq - 1) * kBk + nk, S);
-        if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);
-        online_softmax_step(simd_, S, nq, nk, m, l, dsum, 1, bd);
-        for (I i = 0; i < nq; ++i)
-          dsum[i] += simd_.dot(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)));
+        stored_sweep_step(simd_, S, dP, nq, nk, bd, cf_.rows, m, l, dsum);
       }
-      for (I i = 0; i < nq; ++i) {
-        lse[i] = l[i] > 0 ? static_cast<float>(static_cast<double>(m[i]) + std::log(static_cast<double>(l[i])))
-                          : std::numeric_limits<float>::quiet_NaN();
-        Di[i] = l[i] > 0 ? dsum[i] / l[i] : std::numeric_limits<float>::quiet_NaN();
-      }
+      stored_row_stats(nq, m, l, dsum, lse, Di);
       if (careful_rows(lse, Di, nq)) return false;  // a row that sees no key, a NaN or ±inf: stored_unit
       tile = st->tiles.data();
       for (I j0 = 0; j0 < jhi; j0 += kBk, tile += 2 * kBq * kBk) {  // sweep 2, as keys_rate's products

@@ -354,6 +354,34 @@ inline void mark_nan_rows(const Simd& sd, const float* S, I nq, I nk, I band, fl
     if (!sd.below_inf(S + i * kBk, ix(band_reach(i, band, nk)))) m[i] = std::numeric_limits<float>::quiet_NaN();
 }
 
+// A stored backward's first-sweep step (attention_fused_backward_stored.cc and xl's): S [nq, kBk] a
+// copy of the kept logits (the step turns it into e^{S − m}), dP the kept dO·Vᵀ; the online softmax's
+// m and l, and dsum += Σ_j e^{S_ij − m_i}·dP_ij over each row's visible keys, rescaled as l is (a
+// 1-wide out). nan_rows: mark_nan_rows first (CarefulForward::rows).
+inline void stored_sweep_step(const Simd& sd, float* S, const float* dP, I nq, I nk, I band, bool nan_rows,
+                              float* m, float* l, float* dsum) {
+  if (nan_rows) mark_nan_rows(sd, S, nq, nk, band, m);
+  online_softmax_step(sd, S, nq, nk, m, l, dsum, 1, band);
+  for (I i = 0; i < nq; ++i) dsum[i] += sd.dot(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + band + 1, 0, nk)));
+}
+
+// The end of a stored backward's first sweep (attention_fused_backward_stored.cc and xl's, cope's):
+// per row, lse as online_softmax_finish gives it and D = dsum/l, dsum = Σ_j e^{S_ij − m_i}·dP_ij
+// rescaled as l is (= rowsum(dO ⊙ out)); NaN for a NaN row; −inf and dsum (0) for a row with no key.
+inline void stored_row_stats(I nq, const float* m, const float* l, const float* dsum, float* lse, float* Di) {
+  for (I i = 0; i < nq; ++i) {
+    if (l[i] > 0) {
+      lse[i] = static_cast<float>(static_cast<double>(m[i]) + std::log(static_cast<double>(l[i])));
+      Di[i] = dsum[i] / l[i];
+    } else if (std::isnan(m[i]) || std::isnan(l[i])) {
+      lse[i] = Di[i] = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      lse[i] = -std::numeric_limits<float>::infinity();
+      Di[i] = dsum[i];
+    }
+  }
+}
+
 // How a forward finds its NaN rows (see above): mark_nan_rows on every tile (rows) or, when that is
 // off, a pass over k decides it (a non-finite k turns it on). The encodings' tensors are checked
 // finite where they are validated (attention_check.h), so they add no NaN of their own.

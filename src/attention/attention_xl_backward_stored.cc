@@ -112,22 +112,9 @@ void XlFused::stored_unit(const View& dout, const View& dk, const View& dv, I b,
         const I bd = logits(q0, nq, j0, nk, qc, yt, Kt + kb * (D + R) * kLdt, w);
         std::copy(S, S + (nq - 1) * kBk + nk, tile);
         tile_gemm(gemm_, GemmForm::kNP, nq, nk, D, 1.f, dO, D, Vt + kb * D * kLdt, kLdt, dP, kBk, bd);
-        if (cf_.rows) mark_nan_rows(simd_, S, nq, nk, bd, m);
-        online_softmax_step(simd_, S, nq, nk, m, l, dsum, 1, bd);  // dsum rescaled as a 1-wide out
-        for (I i = 0; i < nq; ++i)
-          dsum[i] += simd_.dot(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + bd + 1, 0, nk)));
+        stored_sweep_step(simd_, S, dP, nq, nk, bd, cf_.rows, m, l, dsum);
       }
-      for (I i = 0; i < nq; ++i) {  // lse and D as pass 1 gives them
-        if (l[i] > 0) {
-          lse[i] = static_cast<float>(static_cast<double>(m[i]) + std::log(static_cast<double>(l[i])));
-          Di[i] = dsum[i] / l[i];
-        } else if (std::isnan(m[i]) || std::isnan(l[i])) {
-          lse[i] = Di[i] = std::numeric_limits<float>::quiet_NaN();
-        } else {  // no key seen: out is 0
-          lse[i] = kNegInfF;
-          Di[i] = dsum[i];
-        }
-      }
+      stored_row_stats(nq, m, l, dsum, lse, Di);  // lse and D as pass 1 gives them
       const bool careful = careful_rows(lse, Di, nq);
       tile = st->tiles.data();
       for (I j0 = 0; j0 < jhi; j0 += kBk, tile += 2 * kBq * kBk) {  // sweep 2
