@@ -27,7 +27,8 @@ I tile_floats(I N) { return 2 * key_blocks(N) * kBk * kBq; }
 
 bool Cope::stored_ok() const {
   const I D = d_.D, N = d_.N, nc = ncol_;
-  const I floats = tile_floats(N) + 4 * N * D + D * kLdt + kBq * (D + nc + 1) + nc * D;
+  // tiles; K, V, dK, dV; dOᵀ; dq, C, dsum and gc (doubles); dEt
+  const I floats = tile_floats(N) + 4 * N * D + D * kLdt + kBq * (D + nc + 3) + nc * D;
   return floats * I{4} <= score_store_limit.load();
 }
 

@@ -9,8 +9,8 @@
 // (attention_tiles.h). stored_unit_rate runs the same sweeps with the bfloat16-rate products.
 #include <omp.h>
 
-#include <cmath>
-#include <limits>
+#include <algorithm>
+#include <vector>
 
 #include "attention/attention_fused_cpu.h"
 

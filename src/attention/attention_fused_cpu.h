@@ -354,9 +354,9 @@ class Fused {
     std::vector<float> tiles, unit, row;
     std::vector<attn_fast::Pair> pairs;
   };
-  // Whether the backward takes the stored path: no saved statistics, float32 products through the
-  // tile GEMM (not the bfloat16 rate, not rope2d mixed), k and v finite, whole units on every thread,
-  // and a thread's Store within score_store_limit.
+  // Whether the backward takes the stored path: no saved statistics, products through the tile GEMM
+  // (at the bfloat16 rate: not under a rotary encoding or with future-only heads), not rope2d mixed,
+  // k and v finite, whole units on every thread, and a thread's Store within score_store_limit.
   bool stored_ok(const Bwd& bw, const Saved* saved) const;
   // The stored backward, every unit (b, kv head) on one thread: stored_unit, then dQ finished.
   void stored_backward(const Bwd& bw, std::vector<double>* gw) const;

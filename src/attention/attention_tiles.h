@@ -43,7 +43,8 @@ inline std::atomic<I> dq_buffer_limit{kDqBufferBytes};  // fused::set_dq_buffer_
 inline bool dq_buffered(I G, I M, I D) { return G * M * D * I{4} <= dq_buffer_limit.load(); }
 // The plain backward (no saved statistics) of a unit keeps its score and dP tiles of one query block
 // over all its keys, and the unit's dK, dV, K rows and Kᵀ, Vᵀ, where they fit this many bytes a
-// thread: it then reads them instead of running the forward first (Fused::stored_ok).
+// thread: it then reads them instead of running the forward first (the stored_ok() of Fused,
+// XlFused and Cope).
 constexpr I kScoreStoreBytes = I{24} << 20;
 inline std::atomic<I> score_store_limit{kScoreStoreBytes};  // fused::set_score_store_limit() (tests)
 

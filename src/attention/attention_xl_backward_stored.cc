@@ -9,8 +9,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include "attention/attention_xl_fused.h"
@@ -19,18 +17,18 @@ namespace posenc::fused::xl_cpu {
 
 namespace {
 I key_blocks(I N) { return (N + kBk - 1) / kBk; }
+I tile_floats(I N) { return 2 * key_blocks(N) * kBq * kBk; }
+// [K | C]ᵀ and Vᵀ per key block, K's rows, dK, dV
+I unit_floats(I N, I D, I R) { return key_blocks(N) * (2 * D + R) * kLdt + 3 * N * D; }
 }  // namespace
 
-I XlFused::store_floats() const {
-  const I N = d_.N, D = d_.D, R = d_.R, nkb = key_blocks(N);
-  return 2 * nkb * kBq * kBk + nkb * (2 * D + R) * kLdt + 3 * N * D + 5 * kBq;
+bool XlFused::stored_ok() const {
+  return (tile_floats(d_.N) + unit_floats(d_.N, d_.D, d_.R) + 5 * kBq) * I{4} <= score_store_limit.load();
 }
-
-bool XlFused::stored_ok() const { return store_floats() * I{4} <= score_store_limit.load(); }
 
 void XlFused::stored_backward(const View& dout, const View& dq, const View& dk, const View& dv,
                               const EncodingGrads& g) const {
-  const I B = d_.B, M = d_.M, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R, nkb = key_blocks(d_.N);
+  const I B = d_.B, M = d_.M, Hq = d_.Hq, D = d_.D, G = d_.G, R = d_.R;
   const I npar = D + R + D * R;
   std::vector<double> gp(ix(B * Hq * npar), 0.0);
   const bool dq_dir = dq.present() && direct_out(dq) && !dq_buffered(G, M, D);
@@ -49,8 +47,8 @@ void XlFused::stored_backward(const View& dout, const View& dq, const View& dk, 
       const I b = u / d_.Hkv, kh = u % d_.Hkv;
       if (guard.failed() || !guard.run([&] {
             if (st.row.empty()) {  // a thread's Store, once it has a unit
-              st.tiles.resize(ix(2 * nkb * kBq * kBk));
-              st.unit.resize(ix(store_floats() - 2 * nkb * kBq * kBk - 5 * kBq));
+              st.tiles.resize(ix(tile_floats(d_.N)));
+              st.unit.resize(ix(unit_floats(d_.N, D, R)));
               st.row.resize(ix(5 * kBq));
             }
             xacc.assign(ix(G * M * R), 0.f);

@@ -136,8 +136,7 @@ class XlFused {
   struct Store {
     std::vector<float> tiles, unit, row;
   };
-  // Floats of a Store; whether one fits score_store_limit (attention_tiles.h).
-  I store_floats() const;
+  // Whether a thread's Store fits score_store_limit (attention_tiles.h).
   bool stored_ok() const;
   // The backward without pass 1 (no saved out and lse, k and v finite): per unit (b, kv head), per
   // query head and query block, sweep 1 forms S and dP = dO·Vᵀ of each key block the block sees,
