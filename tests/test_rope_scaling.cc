@@ -4,7 +4,7 @@
 // C++ arithmetic); the reference is checked against them, gradients against central differences,
 // and the properties (norms scale by the attention factor, q·k depends on m − n, the call's length
 // decides dynamic and longrope) directly. The fast paths are checked against the reference in
-// test_fast_elementwise.cc and the attentions in test_attention*.cc; the config reader against a
+// test_fast_rope.cc and the attentions in test_attention*.cc; the config reader against a
 // float32 re-implementation of transformers in tests/e2e/test_rope_config.py.
 #include <hwy/targets.h>
 
