@@ -69,6 +69,15 @@ TEST(FastElementwiseRope, MatchesReferenceEveryTargetDtypeOption) {
   EXPECT_GT(n, 0);
 }
 
+// What rope_apply_qk computes at once, by the reference: rope_forward (or rope_backward) of q into
+// qo and of k into ko.
+void ReferenceQk(const RopeParams& p, const Positions& pos, bool backward, const Buf& q, const Buf& k, const Buf& qo,
+                 const Buf& ko) {
+  const auto run = backward ? reference::rope_backward : reference::rope_forward;
+  ASSERT_TRUE(run(p, q.v, pos, qo.v).ok());
+  ASSERT_TRUE(run(p, k.v, pos, ko.v).ok());
+}
+
 TEST(FastElementwiseRope, QkInOneCallEqualsTwoReferenceCalls) {
   ForEachTarget([&](const std::string& target) {
     int n = 0;
@@ -94,13 +103,7 @@ TEST(FastElementwiseRope, QkInOneCallEqualsTwoReferenceCalls) {
           pos.offset = 1000 * n;
           const Status s = rope_apply_qk(p, q.v, k.v, pos, in_place ? q.v : qo.v, in_place ? k.v : ko.v, backward);
           ASSERT_TRUE(s.ok()) << s.message();
-          if (backward) {
-            ASSERT_TRUE(reference::rope_backward(p, rq.v, pos, rqo.v).ok());
-            ASSERT_TRUE(reference::rope_backward(p, rk.v, pos, rko.v).ok());
-          } else {
-            ASSERT_TRUE(reference::rope_forward(p, rq.v, pos, rqo.v).ok());
-            ASSERT_TRUE(reference::rope_forward(p, rk.v, pos, rko.v).ok());
-          }
+          ASSERT_NO_FATAL_FAILURE(ReferenceQk(p, pos, backward, rq, rk, rqo, rko));
           const Tol t = tol_for(dt);
           const std::string what = target + " " + dtype_name(dt) + " case " + std::to_string(n);
           EXPECT_TRUE(AllClose((in_place ? q : qo).values(), rqo.values(), t.atol, t.rtol)) << what;
@@ -327,13 +330,7 @@ TEST(FastElementwiseRope, EverySchemeAngleModeAndAttentionFactorMatchReference) 
                                      std::to_string(v) + " (" + rope_type_name(p.rope_type) + ", " +
                                      rope_angles_name(p.angles) + ") D=" + std::to_string(sh.D);
             ASSERT_TRUE(s.ok()) << what << ": " << s.message();
-            if (backward) {
-              ASSERT_TRUE(reference::rope_backward(p, rq.v, pos, rqo.v).ok());
-              ASSERT_TRUE(reference::rope_backward(p, rk.v, pos, rko.v).ok());
-            } else {
-              ASSERT_TRUE(reference::rope_forward(p, rq.v, pos, rqo.v).ok());
-              ASSERT_TRUE(reference::rope_forward(p, rk.v, pos, rko.v).ok());
-            }
+            ASSERT_NO_FATAL_FAILURE(ReferenceQk(p, pos, backward, rq, rk, rqo, rko));
             const Tol t = tol_for(dt);
             const double a = p.attention_factor.value_or(1.5);  // ≥ every scheme's factor here
             EXPECT_TRUE(AllClose((in_place ? q : qo).values(), rqo.values(), a * t.atol, t.rtol)) << what;
