@@ -27,6 +27,8 @@ try:
 except ImportError:
     skip("numpy is not importable by this python")
 
+from cli_reference import softmax_rows  # noqa: E402 (after numpy's check)
+
 RNG = np.random.default_rng(20240901)
 
 
@@ -133,14 +135,6 @@ def xpos(x, offset=0, downscale=False, scale_base=512.0, layout="half", n=None):
     sin, cos = dup(sin * scale)[None, :, None, :], dup(cos * scale)[None, :, None, :]
     rot = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)  # rotate_every_two
     return x * cos + rot * sin
-
-
-def softmax_rows(logits):
-    mx = np.max(logits, axis=-1, keepdims=True)
-    mx = np.where(np.isfinite(mx), mx, 0.0)
-    e = np.exp(logits - mx)
-    s = e.sum(axis=-1, keepdims=True)
-    return np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)
 
 
 def attention(q, k, v, qr, kr, causal=False, q_offset=None, k_offset=0):
