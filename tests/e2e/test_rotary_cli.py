@@ -464,6 +464,7 @@ def errors(d):
     pf = d.save("pf.npy", np.zeros((2, 4)))
     expect_error(["apply", "rope2d", "--in", x, "--positions", p1, "--out", y], "--positions", [y])
     expect_error(["apply", "rope2d", "--in", x, "--positions", pf, "--out", y], "--positions", [y])
+    expect_error(["apply", "rope2d", "--in", x, "--positions", p3, "--out", y], "--positions", [y])
     expect_error(["apply", "rope2d", "--in", x, "--rotary-dim", 6, "--out", y], "--rotary-dim", [y])
     expect_error(["apply", "rope2d", "--in", x, "--variant", "mixed", "--out", y], "--freqs", [y])
     expect_error(["apply", "rope2d", "--in", x, "--variant", "mixed", "--freqs", d.save("f.npy", randn(2, 3, 4)),
