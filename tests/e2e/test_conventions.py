@@ -26,7 +26,6 @@ Each case prints one line (PASS/FAIL); the last line is exactly "N passed, M fai
 case failed, 77 (skip) when numpy is missing.
 """
 import json
-import math
 import os
 import sys
 
