@@ -326,6 +326,96 @@ inline I naive_bucket(I rel, bool bidirectional, I nb, I max_distance) {
 
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
+// The encoding's own logit term for query head h at query position qp and key position kp (qi, kj
+// the head's query and key rows after any rotation), the papers' formulas; 0 for encodings without one.
+inline double naive_term(const Case& c, I h, I qp, I kp, const Vec& qi, const Vec& kj) {
+  const I Hq = c.Hq, D = c.D;
+  const double sc = c.scale();
+  double l = 0;
+  const double dist = std::fabs(static_cast<double>(qp - kp));
+  switch (c.p.encoding) {
+    case Encoding::kAlibi:
+      if (c.p.alibi.variant == AlibiVariant::kLearned) {
+        if (kp < qp) l -= sigmoid(c.weights[ix(h)]) * dist;
+        if (kp > qp) l -= sigmoid(c.weights[ix(Hq + h)]) * dist;
+      } else if (!c.slopes.empty()) {
+        l -= c.slopes[ix(h)] * dist;
+      } else if (c.p.alibi.variant == AlibiVariant::kSymmetric) {
+        l -= naive_slope(h, Hq) * dist;
+      } else {
+        l -= naive_slope(h % (Hq / 2), Hq / 2) * dist;
+      }
+      break;
+    case Encoding::kT5:
+      l += c.weights[ix(naive_bucket(kp - qp, c.p.t5.bidirectional, c.p.t5.num_buckets,
+                                     c.p.t5.max_distance) * Hq + h)];
+      break;
+    case Encoding::kXL: {
+      // r = W_h s(δ), s(δ) = [sin(δ ω_0), cos(δ ω_0), sin(δ ω_1), …], ω_i = 10000^(−2i/R)
+      const double delta = static_cast<double>(qp - kp);
+      Vec s(ix(c.R));
+      for (I i2 = 0; i2 < c.R / 2; ++i2) {
+        const double w = std::pow(10000.0, -2.0 * static_cast<double>(i2) / c.R);
+        s[ix(2 * i2)] = std::sin(delta * w);
+        s[ix(2 * i2 + 1)] = std::cos(delta * w);
+      }
+      double extra = 0;  // u·k + q·r + v·r
+      for (I d = 0; d < D; ++d) {
+        double r = 0;
+        for (I e = 0; e < c.R; ++e) r += c.W[ix((h * D + d) * c.R + e)] * s[ix(e)];
+        extra += c.u[ix(h * D + d)] * kj[ix(d)] + (qi[ix(d)] + c.vb[ix(h * D + d)]) * r;
+      }
+      l += sc * extra;
+      break;
+    }
+    case Encoding::kKerple:  // Chi et al. 2022: −r1·log(1 + r2|m − n|), −r1·|m − n|^r2
+      l += c.p.kerple.kernel == KerpleKernel::kPower
+               ? -c.r1[ix(h)] * std::pow(dist, c.r2[ix(h)])
+               : -c.r1[ix(h)] * std::log(1.0 + c.r2[ix(h)] * dist);
+      break;
+    case Encoding::kSandwich: {  // Σ_{k=1}^{d/2} cos((m − n)/base^(2k/d)) − d/2, head h ÷ 8(h+1)/H
+      const I sd = c.p.sandwich.sinusoid_dim;
+      double ip = 0;
+      for (I kk = 1; kk <= sd / 2; ++kk)
+        ip += std::cos(static_cast<double>(qp - kp) / std::pow(c.p.sandwich.base, 2.0 * static_cast<double>(kk) / static_cast<double>(sd)));
+      l += (ip - static_cast<double>(sd) / 2) * static_cast<double>(Hq) / (8.0 * static_cast<double>(h + 1));
+      break;
+    }
+    case Encoding::kFire: {  // f_h(log(c|i − j| + 1)/log(c·max(L, i) + 1)), f = w2·relu(w1 x + b1) + b2
+      const double cc = c.fc[0], x = std::log(cc * dist + 1) /
+                                       std::log(cc * std::max(c.fL[0], static_cast<double>(qp)) + 1);
+      double f = c.fb2[ix(h)];
+      for (I kk = 0; kk < c.fw; ++kk)
+        f += c.fw2[ix(h * c.fw + kk)] * std::max(0.0, c.fw1[ix(kk)] * x + c.fb1[ix(kk)]);
+      l += f;
+      break;
+    }
+    default: break;
+  }
+  return l;
+}
+
+// CoPE's position term added to a row of N logits (row, −inf where masked) of query row qi.
+inline void naive_cope_row(const Case& c, const Vec& qi, double* row) {
+  const I N = c.N, D = c.D;
+  // The paper's code: gates = sigmoid(logits); pos = gates.flip(-1).cumsum(-1).flip(-1);
+  // pos = pos.clamp(max=npos-1); logits_int = q @ pos_emb; interpolate between floor and ceil.
+  Vec pos(ix(N));
+  double acc = 0;
+  for (I j = N - 1; j >= 0; --j) {
+    acc += row[j] == -kInf ? 0.0 : sigmoid(row[j]);
+    pos[ix(j)] = std::min(acc, static_cast<double>(c.npos - 1));
+  }
+  Vec logits_int(ix(c.npos));
+  for (I t = 0; t < c.npos; ++t)
+    for (I d = 0; d < D; ++d) logits_int[ix(t)] += qi[ix(d)] * c.table[ix(t * D + d)];
+  for (I j = 0; j < N; ++j) {
+    if (row[j] == -kInf) continue;
+    const double fl = std::floor(pos[ix(j)]), ce = std::ceil(pos[ix(j)]), w = pos[ix(j)] - fl;
+    row[j] += logits_int[ix(static_cast<I>(ce))] * w + logits_int[ix(static_cast<I>(fl))] * (1 - w);
+  }
+}
+
 // Materialised logits [B, Hq, M, N] (−inf where masked). `bias` [Hq, M, N], when given, replaces the
 // encoding's own bias (used with the public building blocks).
 inline Vec naive_logits(const Case& c, const Vec* bias = nullptr) {
@@ -361,86 +451,9 @@ inline Vec naive_logits(const Case& c, const Vec* bias = nullptr) {
             l += (*bias)[ix((h * M + i) * N + j)];
             continue;
           }
-          const double dist = std::fabs(static_cast<double>(qp - kp));
-          switch (enc) {
-            case Encoding::kAlibi:
-              if (c.p.alibi.variant == AlibiVariant::kLearned) {
-                if (kp < qp) l -= sigmoid(c.weights[ix(h)]) * dist;
-                if (kp > qp) l -= sigmoid(c.weights[ix(Hq + h)]) * dist;
-              } else if (!c.slopes.empty()) {
-                l -= c.slopes[ix(h)] * dist;
-              } else if (c.p.alibi.variant == AlibiVariant::kSymmetric) {
-                l -= naive_slope(h, Hq) * dist;
-              } else {
-                l -= naive_slope(h % (Hq / 2), Hq / 2) * dist;
-              }
-              break;
-            case Encoding::kT5:
-              l += c.weights[ix(naive_bucket(kp - qp, c.p.t5.bidirectional, c.p.t5.num_buckets,
-                                             c.p.t5.max_distance) * Hq + h)];
-              break;
-            case Encoding::kXL: {
-              // r = W_h s(δ), s(δ) = [sin(δ ω_0), cos(δ ω_0), sin(δ ω_1), …], ω_i = 10000^(−2i/R)
-              const double delta = static_cast<double>(qp - kp);
-              Vec s(ix(c.R));
-              for (I i2 = 0; i2 < c.R / 2; ++i2) {
-                const double w = std::pow(10000.0, -2.0 * static_cast<double>(i2) / c.R);
-                s[ix(2 * i2)] = std::sin(delta * w);
-                s[ix(2 * i2 + 1)] = std::cos(delta * w);
-              }
-              double extra = 0;  // u·k + q·r + v·r
-              for (I d = 0; d < D; ++d) {
-                double r = 0;
-                for (I e = 0; e < c.R; ++e) r += c.W[ix((h * D + d) * c.R + e)] * s[ix(e)];
-                extra += c.u[ix(h * D + d)] * kj[ix(d)] + (qi[ix(d)] + c.vb[ix(h * D + d)]) * r;
-              }
-              l += sc * extra;
-              break;
-            }
-            case Encoding::kKerple:  // Chi et al. 2022: −r1·log(1 + r2|m − n|), −r1·|m − n|^r2
-              l += c.p.kerple.kernel == KerpleKernel::kPower
-                       ? -c.r1[ix(h)] * std::pow(dist, c.r2[ix(h)])
-                       : -c.r1[ix(h)] * std::log(1.0 + c.r2[ix(h)] * dist);
-              break;
-            case Encoding::kSandwich: {  // Σ_{k=1}^{d/2} cos((m − n)/base^(2k/d)) − d/2, head h ÷ 8(h+1)/H
-              const I sd = c.p.sandwich.sinusoid_dim;
-              double ip = 0;
-              for (I kk = 1; kk <= sd / 2; ++kk)
-                ip += std::cos(static_cast<double>(qp - kp) / std::pow(c.p.sandwich.base, 2.0 * static_cast<double>(kk) / static_cast<double>(sd)));
-              l += (ip - static_cast<double>(sd) / 2) * static_cast<double>(Hq) / (8.0 * static_cast<double>(h + 1));
-              break;
-            }
-            case Encoding::kFire: {  // f_h(log(c|i − j| + 1)/log(c·max(L, i) + 1)), f = w2·relu(w1 x + b1) + b2
-              const double cc = c.fc[0], x = std::log(cc * dist + 1) /
-                                               std::log(cc * std::max(c.fL[0], static_cast<double>(qp)) + 1);
-              double f = c.fb2[ix(h)];
-              for (I kk = 0; kk < c.fw; ++kk)
-                f += c.fw2[ix(h * c.fw + kk)] * std::max(0.0, c.fw1[ix(kk)] * x + c.fb1[ix(kk)]);
-              l += f;
-              break;
-            }
-            default: break;
-          }
+          l += naive_term(c, h, qp, kp, qi, kj);
         }
-        if (enc == Encoding::kCope) {
-          // The paper's code: gates = sigmoid(logits); pos = gates.flip(-1).cumsum(-1).flip(-1);
-          // pos = pos.clamp(max=npos-1); logits_int = q @ pos_emb; interpolate between floor and ceil.
-          double* row = &L[ix(((b * Hq + h) * M + i) * N)];
-          Vec pos(ix(N));
-          double acc = 0;
-          for (I j = N - 1; j >= 0; --j) {
-            acc += row[j] == -kInf ? 0.0 : sigmoid(row[j]);
-            pos[ix(j)] = std::min(acc, static_cast<double>(c.npos - 1));
-          }
-          Vec logits_int(ix(c.npos));
-          for (I t = 0; t < c.npos; ++t)
-            for (I d = 0; d < D; ++d) logits_int[ix(t)] += qi[ix(d)] * c.table[ix(t * D + d)];
-          for (I j = 0; j < N; ++j) {
-            if (row[j] == -kInf) continue;
-            const double fl = std::floor(pos[ix(j)]), ce = std::ceil(pos[ix(j)]), w = pos[ix(j)] - fl;
-            row[j] += logits_int[ix(static_cast<I>(ce))] * w + logits_int[ix(static_cast<I>(fl))] * (1 - w);
-          }
-        }
+        if (enc == Encoding::kCope) naive_cope_row(c, qi, &L[ix(((b * Hq + h) * M + i) * N)]);
       }
   return L;
 }
