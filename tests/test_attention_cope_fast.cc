@@ -23,6 +23,7 @@
 
 #include "attention/attention_decode.h"
 #include "attention/attention_fused.h"
+#include "attention_fast_testing.h"
 #include "posenc/attention.h"
 #include "posenc/half.h"
 #include "posenc/threads.h"
@@ -41,11 +42,9 @@ std::size_t ix(I i) { return static_cast<std::size_t>(i); }
 
 using Tensor = testing::TypedTensor;
 
-struct Case {
-  I B, M, N, Hq, Hkv, D;
-  std::optional<I> q_off = std::nullopt;
-  I k_off = 0;
-};
+// The fused attention's shapes (attention_fast_testing.h): sizes and the optional offsets.
+using Case = fast_testing::Shape;
+using NamedCase = fast_testing::NamedShape;
 
 // One problem's inputs, rounded to the dtype.
 struct Problem {
@@ -169,37 +168,18 @@ void check_both_paths(Problem& pr) {
   }
 }
 
-struct NamedCase {
-  const char* name;
-  Case c;
-};
-
-std::vector<NamedCase> cases() {
-  return {
-      {"L1", {1, 1, 1, 2, 1, 2}},
-      {"L3_B2", {2, 3, 3, 2, 2, 6}},
-      {"L19_gqa", {1, 19, 19, 4, 2, 64}},
-      {"L130_d6", {1, 130, 130, 2, 1, 6}},
-      {"decode", {1, 1, 130, 4, 2, 64}},
-      {"M_lt_N_d130", {1, 19, 130, 2, 2, 130}},
-      {"M_gt_N", {1, 130, 19, 2, 1, 6}},  // q_off = N − M < 0: early causal rows see nothing
-      {"offsets", {2, 19, 37, 2, 1, 6, I{960}, I{955}}},
-      {"far", {1, 3, 130, 2, 2, 6, I{1000003}, I{1000000}}},
-  };
-}
-
 TEST(FastCope, MatchesReference) {
   set_num_threads(1);
   int n = 0;
-  for (const NamedCase& nc : cases())
+  for (const NamedCase& nc : fast_testing::shapes())
     for (bool causal : {false, true})
       for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-        if (dt != DType::kF32 && nc.c.D == 130) continue;  // 16-bit on the smaller shapes suffices
+        if (dt != DType::kF32 && nc.s.D == 130) continue;  // 16-bit on the smaller shapes suffices
         for (I npos : {I{1}, I{2}, I{5}, I{64}, I{300}}) {
           const DType tdt = ++n % 2 ? DType::kF64 : DType::kF32;
           SCOPED_TRACE(std::string(nc.name) + (causal ? " causal " : " full ") + dtype_name(dt) +
                        " npos " + std::to_string(npos) + " table " + dtype_name(tdt));
-          Problem pr(nc.c, causal, npos, dt, tdt, 100 + n);
+          Problem pr(nc.s, causal, npos, dt, tdt, 100 + n);
           check_both_paths(pr);
         }
       }
@@ -333,7 +313,7 @@ TEST(FastCope, ChunkedBackward) {
                        (causal ? " causal " : " full ") + dtype_name(dt) + " npos " +
                        std::to_string(npos));
           fused::cope_set_chunk_rows(rows);
-          Problem pr(nc.c, causal, npos, dt, DType::kF32, 1600 + n);
+          Problem pr(nc.s, causal, npos, dt, DType::kF32, 1600 + n);
           check(pr);
           // every output, then each subset: the outputs present are unchanged
           const EncodingTensors t = pr.tensors();

@@ -366,7 +366,7 @@ inline void stored_sweep_step(const Simd& sd, float* S, const float* dP, I nq, I
   for (I i = 0; i < nq; ++i) dsum[i] += sd.dot(S + i * kBk, dP + i * kBk, ix(std::clamp<I>(i + band + 1, 0, nk)));
 }
 
-// The end of a stored backward's first sweep (attention_fused_backward_stored.cc and xl's, cope's):
+// The end of a stored backward's first sweep (attention_fused_backward_stored.cc and xl's):
 // per row, lse as online_softmax_finish gives it and D = dsum/l, dsum = Σ_j e^{S_ij − m_i}·dP_ij
 // rescaled as l is (= rowsum(dO ⊙ out)); NaN for a NaN row; −inf and dsum (0) for a row with no key.
 inline void stored_row_stats(I nq, const float* m, const float* l, const float* dsum, float* lse, float* Di) {
