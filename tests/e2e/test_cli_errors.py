@@ -94,7 +94,11 @@ def errors_shapes_dtypes_and_encodings(d):
     expect_error(["apply", "learned", "--in", x3, "--table", E, "--out", o, "--offset", 3], "--offset", [o])
     expect_error(["apply", "learned", "--in", x3, "--table", d.save("E3.npy", randn(5, 3)), "--out", o], "--table", [o])
     expect_error(["apply", "learned", "--in", x3, "--out", o], "--table", [o])
-    # attention: head counts that do not divide, mismatched shapes and dtypes
+    # attention: a head dimension of 0 (q's, or k's and v's), head counts that do not divide, mismatched
+    # shapes and dtypes
+    z4 = d.save("z4.npy", randn(1, 3, 2, 0))
+    expect_error(["attention", "nope", "--q", z4, "--k", z4, "--v", z4, "--out", o], "--q", [o])
+    expect_error(["attention", "nope", "--q", x4, "--k", z4, "--v", z4, "--out", o], "--k", [o])
     expect_error(["attention", "nope", "--q", d.save("q3.npy", randn(1, 3, 3, 4)), "--k", x4, "--v", x4, "--out", o],
                  "--k", [o])
     expect_error(["attention", "nope", "--q", x4, "--k", d.save("k8.npy", randn(1, 3, 2, 8)), "--v", x4, "--out", o],
