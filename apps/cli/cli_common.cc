@@ -455,6 +455,7 @@ void print_catalogue() {
 }
 
 Corpus corpus_or_fail(const std::string& path) {
+  if (!path.empty()) note_input(path, "--corpus");
   Expected<Corpus> c = load_corpus(path);
   if (!c.ok()) check_lib(c.status());
   return std::move(c).value();

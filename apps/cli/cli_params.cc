@@ -12,6 +12,7 @@ RopeModelConfig read_rope_config(const std::string& flag, const std::string& pat
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     fail(Status::Io(flag, "'" + path + "' is a directory, expected a config.json file"));
+  note_input(path, flag);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::Io(flag, "cannot open '" + path + "'"));
   // At most 16 MiB (a config.json is a few KB): a device or pipe without end would grow without bound.

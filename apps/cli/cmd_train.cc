@@ -74,6 +74,7 @@ void run_train(const TrainState& st, const CLI::App& app) {
   // destinations checked (distinct, writable) before any work; all written together at the end, or
   // none if training fails
   OutputSet outs;
+  if (!st.corpus.empty()) note_input(st.corpus, "--corpus");  // so that no output may name it
   if (!st.save.empty()) check(outs.reserve("--save", st.save));
   if (!st.init_out.empty()) check(outs.reserve("--init-out", st.init_out));
   if (!st.dump.empty()) check(outs.reserve("--dump-batches", st.dump));

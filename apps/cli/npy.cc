@@ -207,12 +207,16 @@ std::vector<std::pair<std::string, std::string>>& inputs_list() {
 
 const std::vector<std::pair<std::string, std::string>>& inputs_read() { return inputs_list(); }
 
+void note_input(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  const std::string key = std::filesystem::canonical(path, ec).string();
+  if (!ec) inputs_list().emplace_back(flag, key);
+}
+
 Expected<Tensor> read_npy(const std::string& path, const std::string& flag) {
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec)) {
-    const std::string key = std::filesystem::canonical(path, ec).string();
-    if (!ec) inputs_list().emplace_back(flag, key);
-  }
+  note_input(path, flag);
   if (std::filesystem::is_directory(path, ec))
     return Status::Io(flag, "cannot read " + quoted(path) + ": is a directory, expected a .npy file");
   errno = 0;

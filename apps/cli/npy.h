@@ -58,7 +58,10 @@ Expected<Tensor> read_npy_stream(std::istream& in, std::int64_t size, const std:
 // Serialises a tensor to .npy bytes (header + data).
 std::string npy_bytes(const Tensor& t);
 
-// The regular files read by read_npy in this run, as (flag, canonical path), in read order.
+// Records that this run reads path (a regular file) under flag, so that no output replaces it.
+void note_input(const std::string& path, const std::string& flag);
+
+// The regular files read in this run (read_npy, note_input), as (flag, canonical path), in read order.
 const std::vector<std::pair<std::string, std::string>>& inputs_read();
 
 // A path in single quotes for a one-line message (line breaks shown as spaces).

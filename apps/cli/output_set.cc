@@ -68,6 +68,14 @@ Status write_temp(const std::string& dest, const std::string& shown, const std::
   return Status::Ok();
 }
 
+// An error when key (an output's resolved path) is a file this run read.
+Status names_input(const std::string& flag, const std::string& path, const std::string& key) {
+  for (const auto& [in_flag, in_key] : inputs_read())
+    if (key == in_key)
+      return Status::Invalid(flag, "names the same file as the input " + in_flag + " (" + quoted(path) +
+                                       "); write the output elsewhere");
+  return Status::Ok();
+}
 }  // namespace
 
 int probe_dir_errno(const std::string& dir) {
@@ -111,6 +119,8 @@ Status OutputSet::reserve(const std::string& flag, const std::string& path) {
     if (e.key == key) return Status::Invalid(flag, "names the same file as " + e.flag + " (" + quoted(path) + ")");
   struct stat sb;
   const bool exists = ::stat(key.c_str(), &sb) == 0;
+  if (exists && S_ISREG(sb.st_mode))  // an input read already (inputs read later: commit())
+    if (Status st = names_input(flag, path, key); !st.ok()) return st;
   if (exists && S_ISDIR(sb.st_mode)) return Status::Io(flag, "cannot write " + quoted(path) + ": is a directory");
   if (exists && !S_ISREG(sb.st_mode)) {  // a device, a FIFO: written in place
     if (::access(key.c_str(), W_OK) != 0)
@@ -174,10 +184,8 @@ Status OutputSet::commit() {
   };
   // 0. no output replaces a file this run read (its input would be gone; write elsewhere)
   for (const Entry& e : entries_)
-    for (const auto& [in_flag, in_key] : inputs_read())
-      if (!e.in_place && e.key == in_key)
-        return Status::Invalid(e.flag, "names the same file as the input " + in_flag + " (" + quoted(e.path) +
-                                           "); write the output elsewhere");
+    if (!e.in_place)
+      if (Status st = names_input(e.flag, e.path, e.key); !st.ok()) return st;
   // 1. every temporary (regular destinations)
   std::string bytes;
   for (const Entry& e : entries_) {

@@ -78,6 +78,16 @@ def output_over_an_input(d):
     os.symlink(os.path.basename(x), d.out("link.npy"))  # through a link too
     expect_error(["apply", "rope", "--in", x, "--out", d.out("link.npy")], "--out")
     assert open(x, "rb").read() == before, "the input was replaced"
+    # the inputs that are not .npy files: a config.json and train's corpus
+    cfg = d.write("config.json", '{"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 10000}')
+    for args in (["apply", "rope", "--in", x, "--config", cfg, "--out", cfg],
+                 ["table", "rope", "--length", "4", "--config", cfg, "--out", cfg]):
+        expect_error(args, "--out")
+        assert open(cfg).read().startswith('{"hidden_size"'), f"{args[0]} replaced --config"
+    corpus = d.write("c.txt", TEXT)
+    for flag in ("--save", "--init-out", "--dump-batches"):
+        expect_error(["train", *SMALL, "--corpus", corpus, flag, corpus], flag)
+        assert open(corpus).read() == TEXT, f"{flag} replaced --corpus"
 
 
 @case("a link that loops is an error naming --out")
