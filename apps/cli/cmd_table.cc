@@ -144,8 +144,8 @@ void rotary_table(TableState& st, const EncodingInfo& e, DType dtype, OutputSet*
     L = parse_int("--length", st.length);
     if (L < 1) fail(Status::Invalid("--length", "expected a positive integer, got " + std::to_string(L)));
     if (offset < 0) fail(Status::Invalid("--offset", "expected a position >= 0, got " + std::to_string(offset)));
-    if (offset > kMaxPosition - L)
-      fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
+    if (offset > kMaxPosition - (L - 1))  // the last position, offset + length − 1, within view.h's bound
+      fail(Status::OutOfRange("--offset", "expected offset + length - 1 <= 2^53, got " + std::to_string(offset)));
   }
   check(outs->reserve("--out", st.out));
   st.params.load_tensors();
@@ -261,8 +261,8 @@ void run_table(TableState& st) {
         fail(Status::Invalid("--part", "expected angle, cos or sin, got '" + st.part + "'"));
       if (st.part == "angle" && st.params.given("attention-factor"))  // a multiplies cos and sin only
         fail(Status::Invalid("--attention-factor", "not read by --part angle (it multiplies cos and sin)"));
-      if (offset > kMaxPosition - L)  // view.h's bound (exact in double)
-        fail(Status::OutOfRange("--offset", "expected offset + length <= 2^53, got " + std::to_string(offset)));
+      if (offset > kMaxPosition - (L - 1))  // the last position within view.h's bound (exact in double)
+        fail(Status::OutOfRange("--offset", "expected offset + length - 1 <= 2^53, got " + std::to_string(offset)));
       check(outs.reserve("--out", st.out));
       st.params.load_tensors();
       std::int64_t config_D = 0;

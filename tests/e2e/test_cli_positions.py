@@ -152,6 +152,24 @@ def table_refuses_offsets_beyond_2_53(d):
 
 
 @case
+def table_reaches_2_53(d):
+    """--length 8 --offset 2^53 − 7: the last row at 2^53, accepted by every table; rope's angles
+    (theta 256, D = 8: ω_k = 4^−k) are the exact doubles; --offset 2^53 − 6 is refused."""
+    out = d.out("t.npy")
+    for enc, extra in (("sinusoidal", []), ("rope", ["--theta", 256]), ("mrope", ["--mrope-section", "2,1,1"]),
+                       ("xpos", []), ("rope2d", [])):
+        run("table", enc, "--dim", 8, "--length", 8, "--offset", TWO53 - 7, *extra, "--out", out)
+        if enc == "rope":
+            pos = np.arange(TWO53 - 7, TWO53 + 1, dtype=np.float64)
+            close(load(out, "float64"), pos[:, None] * np.ldexp(1.0, -2 * np.arange(4))[None, :], "rope angles at 2^53",
+                  atol=0, rtol=0)
+        os.remove(out)
+        line = expect_error(["table", enc, "--dim", 8, "--length", 8, "--offset", TWO53 - 6, *extra, "--out", out],
+                            "--offset", [out])
+        assert "2^53" in line, f"{enc}: {line}"
+
+
+@case
 def rope_up_to_2_53_is_exact(d):
     """Positions 2^53 − 7 .. 2^53 (the last allowed), theta 256, D = 8: ω_k = 4^−k, so the angles are
     exact doubles; float32 (fast path) and float64 both give cos, sin of them, and norms are kept."""
