@@ -315,5 +315,28 @@ TEST(DecodeDispatch, PublicEntryPointRunsTheDecodeKernel) {
     for (I e = 0; e < D; ++e) EXPECT_EQ(std::isnan(a[ix(h * D + e)]), h < 2) << h;
 }
 
+// A batch of 0 rows (shapes the decode kernel would take otherwise): nothing to do, no error, at
+// every thread count.
+TEST(DecodeShapes, EmptyBatch) {
+  const I N = 8, Hq = 4, Hkv = 2, D = 16;
+  for (const Variant& var : {Variant{"nope", Encoding::kNope}, Variant{"alibi", Encoding::kAlibi}})
+    for (I M : {1, 16})
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(var.name + " M = " + std::to_string(M) + " threads " + std::to_string(threads));
+        const ThreadScope scope(threads);
+        Problem pr(var, Hq, D, true, 5);
+        std::vector<float> none(1, 0.f), out(1, 7.f);
+        std::vector<double> lse(1, 7.0);
+        const Status st = attention_forward(pr.p, View::contiguous(none.data(), DType::kF32, {0, M, Hq, D}),
+                                            View::contiguous(none.data(), DType::kF32, {0, N, Hkv, D}),
+                                            View::contiguous(none.data(), DType::kF32, {0, N, Hkv, D}), {},
+                                            View::contiguous(out.data(), DType::kF32, {0, M, Hq, D}),
+                                            View::contiguous(lse.data(), DType::kF64, {0, Hq, M}));
+        EXPECT_TRUE(st.ok()) << st.message();
+        EXPECT_EQ(out[0], 7.f);
+        EXPECT_EQ(lse[0], 7.0);
+      }
+}
+
 }  // namespace
 }  // namespace posenc

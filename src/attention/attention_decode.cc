@@ -116,7 +116,7 @@ std::string bf16_products(const AttentionParams& p, I D, DType dt) {
 }
 
 bool covers(const AttentionParams& p, const attn::Dims& d, const View& q, const View& k, const View& v) {
-  if (d.M < 1 || d.M > kMaxQueries || d.N < 1) return false;
+  if (d.B < 1 || d.M < 1 || d.M > kMaxQueries || d.N < 1) return false;  // B = 0: nothing to do (the general path)
   switch (p.encoding) {
     case Encoding::kNope: case Encoding::kAlibi: case Encoding::kT5: case Encoding::kKerple:
     case Encoding::kSandwich: case Encoding::kFire: case Encoding::kXL: case Encoding::kCope:
