@@ -129,6 +129,30 @@ TEST(FastElementwiseRope, QkValidatesLikeTheReference) {
             reference::rope_forward(RopeParams{}, bad, Positions{}, bad).message());
 }
 
+// Each output may be its own input, never the other pair's memory: q_out on k (or partly on it),
+// k_out on q or on q_out are errors naming the output, nothing written; views of no elements
+// (wherever they point) overlap nothing.
+TEST(FastElementwiseRope, QkOutputsOverlappingTheOtherPairAreErrors) {
+  const std::int64_t n = 1 * 4 * 2 * 8;
+  std::vector<float> q = testing::to_float(randn(static_cast<std::size_t>(n), 61)),
+                     k = testing::to_float(randn(static_cast<std::size_t>(n), 62)), o(static_cast<std::size_t>(2 * n));
+  const std::vector<float> q0 = q, k0 = k;
+  const auto V = [](float* d) { return View::contiguous(d, DType::kF32, {1, 4, 2, 8}); };
+  const View qv = V(q.data()), kv = V(k.data()), ov = V(o.data());
+  const struct { View qo, ko; const char* arg; } bad[] = {
+      {kv, ov, "q_out"}, {V(k.data() + 8), ov, "q_out"},  // q_out on k, partly on k
+      {ov, qv, "k_out"}, {ov, ov, "k_out"}, {ov, V(o.data() + 8), "k_out"}};
+  for (const auto& b : bad) {
+    EXPECT_EQ(rope_apply_qk(RopeParams{}, qv, kv, Positions{}, b.qo, b.ko).arg(), b.arg);
+    EXPECT_EQ(q, q0);
+    EXPECT_EQ(k, k0);
+  }
+  EXPECT_TRUE(rope_apply_qk(RopeParams{}, qv, kv, Positions{}, qv, kv).ok());  // in place
+  float none = 0;
+  const View e = View::contiguous(&none, DType::kF32, {0, 4, 2, 8});
+  EXPECT_TRUE(rope_apply_qk(RopeParams{}, e, e, Positions{}, e, e).ok());
+}
+
 // Exactness at large positions: x = (1, 0) pairs give y = (cos mθ_k, sin mθ_k); compare with a
 // long-double angle and assert the bound stated in src/core/simd-inl.h, 3·10⁻⁷ + |mθ_k|·2⁻⁵¹.
 TEST(FastElementwiseRope, LargePositionsWithinTheStatedBound) {

@@ -84,8 +84,8 @@ Status rope_forward(const RopeParams& p, const View& x, const Positions& pos, co
 // dx = a·R(−m)·dy (the transpose), with rope_forward's shapes and errors.
 Status rope_backward(const RopeParams& p, const View& dy, const Positions& pos, const View& dx);
 
-// q [B, L, Hq, D] and k [B, L, Hk, Dk] rotated in one pass (outputs may alias inputs; k, k_out may
-// both be absent); backward = true applies a·R(−m). Errors name q, k, q_out, k_out, positions or
+// q [B, L, Hq, D] and k [B, L, Hk, Dk] rotated in one pass (q_out may alias q, k_out k; neither may
+// overlap the other pair's memory; k, k_out may both be absent); backward = true applies a·R(−m). Errors name q, k, q_out, k_out, positions or
 // the RopeParams field.
 Status rope_apply_qk(const RopeParams& p, const View& q, const View& k, const Positions& pos,
                      const View& q_out, const View& k_out, bool backward = false);

@@ -223,8 +223,10 @@ Status rope_apply_qk(const RopeParams& p, const View& q, const View& k, const Po
     return Status::Invalid("rotary_dim", "expected one rotary dimension for q and k (0 means D), got D = " +
                                              std::to_string(q.dim(3)) + " for q and " +
                                              std::to_string(k.dim(3)) + " for k");
-  if (fast::partial_alias(q_out, k_out) || fast::partial_alias(q_out, k) || fast::partial_alias(k_out, q) ||
-      (q_out.data == k_out.data && q_out.present()))
+  // each output may be its own input (in place), never the other's input or output
+  if (fast::overlap(q_out, k))
+    return Status::Invalid("q_out", "expected memory disjoint from k and k_out");
+  if (fast::overlap(k_out, q) || fast::overlap(k_out, q_out))
     return Status::Invalid("k_out", "expected memory disjoint from q and q_out");
   const double sign = backward ? -1.0 : 1.0;
   if (q.dtype == k.dtype && kernel_ok(q, q_out) && kernel_ok(k, k_out)) {
