@@ -128,7 +128,8 @@ RopePtr rope_params(const TextDict& params, const std::string& config, std::int6
       std::string message = posenc_last_error();  // named after the C argument: the config's field follows
       const std::string c_arg = "config_json_text: ";
       if (message.rfind(c_arg, 0) == 0) message = message.substr(c_arg.size());
-      throw py::value_error("config: " + message);
+      if (message.rfind("config: ", 0) != 0) message = "config: " + message;  // a field's name, or the file's
+      throw py::value_error(message);
     }
     if (d != head_dim)
       throw py::value_error("config: head_dim " + std::to_string(d) + " does not match the tensors' last dimension " +

@@ -21,7 +21,9 @@ def encodings():
 def set_num_threads(n):
     """Threads of posenc's kernels: n >= 1 sets the count, n <= 0 restores OpenMP's default."""
     _check_int("n", n)
-    _C.set_num_threads(int(n))
+    if int(n) >= 2 ** 31:
+        raise ValueError(f"n: expected a thread count below 2^31, got {int(n)}")
+    _C.set_num_threads(max(int(n), 0))
 
 
 def get_num_threads():

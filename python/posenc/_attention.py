@@ -5,7 +5,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _C
-from ._common import FLOAT_DTYPES, check_int, check_tensor, key, text
+from ._common import FLOAT_DTYPES, check_bool, check_int, check_tensor, key, text
 
 
 
@@ -85,16 +85,13 @@ def attention(q, k, v, encoding="nope", *, causal=False, scale=None, q_offset=No
     if not isinstance(encoding, str):
         raise TypeError(f"encoding: expected a name (str), got {type(encoding).__name__}")
     texts, tensors = split_params(encoding, params)
-    if causal is not True and causal is not False:
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    for name, flag in (("causal", causal), ("keys_rotated", keys_rotated), ("bf16_rate", bf16_rate),
+                       ("return_lse", return_lse)):
+        check_bool(name, flag)
     if causal:
         texts["causal"] = "true"
-    if keys_rotated is not True and keys_rotated is not False:
-        raise TypeError(f"keys_rotated: expected a bool, got {type(keys_rotated).__name__}")
     if keys_rotated:
         texts["keys_rotated"] = "true"
-    if bf16_rate is not True and bf16_rate is not False:
-        raise TypeError(f"bf16_rate: expected a bool, got {type(bf16_rate).__name__}")
     if not bf16_rate:
         texts["bf16_rate"] = "false"
     if type(k_offset) is not int or k_offset:  # 0 is the library's default
@@ -127,6 +124,8 @@ class _BiasFn(torch.autograd.Function):
         tensors = ctx.saved_tensors
         learned = learned_tensors(ctx.call[0])
         grad_names = [n for i, n in enumerate(ctx.names) if ctx.needs_input_grad[2 + i] and n in learned]
+        if not grad_names:  # only tensors without a gradient (alibi's given slopes) asked for one
+            return (None, None, *[None for _ in ctx.names])
         grads = _C.bias_backward(*ctx.call, dict(zip(ctx.names, tensors)), dbias, grad_names)
         return (None, None, *[grads.get(n) for n in ctx.names])
 
@@ -140,8 +139,7 @@ def bias(encoding, heads, q_len, k_len, *, causal=False, q_offset=None, k_offset
     for name, value in (("heads", heads), ("q_len", q_len), ("k_len", k_len), ("k_offset", k_offset)):
         check_int(name, value)
     check_int("q_offset", q_offset, optional=True)
-    if causal not in (True, False):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    check_bool("causal", causal)
     q_off = k_offset + k_len - q_len if q_offset is None else q_offset
     texts, tensors = split_params(encoding, params)
     names = list(tensors)

@@ -29,6 +29,13 @@ def check_int(name, value, *, optional=False):
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
+    if not -2 ** 63 <= int(value) < 2 ** 63:
+        raise ValueError(f"{name}: expected an integer within int64, got {int(value)}")
+
+
+def check_bool(name, value):
+    if value is not True and value is not False:
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
 
 
 def text(key, value):
@@ -56,7 +63,10 @@ def key(name):
 def config_text(config):
     """config.json's text from a dict or a path."""
     if isinstance(config, dict):
-        return json.dumps(config)
+        try:
+            return json.dumps(config, allow_nan=False)
+        except ValueError:
+            raise ValueError("config: expected finite numbers (JSON has no NaN or infinity)") from None
     if isinstance(config, (str, os.PathLike)):
         try:
             with open(config, encoding="utf-8") as f:

@@ -5,7 +5,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _C
-from ._common import check_int, check_tensor, config_text, text
+from ._common import check_bool, check_int, check_tensor, config_text, text
 
 # Hugging Face rope_scaling fields and the RopeParams keys they set.
 _SCALING_KEYS = {
@@ -87,8 +87,16 @@ def rope(x, positions=None, *, offset=0, layout=None, rotary_dim=None, theta=100
     Differentiable in x (the backward applies R(-m)).
     """
     check_tensor("x", x)
+    check_bool("inplace", inplace)
     params, cfg = rope_params(layout, rotary_dim, theta, scaling, config, seq_len, angles)
-    return _RopeFn.apply(x, None, _positions(positions, offset), offset, params, cfg, bool(inplace))
+    try:
+        return _RopeFn.apply(x, None, _positions(positions, offset), offset, params, cfg, inplace)
+    except ValueError as e:  # the extension names x q (and, in place, q_out)
+        message = str(e)
+        for name in ("q: ", "q_out: "):
+            if message.startswith(name):
+                raise ValueError("x: " + message[len(name):]) from None
+        raise
 
 
 def rope_qk(q, k, positions=None, *, offset=0, layout=None, rotary_dim=None, theta=10000.0, scaling=None,
@@ -96,15 +104,22 @@ def rope_qk(q, k, positions=None, *, offset=0, layout=None, rotary_dim=None, the
     """Rotates q [B, L, Hq, D] and k [B, L, Hk, D] in one pass (as rope); returns (q_rot, k_rot)."""
     check_tensor("q", q)
     check_tensor("k", k)
+    check_bool("inplace", inplace)
     params, cfg = rope_params(layout, rotary_dim, theta, scaling, config, seq_len, angles)
-    return _RopeFn.apply(q, k, _positions(positions, offset), offset, params, cfg, bool(inplace))
+    return _RopeFn.apply(q, k, _positions(positions, offset), offset, params, cfg, inplace)
 
 
 def rope_config(config, seq_len=None):
     """A config.json's RoPE (dict or path) as `posenc rope-config` prints it; inv_freq a float64 tensor,
     inv_freq_hf a float32 tensor (transformers' float32 values)."""
     check_int("seq_len", seq_len, optional=True)
-    out = json.loads(_C.rope_config(config_text(config), 0 if seq_len is None else seq_len))
+    try:
+        out = json.loads(_C.rope_config(config_text(config), 0 if seq_len is None else seq_len))
+    except ValueError as e:  # a field of the config is named after it, as rope(config=...) names it
+        message = str(e)
+        if message.startswith(("config", "seq_len")):
+            raise
+        raise ValueError("config: " + message) from None
     out["inv_freq"] = torch.tensor(out["inv_freq"], dtype=torch.float64)
     out["inv_freq_hf"] = torch.tensor(out["inv_freq_hf"], dtype=torch.float32)
     return out

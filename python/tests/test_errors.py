@@ -71,6 +71,20 @@ def test_values_and_names():
     raises(TypeError, "causal: expected a bool", lambda: posenc.attention(Q, K, K, causal="yes"))
     raises(TypeError, "bf16_rate: expected a bool", lambda: posenc.attention(Q, K, K, bf16_rate=1))
     raises(TypeError, "n: expected an integer", lambda: posenc.set_num_threads("a"))
+    raises(ValueError, "n: expected a thread count below 2^31", lambda: posenc.set_num_threads(2 ** 31))
+    raises(ValueError, "offset: expected an integer within int64", lambda: posenc.rope(Q, offset=2 ** 64))
+    raises(ValueError, "k_offset: expected an integer within int64", lambda: posenc.bias("alibi", 2, 3, 3, k_offset=-2 ** 63 - 1))
+    # every bool argument is a bool (1, "no" would read as true)
+    raises(TypeError, "causal: expected a bool", lambda: posenc.bias("alibi", 2, 3, 3, causal=1))
+    raises(TypeError, "return_lse: expected a bool", lambda: posenc.attention(Q, K, K, return_lse="no"))
+    raises(TypeError, "inplace: expected a bool", lambda: posenc.rope(Q, inplace="no"))
+    raises(TypeError, "inplace: expected a bool", lambda: posenc.rope_qk(Q, Q, inplace=0))
+    # rope(x) names x
+    raises(ValueError, "x: expected 4 dimensions", lambda: posenc.rope(Q[0]))
+    # the attention's own keys given to bias would be ignored: refused
+    raises(ValueError, "q_offset: expected as bias's own argument", lambda: posenc.bias("alibi", 1, 2, 2, **{"q-offset": 7}))
+    for name in ("scale", "keys_rotated", "bf16_rate"):
+        raises(ValueError, f"{name}: not read by bias", lambda: posenc.bias("alibi", 1, 2, 2, **{name: 1.0}))
 
 
 def test_config_errors():
@@ -80,9 +94,33 @@ def test_config_errors():
     raises(ValueError, "config: head_dim 16 does not match", lambda: posenc.rope(Q, config={"rope_theta": 1e4, "head_dim": 16}))
     raises(ValueError, "theta: given with config", lambda: posenc.rope(Q, theta=5.0, config={"rope_theta": 1e4}))
     raises(TypeError, "config: expected a dict or the path", lambda: posenc.rope_config(3))
+    raises(ValueError, "config: rope_scaling.factor: expected a number > 0", lambda: posenc.rope_config(bad))
+    raises(ValueError, "config: not valid JSON", lambda: posenc.rope(Q, config=__file__))  # not "config: config: "
+    raises(ValueError, "config: expected finite numbers",
+           lambda: posenc.rope(Q, config={"rope_theta": math.inf, "head_dim": 8}))
 
 
 def test_empty_tensors_compute_nothing():
     out, lse = posenc.attention(Q, K[:, :0], K[:, :0], return_lse=True)
     assert torch.equal(out, torch.zeros_like(Q)) and bool((lse == -math.inf).all())
     assert posenc.rope(torch.empty(0, 3, 2, 8)).shape == (0, 3, 2, 8)
+    for q, k in ((torch.empty(0, 3, 2, 8), torch.empty(0, 3, 1, 8)), (Q[:, :0], Q[:, :0]), (Q[:, :, :0], Q)):
+        qr, kr = posenc.rope_qk(q, k)
+        assert qr.shape == q.shape and kr.shape == k.shape and torch.equal(kr, posenc.rope(k))
+    # an empty batch, with shapes a decode step takes (M ≤ 16 queries), in every dtype
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for m in (1, 16):
+            q, kv = torch.randn(0, m, 4, 8, dtype=dtype), torch.randn(0, 5, 2, 8, dtype=dtype)
+            out, lse = posenc.attention(q, kv, kv, "alibi", causal=True, return_lse=True)
+            assert out.shape == q.shape and lse.shape == (0, 4, m)
+
+
+def test_bias_given_slopes_take_no_gradient():
+    """alibi's given slopes have no gradient: a backward through them leaves .grad None (no error)."""
+    slopes = torch.rand(4, requires_grad=True)
+    b = posenc.bias("alibi", 4, 3, 3, slopes=slopes)
+    b.sum().backward()
+    assert slopes.grad is None
+    w = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)  # learned weights still get theirs
+    posenc.bias("alibi", 4, 3, 3, variant="learned", weights=w).sum().backward()
+    assert w.grad is not None and w.grad.shape == w.shape
