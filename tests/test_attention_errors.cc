@@ -149,6 +149,8 @@ TEST(AttentionErrors, EveryBadForwardInputNamesItsArgument) {
        [](Case& c, auto&&...) { c.table[2] = std::numeric_limits<double>::infinity(); }},
       {"kerple r2 not finite", "r2", Encoding::kKerple, [](Case& c, auto&&...) { c.r2[1] = std::nan(""); }},
       {"fire mlp_b1 not finite", "mlp_b1", Encoding::kFire, [](Case& c, auto&&...) { c.fb1[0] = std::nan(""); }},
+      {"lse inside out", "lse", Encoding::kNope,
+       [](Case&, Fwd&, View*, View*, View*, View* out, View* lse, E*) { lse->data = out->data; }},
   };
   for (Bad& b : bad) {
     SCOPED_TRACE(b.name);
@@ -216,6 +218,11 @@ TEST(AttentionErrors, EveryBadBackwardInputNamesItsArgument) {
          static Vec spare(5);
          g->fire.b1 = V(spare, {5});
        }},
+      {"dv on dk", "dv", Encoding::kNope, [](View*, View*, View* dk, View* dv, EncodingGrads*) { dv->data = dk->data; }},
+      {"dv on dk, shifted", "dv", Encoding::kNope,
+       [](View*, View*, View* dk, View* dv, EncodingGrads*) { dv->data = static_cast<double*>(dk->data) + 1; }},
+      {"t5 dweights inside dv", "dweights", Encoding::kT5,
+       [](View*, View*, View*, View* dv, EncodingGrads* g) { g->weights.data = static_cast<double*>(dv->data) + 8; }},
       {"a kerple gradient for sandwich", "dr1", Encoding::kSandwich,
        [](View*, View*, View*, View*, EncodingGrads* g) {
          static Vec spare(2);

@@ -148,6 +148,25 @@ TEST(FastElementwiseRope, QkOutputsOverlappingTheOtherPairAreErrors) {
     EXPECT_EQ(k, k0);
   }
   EXPECT_TRUE(rope_apply_qk(RopeParams{}, qv, kv, Positions{}, qv, kv).ok());  // in place
+  // a fused QKV's q and k (interleaved rows of one buffer) rotated in place: what rotating copies gives
+  std::vector<float> qkv = testing::to_float(randn(static_cast<std::size_t>(3 * n), 63)), want_q(q.size()), want_k(k.size());
+  const auto slice = [&](int part) {
+    View v = View::contiguous(qkv.data() + part * 16, DType::kF32, {1, 4, 2, 8});
+    v.strides[1] = 3 * 16;
+    v.strides[0] = 4 * 3 * 16;
+    return v;
+  };
+  std::vector<float> cq(q.size()), ck(k.size());
+  for (std::int64_t l = 0; l < 4; ++l)
+    for (std::int64_t e = 0; e < 16; ++e) cq[static_cast<std::size_t>(l * 16 + e)] = qkv[static_cast<std::size_t>(l * 48 + e)],
+                                         ck[static_cast<std::size_t>(l * 16 + e)] = qkv[static_cast<std::size_t>(l * 48 + 16 + e)];
+  ASSERT_TRUE(rope_apply_qk(RopeParams{}, V(cq.data()), V(ck.data()), Positions{}, V(want_q.data()), V(want_k.data())).ok());
+  ASSERT_TRUE(rope_apply_qk(RopeParams{}, slice(0), slice(1), Positions{}, slice(0), slice(1)).ok());
+  for (std::int64_t l = 0; l < 4; ++l)
+    for (std::int64_t e = 0; e < 16; ++e) {
+      EXPECT_EQ(qkv[static_cast<std::size_t>(l * 48 + e)], want_q[static_cast<std::size_t>(l * 16 + e)]);
+      EXPECT_EQ(qkv[static_cast<std::size_t>(l * 48 + 16 + e)], want_k[static_cast<std::size_t>(l * 16 + e)]);
+    }
   float none = 0;
   const View e = View::contiguous(&none, DType::kF32, {0, 4, 2, 8});
   EXPECT_TRUE(rope_apply_qk(RopeParams{}, e, e, Positions{}, e, e).ok());

@@ -1,12 +1,16 @@
 // require_finite (posenc/view.h): the check the bias and attention entry points run on their learned
 // tensors. Finite views pass whatever their dtype; the first NaN or ±inf, in the view's own C order
 // (strides followed), is reported with its index.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "core/overlap.h"
 #include "posenc/half.h"
 #include "posenc/view.h"
 #include "testing.h"
@@ -90,6 +94,79 @@ TEST(ViewContiguous, EmptyShapeWhoseProductOverflows) {
   EXPECT_EQ(v.strides[2], big);
   EXPECT_EQ(v.strides[1], big * big);
   EXPECT_EQ(v.strides[0], 0);
+}
+
+// ==== overlap (core/overlap.h) =====================================================================
+
+View strided(float* base, std::int64_t offset, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides) {
+  View v = View::contiguous(base + offset, DType::kF32, shape);
+  for (std::size_t k = 0; k < strides.size(); ++k) v.strides[k] = strides[k];
+  return v;
+}
+
+// The element addresses of v, by brute force.
+std::set<const char*> addresses(const View& v) {
+  std::set<const char*> out;
+  std::vector<std::int64_t> i(static_cast<std::size_t>(v.ndim), 0);
+  if (v.numel() == 0) return out;
+  for (;;) {
+    std::int64_t off = 0;
+    for (int k = 0; k < v.ndim; ++k) off += i[static_cast<std::size_t>(k)] * v.strides[k];
+    out.insert(static_cast<const char*>(v.data) + off * 4);
+    int k = v.ndim - 1;
+    for (; k >= 0 && ++i[static_cast<std::size_t>(k)] == v.shape[k]; --k) i[static_cast<std::size_t>(k)] = 0;
+    if (k < 0) return out;
+  }
+}
+
+TEST(Overlap, SlicesOfOneBufferAndTheCasesThatMeet) {
+  std::vector<float> buf(4096);
+  float* b = buf.data();
+  // a fused QKV [B = 2, L = 3, 3, H = 2, D = 4]: q, k and v interleave without sharing an element
+  const std::vector<std::int64_t> st = {3 * 3 * 2 * 4, 3 * 2 * 4, 4, 1}, sh = {2, 3, 2, 4};
+  const View q = strided(b, 0, sh, st), k = strided(b, 8, sh, st), v = strided(b, 16, sh, st);
+  EXPECT_FALSE(fast::overlap(q, k));
+  EXPECT_FALSE(fast::overlap(k, v));
+  EXPECT_FALSE(fast::overlap(v, q));
+  EXPECT_TRUE(fast::overlap(q, q));
+  EXPECT_TRUE(fast::overlap(q, strided(b, 7, sh, st)));  // q's last row of a head meets it
+  EXPECT_TRUE(fast::overlap(q, strided(b, 1, sh, st)));
+  // even and odd elements
+  EXPECT_FALSE(fast::overlap(strided(b, 0, {100}, {2}), strided(b, 1, {100}, {2})));
+  EXPECT_TRUE(fast::overlap(strided(b, 0, {100}, {2}), strided(b, 2, {100}, {2})));
+  // contiguous views of other shapes or dtypes whose extents meet
+  View d = View::contiguous(b + 10, DType::kF64, {4});
+  EXPECT_TRUE(fast::overlap(View::contiguous(b, DType::kF32, {4, 4}), d));
+  EXPECT_FALSE(fast::overlap(View::contiguous(b, DType::kF32, {10}), d));
+  // absent or empty views meet nothing
+  EXPECT_FALSE(fast::overlap(View{}, q));
+  EXPECT_FALSE(fast::overlap(strided(b, 0, {0, 4}, {4, 1}), q));
+}
+
+// Random pairs of one layout (slices of one buffer), against the addresses counted one by one.
+TEST(Overlap, OneLayoutAgreesWithBruteForce) {
+  std::vector<float> buf(1 << 16);
+  std::mt19937_64 rng(7);
+  const auto u = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  int met = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int nd = static_cast<int>(u(1, 4));
+    std::vector<std::int64_t> st(static_cast<std::size_t>(nd)), sa(st.size()), sb(st.size());
+    for (int k = 0; k < nd; ++k) {
+      st[static_cast<std::size_t>(k)] = u(1, 40);
+      sa[static_cast<std::size_t>(k)] = u(1, 5);
+      sb[static_cast<std::size_t>(k)] = u(1, 5);
+    }
+    const View a = strided(buf.data(), u(0, 200), sa, st), b = strided(buf.data(), u(0, 200), sb, st);
+    std::set<const char*> x = addresses(a), y = addresses(b), both;
+    std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::inserter(both, both.begin()));
+    ASSERT_EQ(fast::overlap(a, b), !both.empty()) << "trial " << trial;
+    met += !both.empty();
+  }
+  EXPECT_GT(met, 300);  // both answers well represented
+  EXPECT_LT(met, 2700);
 }
 
 }  // namespace

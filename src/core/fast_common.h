@@ -34,16 +34,6 @@ inline void extent(const View& v, std::uintptr_t* lo, std::uintptr_t* hi) {
   *hi = reinterpret_cast<std::uintptr_t>(v.data) + static_cast<std::uintptr_t>((mx + 1) * es);
 }
 
-// True when both views are present, hold elements, and their byte extents meet (interleaved views
-// whose elements differ count as meeting).
-inline bool overlap(const View& a, const View& b) {
-  if (!a.present() || !b.present() || a.numel() == 0 || b.numel() == 0) return false;
-  std::uintptr_t alo, ahi, blo, bhi;
-  extent(a, &alo, &ahi);
-  extent(b, &blo, &bhi);
-  return alo < bhi && blo < ahi;
-}
-
 // True when a and b share memory without being the very same view (in place is fine; a partial
 // overlap is left to the reference, which reads all of its input before writing).
 inline bool partial_alias(const View& a, const View& b) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/fast_common.h"
+#include "core/overlap.h"
 #include "enc/rotary/rope/rope_check.h"
 #include "enc/rotary/rope/rope_fast.h"
 #include "enc/rotary/rope/rope_math.h"
