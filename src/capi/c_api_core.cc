@@ -16,13 +16,29 @@ namespace {
 // A fixed buffer: recording an error never allocates (it may follow a failed allocation).
 thread_local char t_error[1024] = "";
 
-// Joins the parts into t_error, cut to its size, control characters as spaces: one line.
+// Joins the parts into t_error, cut to its size (at a UTF-8 character's start), control characters
+// (bytes below 0x20, and 0x7f) as spaces: one line of text.
 void record(std::initializer_list<const char*> parts) {
   std::size_t n = 0;
+  bool cut = false;
   for (const char* s : parts) {
-    for (; s != nullptr && *s != '\0' && n + 1 < sizeof t_error; ++s)
-      t_error[n++] = (*s == '\n' || *s == '\r' || *s == '\t') ? ' ' : *s;
+    for (; s != nullptr && *s != '\0'; ++s) {
+      if (n + 1 == sizeof t_error) {
+        cut = true;
+        break;
+      }
+      const auto c = static_cast<unsigned char>(*s);
+      t_error[n++] = c < 0x20 || c == 0x7f ? ' ' : *s;
+    }
   }
+  if (cut)  // drop a character cut short: its lead byte and the continuation bytes (10xxxxxx) after it
+    for (std::size_t i = n; i > 0 && n - i < 4; --i) {
+      const auto c = static_cast<unsigned char>(t_error[i - 1]);
+      if ((c & 0xC0) == 0x80) continue;
+      const std::size_t len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+      if (n - (i - 1) < len) n = i - 1;
+      break;
+    }
   t_error[n] = '\0';
 }
 
@@ -113,8 +129,9 @@ Status to_view(const char* arg, const posenc_tensor* t, Role role, bool optional
     if (__builtin_mul_overflow(elements, t->shape[i], &elements) || elements > POSENC_MAX_ELEMENTS)
       return Status::OutOfRange(arg, "shape " + v.shape_str() + " has more than 2^40 elements (POSENC_MAX_ELEMENTS)");
   if (role == Role::kOutput && self_overlapping(v))
-    return Status::Invalid(arg, "an output whose strides put two elements at one address (shape " + v.shape_str() +
-                                    ")");
+    return Status::Invalid(arg, "expected an output whose strides, in order, each pass the span of the smaller ones "
+                                "(so that no two elements can share an address), got shape " + v.shape_str() +
+                                    " with interleaved strides");
   *out = v;
   return Status::Ok();
 }

@@ -3,6 +3,7 @@
 #include "attention/attention_check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -25,8 +26,10 @@ Expected<std::int64_t> parse_int(const std::string& arg, const std::string& text
 
 Expected<double> parse_float(const std::string& arg, const std::string& text) {
   char* end = nullptr;
-  const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+  // no leading space either (strtod skips it; the integers' from_chars does not)
+  const bool bad = text.empty() || std::isspace(static_cast<unsigned char>(text[0]));
+  const double v = bad ? 0.0 : std::strtod(text.c_str(), &end);
+  if (bad || end != text.c_str() + text.size() || !std::isfinite(v))
     return Status::Invalid(arg, "expected a finite number, got '" + text + "'");
   return v;
 }

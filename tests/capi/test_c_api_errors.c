@@ -30,6 +30,29 @@ static void rope_param_errors(posenc_rope_params* p) {
   CHECK_ERR(rc, "theta");
   rc = posenc_rope_params_set(p, "theta", "inf");
   CHECK_ERR(rc, "theta");
+  rc = posenc_rope_params_set(p, "theta", " 5");  /* no leading space, as for the integers */
+  CHECK_ERR(rc, "theta");
+  /* control characters in a value come back as spaces: one line of text */
+  rc = posenc_rope_params_set(p, "theta", "1\v2\f3\x1b[31m\x7f");
+  CHECK_ERR(rc, "theta");
+  int controls = 0;
+  for (const char* c = posenc_last_error(); *c != '\0'; ++c) controls += (unsigned char)*c < 0x20 || *c == 0x7f;
+  CHECK(controls == 0, "%d control characters in '%s'", controls, posenc_last_error());
+  /* a message cut at the buffer's end ends on a whole UTF-8 character (a key of 700 'é': 1400 bytes) */
+  static char key[1401];
+  for (int i = 0; i < 700; ++i) key[2 * i] = (char)0xC3, key[2 * i + 1] = (char)0xA9;
+  rc = posenc_rope_params_set(p, key, "1");
+  CHECK_ERR(rc, "\xC3\xA9");
+  const unsigned char* m = (const unsigned char*)posenc_last_error();
+  size_t len = strlen((const char*)m), i = 0;
+  int whole = len > 900;
+  while (whole && i < len) {  /* each lead byte followed by its continuation bytes */
+    const size_t n = m[i] < 0x80 ? 1 : m[i] >= 0xF0 ? 4 : m[i] >= 0xE0 ? 3 : m[i] >= 0xC0 ? 2 : 0;
+    whole = n > 0 && i + n <= len;
+    for (size_t j = 1; whole && j < n; ++j) whole = (m[i + j] & 0xC0) == 0x80;
+    i += n;
+  }
+  CHECK(whole, "the cut message (%zu bytes) ends inside a UTF-8 character", len);
   rc = posenc_rope_params_set(p, "rotary_dim", "2.5");
   CHECK_ERR(rc, "rotary_dim");
   rc = posenc_rope_params_set(p, "layout", "diagonal");
