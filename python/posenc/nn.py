@@ -11,8 +11,8 @@ import math
 import torch
 from torch import nn
 
-from ._attention import attention
-from ._common import check_int
+from ._attention import attention, kind, learned_tensors
+from ._common import check_bool, check_int
 from ._rope import rope_qk
 
 _KERPLE_MIN = 1e-2  # r1, r2 read as at least this (the authors' ε); power: r2 at most 2
@@ -22,14 +22,18 @@ _FIRE_MIN_C = 1e-3  # FIRE's c read as at least this; L at least 1
 class RotaryEmbedding(nn.Module):
     """RoPE of q and k [B, L, H, D] (posenc.rope_qk); no parameters.
 
-    head_dim: D (checked against the tensors); theta, layout ("half": GPT-NeoX / Llama; "interleaved":
-    RoFormer), scaling (a rope_scaling dict) or config (a config.json dict or path, which sets the rest).
+    head_dim: D (checked against the tensors); theta, layout ("half", the default: GPT-NeoX / Llama;
+    "interleaved": RoFormer), scaling (a rope_scaling dict) or config (a config.json dict or path, which
+    sets the rest, its layout too unless layout is given). Checked at construction (a rotation of one
+    token), each error naming its argument.
     """
 
-    def __init__(self, head_dim, theta=10000.0, layout="half", scaling=None, config=None):
+    def __init__(self, head_dim, theta=10000.0, layout=None, scaling=None, config=None):
         super().__init__()
-        check_int("head_dim", head_dim)
+        _check_size("head_dim", head_dim)
         self.head_dim, self.theta, self.layout, self.scaling, self.config = head_dim, theta, layout, scaling, config
+        x = torch.zeros(1, 1, 1, head_dim, dtype=torch.float64)
+        self.forward(x, x)
 
     def forward(self, q, k, positions=None, offset=0):
         """(q, k) rotated at positions (int [L] or [B, L]) + offset, or offset + l."""
@@ -41,6 +45,12 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, theta={self.theta}, layout={self.layout!r}"
+
+
+def _check_size(name, value):
+    check_int(name, value)
+    if value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value}")
 
 
 def _rope2d_mixed_freqs(heads, rotary_dim, theta=10.0):
@@ -62,8 +72,9 @@ class Attention(nn.Module):
     heads: query heads H; head_dim: D. params: posenc.attention's keys (variant=, num_buckets=,
     kernel=, rope={...}, ...; a fixed tensor such as alibi's slopes= is kept as a buffer). For the
     learned tensors: max_len (cope's table rows, FIRE's L; default 512), fire_width (32), rel_dim (xl's
-    R, default head_dim). forward(q [B, M, H, D], k, v [B, N, Hkv, D], **call) → [B, M, H, D]; call:
-    q_offset, k_offset, scale, q_positions, k_positions.
+    R, default head_dim); a tensor given under a learned tensor's name (weights=, table=, ...) is its
+    initial value, of the shape the default would have. forward(q [B, M, H, D], k, v [B, N, Hkv, D],
+    **call) → [B, M, H, D]; call: q_offset, k_offset, scale, q_positions, k_positions.
     """
 
     def __init__(self, heads, head_dim, encoding="nope", causal=True, *, max_len=512, fire_width=32, rel_dim=None,
@@ -71,11 +82,25 @@ class Attention(nn.Module):
         super().__init__()
         for name, value in (("heads", heads), ("head_dim", head_dim), ("max_len", max_len),
                             ("fire_width", fire_width)):
-            check_int(name, value)
-        self.heads, self.head_dim, self.encoding, self.causal = heads, head_dim, encoding, bool(causal)
-        self.params, self._fixed = {}, []
+            _check_size(name, value)
+        if rel_dim is not None:
+            _check_size("rel_dim", rel_dim)
+        if not isinstance(encoding, str):
+            raise TypeError(f"encoding: expected a name (str), got {type(encoding).__name__}")
+        if kind(encoding) is None:
+            raise ValueError(f"encoding: unknown encoding '{encoding}'")
+        check_bool("causal", causal)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+        if "num_buckets" in params:
+            _check_size("num_buckets", params["num_buckets"])
+        self.heads, self.head_dim, self.encoding, self.causal = heads, head_dim, encoding, causal
+        learned = set(learned_tensors(encoding))
+        self.params, self._fixed, given = {}, [], {}
         for k, v in params.items():
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, torch.Tensor) and k in learned:
+                given[k] = v
+            elif isinstance(v, torch.Tensor):
                 self.register_buffer(k, v)
                 self._fixed.append(k)
             else:
@@ -100,7 +125,18 @@ class Attention(nn.Module):
             new["mlp_w2"], new["mlp_b2"] = torch.randn(H, fire_width) * 0.02, torch.zeros(H)
             new["c"], new["threshold"] = torch.tensor([0.1]), torch.tensor([float(max_len)])
         elif encoding == "rope2d" and params.get("variant") == "mixed":
-            new["freqs"] = _rope2d_mixed_freqs(H, params.get("rope", {}).get("rotary_dim", D))
+            r = params.get("rope", {}).get("rotary_dim", D) or D
+            check_int("rotary_dim", r)
+            if r < 4 or r % 4 or r > D:
+                raise ValueError(f"rotary_dim: expected a multiple of 4 in [4, D = {D}] for rope2d mixed "
+                                 f"(pairs split between x and y), got {r}")
+            new["freqs"] = _rope2d_mixed_freqs(H, r)
+        for k, v in given.items():
+            if k not in new:
+                raise ValueError(f"{k}: {encoding} learns no such tensor with these parameters")
+            if tuple(v.shape) != tuple(new[k].shape):
+                raise ValueError(f"{k}: expected an initial value of shape {list(new[k].shape)}, got {list(v.shape)}")
+            new[k] = v.detach().clone()
         self._learned = list(new)
         for k, v in new.items():
             self.register_parameter(k, nn.Parameter(v.to(dtype)))

@@ -63,6 +63,50 @@ def test_attention_parameters_and_initialisation():
         assert f[:, h, 1].norm().item() == pytest.approx(10 ** (-4 / D), rel=1e-6)
 
 
+def test_rotary_embedding_takes_the_config_layout():
+    """DeepSeek-V3's config asks for interleaved pairs: the module rotates as rope_qk(config=) does."""
+    cfg = {"model_type": "deepseek_v3", "rope_theta": 1e4, "qk_rope_head_dim": 8, "hidden_size": 64,
+           "num_attention_heads": 2, "max_position_embeddings": 64}
+    q, k = torch.randn(1, 5, 2, 8, dtype=torch.float64), torch.randn(1, 5, 1, 8, dtype=torch.float64)
+    want = posenc.rope_qk(q, k, layout="interleaved", theta=1e4)
+    for got, w in zip(pnn.RotaryEmbedding(8, config=cfg)(q, k), want):
+        torch.testing.assert_close(got, w, rtol=0, atol=0)
+    half = pnn.RotaryEmbedding(8, config=cfg, layout="half")(q, k)[0]  # a layout given wins
+    torch.testing.assert_close(half, posenc.rope_qk(q, k, theta=1e4)[0], rtol=0, atol=0)
+
+
+def test_modules_check_their_arguments_when_built():
+    def raises(exc, start, f):
+        with pytest.raises(exc) as info:
+            f()
+        assert str(info.value).startswith(start) and "\n" not in str(info.value), str(info.value)
+    raises(ValueError, "head_dim: expected an integer >= 1", lambda: pnn.RotaryEmbedding(0))
+    raises(ValueError, "rotary_dim", lambda: pnn.RotaryEmbedding(7))
+    raises(ValueError, "theta: expected a finite number > 0", lambda: pnn.RotaryEmbedding(8, theta=-1.0))
+    raises(ValueError, "layout: expected interleaved or half", lambda: pnn.RotaryEmbedding(8, layout="x"))
+    raises(ValueError, "scaling.bogus", lambda: pnn.RotaryEmbedding(8, scaling={"bogus": 1}))
+    raises(TypeError, "config: expected a dict or the path", lambda: pnn.RotaryEmbedding(8, config=3))
+    for name in ("heads", "head_dim", "max_len", "fire_width", "rel_dim"):
+        args = {"heads": 2, "head_dim": 8}
+        args[name] = 0
+        raises(ValueError, f"{name}: expected an integer >= 1", lambda: pnn.Attention(encoding="xl", **args))
+    raises(TypeError, "rel_dim: expected an integer", lambda: pnn.Attention(2, 8, "xl", rel_dim=2.5))
+    raises(ValueError, "encoding: unknown encoding 'bogus'", lambda: pnn.Attention(2, 8, "bogus"))
+    raises(TypeError, "encoding: expected a name", lambda: pnn.Attention(2, 8, 5))
+    raises(TypeError, "causal: expected a bool", lambda: pnn.Attention(2, 8, causal="no"))
+    raises(TypeError, "dtype: expected a floating torch.dtype", lambda: pnn.Attention(2, 8, dtype=torch.int32))
+    raises(TypeError, "num_buckets: expected an integer", lambda: pnn.Attention(2, 8, "t5", num_buckets=3.7))
+    raises(ValueError, "rotary_dim: expected a multiple of 4", lambda: pnn.Attention(2, 6, "rope2d", variant="mixed"))
+    raises(ValueError, "weights: expected an initial value of shape [32, 2]",
+           lambda: pnn.Attention(2, 8, "t5", weights=torch.zeros(31, 2)))
+    raises(ValueError, "weights: alibi learns no such tensor", lambda: pnn.Attention(2, 8, "alibi", weights=torch.zeros(2, 2)))
+    # a learned tensor given is the parameter's initial value
+    init = torch.full((32, 2), 0.25)
+    t5 = pnn.Attention(2, 8, "t5", weights=init)
+    assert isinstance(t5.weights, nn.Parameter) and torch.equal(t5.weights.detach(), init)
+    assert [n for n, _ in t5.named_buffers()] == []
+
+
 def test_attention_gradients_reach_parameters():
     m = pnn.Attention(2, 8, "t5", num_buckets=8, dtype=torch.float64)
     q, k, v = (torch.randn(1, 5, 2, 8, dtype=torch.float64) for _ in range(3))
