@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._attention import kind, learned_tensors, split_params
-from ._common import check_tensor, text
+from ._common import FLOAT_DTYPES, check_bool, check_tensor, text
 
 # A key's CoPE position counts the gates of every later key of its row: no shard holds them all.
 _UNSHARDABLE = ("cope",)
@@ -42,6 +42,28 @@ def _unpack(flat, like):
         out.append(flat[at:at + t.numel()].view(t.shape))
         at += t.numel()
     return out
+
+
+def _check_same_shapes(q, k, world, group):
+    """Every process's shards of one shape and dtype (the ring sends fixed-size buffers, and the shards'
+    positions follow from Lq and Lk): one small all-gather; every process raises the same error."""
+    if world == 1:
+        return
+    mine = torch.tensor([*q.shape, *k.shape, FLOAT_DTYPES.index(q.dtype)], dtype=torch.int64)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    for r, theirs in enumerate(every):
+        if not torch.equal(theirs, every[0]):
+            what = ("q_shard", list(every[0][:4]), list(theirs[:4])) if not torch.equal(theirs[:4], every[0][:4]) else \
+                   ("k_shard", list(every[0][4:8]), list(theirs[4:8])) if not torch.equal(theirs[4:8], every[0][4:8]) else \
+                   ("q_shard", "dtype " + str(FLOAT_DTYPES[every[0][8]])[6:], "dtype " + str(FLOAT_DTYPES[theirs[8]])[6:])
+            name, first, other = what
+            raise ValueError(f"{name}: expected the same shape and dtype on every process of the group, got "
+                             f"{_shape(first)} on rank 0 and {_shape(other)} on rank {r}")
+
+
+def _shape(x):
+    return x if isinstance(x, str) else "[" + ", ".join(str(int(v)) for v in x) + "]"
 
 
 def _shard_params(params, q_off, k_off):
@@ -164,7 +186,12 @@ def ring_attention(q_shard, k_shard, v_shard, group=None, encoding="nope", causa
         raise ValueError("q_shard, k_shard, v_shard: expected 4 dimensions [B, L, H, D]")
     if k_shard.shape != v_shard.shape:
         raise ValueError(f"v_shard: expected k_shard's shape {tuple(k_shard.shape)}, got {tuple(v_shard.shape)}")
+    for name, t in (("k_shard", k_shard), ("v_shard", v_shard)):  # before the shards are packed together
+        if t.dtype != q_shard.dtype:
+            raise ValueError(f"{name}: expected {str(q_shard.dtype)[6:]} like q_shard, got {str(t.dtype)[6:]}")
+    check_bool("causal", causal)
     world = dist.get_world_size(group)
+    _check_same_shapes(q_shard, k_shard, world, group)
     lq, lk = q_shard.shape[1], k_shard.shape[1]
     m, n = world * lq, world * lk
     if kind(encoding) == "rotary":  # a length-reading RoPE scheme sees the whole sequence's length
@@ -173,7 +200,7 @@ def ring_attention(q_shard, k_shard, v_shard, group=None, encoding="nope", causa
             rope["seq_len"] = n  # the whole call's largest position + 1
             params = {**params, "rope": rope}
     texts, tensors = split_params(encoding, params)
-    texts["causal"] = text("causal", bool(causal))
+    texts["causal"] = text("causal", causal)
     if scale is not None:
         texts["scale"] = text("scale", scale)
     names = list(tensors)

@@ -133,6 +133,46 @@ def test_ring_float32_fused_equals_whole(causal, encoding, tmp_path):
     run(2, encoding, causal, torch.float32, (1, 64, 64, 4, 2, 32), tmp_path)
 
 
+def mismatch_worker(rank, world, port, which, result_dir):
+    """Rank 1's shard one row longer (q or k): every rank must raise the one-line ValueError."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    lq, lk = (3 + rank, 4) if which == "q" else (3, 4 + rank)
+    try:
+        ring_attention(torch.zeros(1, lq, 2, 8), torch.zeros(1, lk, 2, 8), torch.zeros(1, lk, 2, 8), encoding="alibi")
+        message = "no error"
+    except ValueError as e:
+        message = str(e)
+    with open(os.path.join(result_dir, f"rank{rank}.msg"), "w") as f:
+        f.write(message)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_shards_of_other_shapes_refused_on_every_rank(which, tmp_path):
+    ctx = mp.start_processes(mismatch_worker, args=(2, free_port(), which, str(tmp_path)), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            assert time.monotonic() < deadline, "the processes did not finish"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    for rank in range(2):
+        message = (tmp_path / f"rank{rank}.msg").read_text()
+        assert message.startswith(f"{which}_shard: expected the same shape") and "\n" not in message, message
+
+
+def test_bad_arguments_name_the_argument():
+    q = torch.zeros(1, 2, 2, 8)
+    with pytest.raises(ValueError, match="^v_shard: expected float32 like q_shard, got float64$"):
+        ring_attention(q, q, q.double())
+    with pytest.raises(TypeError, match="^causal: expected a bool"):
+        ring_attention(q, q, q, causal="false")
+
+
 def test_cope_refused():
     with pytest.raises(ValueError, match="cope"):
         ring_attention(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), encoding="cope",
