@@ -303,8 +303,8 @@ void run_check(const CheckState& st) {
 Command add_check_command(CLI::App& root) {
   auto st = std::make_shared<CheckState>();
   CLI::App* app = root.add_subcommand("check", "measure the articles' four properties for every encoding");
-  add_text(app, "--len", &st->len, "positions compared (default 256)", "INT");
-  add_text(app, "--dim", &st->dim, "code dimension (default 64)", "INT");
+  add_text(app, "--len", &st->len, "positions compared, 40 .. 4096 (default 256)", "INT");
+  add_text(app, "--dim", &st->dim, "code dimension, even, 2 .. 512 (default 64)", "INT");
   st->study_opt = add_text(app, "--study", &st->study, "the study's output directory (default study-out)", "DIR");
   return {app, [st] { run_check(*st); }};
 }

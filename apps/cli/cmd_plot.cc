@@ -252,7 +252,8 @@ Command add_plot_command(CLI::App& root) {
   add_text(app, "--heads", &st->heads, "alibi-bias: heads (default 8)", "INT");
   add_text(app, "--base", &st->base, "sinusoid n or RoPE theta (default 10000)", "FLOAT");
   st->text_opt = add_text(app, "--text", &st->text,
-                          "cope-positions: the sentence, printable ASCII (each byte is a label), 1 .. 200 bytes",
+                          "cope-positions: the sentence, printable ASCII (each byte is a label), 1 .. 200 bytes "
+                          "(default: Genesis 1:1)",
                           "TEXT");
   return {app, [st, app] { run_plot(*st, *app); }};
 }

@@ -46,6 +46,8 @@ void run_train(const TrainState& st, const CLI::App& app) {
   if (!st.d_ff.empty()) mc.d_ff = positive("--d-ff", st.d_ff);
   const std::int64_t L = positive("--train-len", st.train_len), B = positive("--batch", st.batch),
                      steps = positive("--steps", st.steps), every = positive("--log-every", st.log_every);
+  if (L < 2 || L > 4096)  // as the study's
+    fail(Status::OutOfRange("--train-len", "expected 2 .. 4096, got " + std::to_string(L)));
   mc.max_len = L;
   if (Status s = validate_config(mc); !s.ok())
     fail(Status::Invalid(s.arg() == "n_heads" ? "--heads" : s.arg() == "d_model" ? "--d-model" : "--" + s.arg(),
@@ -59,7 +61,8 @@ void run_train(const TrainState& st, const CLI::App& app) {
   }
   if (!st.warmup.empty()) {
     oc.warmup = parse_int("--warmup", st.warmup);
-    if (oc.warmup < 0) fail(Status::Invalid("--warmup", "expected a non-negative integer"));
+    if (oc.warmup < 0 || oc.warmup > steps)
+      fail(Status::Invalid("--warmup", "expected 0 .. --steps (" + std::to_string(steps) + "), got " + st.warmup));
   }
   const std::int64_t seed = parse_int("--seed", st.seed);
   if (seed < 0) fail(Status::Invalid("--seed", "expected a non-negative integer"));
@@ -143,7 +146,7 @@ Command add_train_command(CLI::App& root) {
   add_text(app, "--layers", &st->n_layers, "layers (default 2)", "INT");
   add_text(app, "--heads", &st->n_heads, "attention heads (default 4)", "INT");
   add_text(app, "--d-ff", &st->d_ff, "MLP width (default 256)", "INT");
-  add_text(app, "--train-len", &st->train_len, "sequence length (default 64)", "INT");
+  add_text(app, "--train-len", &st->train_len, "sequence length, 2 .. 4096 (default 64)", "INT");
   add_text(app, "--batch", &st->batch, "sequences per step (default 16)", "INT");
   add_text(app, "--steps", &st->steps, "steps (default 100)", "INT");
   add_text(app, "--lr", &st->lr, "peak learning rate (default 3e-3)", "FLOAT");

@@ -123,6 +123,10 @@ def train_errors(d):
     expect_error(base + ["--save", ""], "--save")
     expect_error(base + ["--init-out", ""], "--init-out")
     expect_error(["train", *SMALL, "--corpus", ""], "--corpus")
+    for bad in (["--train-len", "1"], ["--train-len", "4097"]):  # the study's bounds, 2 .. 4096
+        expect_error(["train", "--steps", "2", "--batch", "2", *bad, "--corpus", corpus, "--save", save], "--train-len",
+                     outputs=[save])
+    expect_error(base + ["--warmup", "3", "--save", save], "--warmup", outputs=[save])  # more than --steps 2
     for enc in ("rope", "xl", "mrope", "xpos", "rope2d"):  # head dim 64 / 64 = 1
         expect_error(["train", "--encoding", enc, *SMALL, "--corpus", corpus, "--heads", "64", "--save", save],
                      "--heads", outputs=[save])
