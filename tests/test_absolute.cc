@@ -249,6 +249,19 @@ TEST(Learned, PositionAtOrBeyondMaxLenIsOutOfRangeAndWritesNothing) {
   EXPECT_EQ(s.code(), Code::kOutOfRange);
   EXPECT_EQ(dtable, std::vector<double>(dtable.size(), 5.0));
   EXPECT_EQ(dx, std::vector<double>(dx.size(), 6.0));
+
+  // A negative offset (allowed without ids) places tokens before row 0: refused the same way, in
+  // float64 and float32 (the fast path), forward and backward.
+  s = c.run({{}, -1}, y);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_EQ(s.arg(), "positions");
+  EXPECT_EQ(y, std::vector<double>(y.size(), -3.0));
+  std::vector<float> xf = to_float(c.x), tf = to_float(c.table), yf(xf.size(), -3.f), dtf(tf.size(), 5.f);
+  EXPECT_EQ(learned_forward({}, V(xf, {2, 3, 4}), V(tf, {10, 4}), {{}, -2}, V(yf, {2, 3, 4})).arg(), "positions");
+  EXPECT_EQ(yf, std::vector<float>(yf.size(), -3.f));
+  EXPECT_EQ(learned_backward({}, V(xf, {2, 3, 4}), V(tf, {10, 4}), {{}, -1}, View{}, V(dtf, {10, 4})).arg(),
+            "positions");
+  EXPECT_EQ(dtf, std::vector<float>(dtf.size(), 5.f));
 }
 
 TEST(Learned, BackwardScatterAddsRepeatedPositionsByFiniteDifferences) {

@@ -21,8 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "posenc/absolute.h"
 #include "posenc/attention.h"
+#include "posenc/bias.h"
 #include "posenc/c_api.h"
+#include "posenc/rotary.h"
 #include "posenc/threads.h"
 
 extern char** environ;
@@ -137,6 +140,44 @@ TEST(Limits, TheCppApiRefusesTheSameSizes) {
   EXPECT_EQ(fast.code(), Code::kOutOfRange);
   EXPECT_EQ(fast.message(), "q: head dimension D = 8192 is beyond the limit 4096 (2^12)");
   EXPECT_EQ(ref.message(), fast.message());
+}
+
+// The elementwise encodings and the biases refuse what the C ABI refuses, before allocating: more
+// than 2^40 elements (a broadcast dimension counted in full), strides reaching past 2^63 bytes, an
+// ndim beyond 6 (named, its shape not read); and mrope_positions a grid of more than 2^31 tokens.
+TEST(Limits, ElementwiseAndBiasEntryPointsRefuseTheSameSizes) {
+  std::vector<float> a(64, 1.f), b(64, 0.f);
+  View x = View::contiguous(a.data(), DType::kF32, {1, I{1} << 40, 2, 8}), y = View::contiguous(b.data(), DType::kF32, {1, 1, 2, 8});
+  x.strides[0] = x.strides[1] = 0;  // every position the same row
+  y.shape = x.shape, y.strides = x.strides;
+  Status s = rope2d_forward({}, x, {}, {}, y);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_EQ(s.arg(), "x");
+  View x3 = View::contiguous(a.data(), DType::kF32, {I{1} << 20, I{1} << 21, 8}), y3 = x3;
+  x3.strides = y3.strides = {0, 0, 1, 0, 0, 0};
+  EXPECT_EQ(sinusoidal_forward({}, x3, {}, y3).code(), Code::kOutOfRange);
+  View big = View::contiguous(b.data(), DType::kF32, {I{1} << 10, I{1} << 16, I{1} << 16});
+  big.strides = {0, 0, 0, 0, 0, 0};
+  BiasGeometry g;
+  g.heads = I{1} << 10, g.q_len = g.k_len = I{1} << 16;
+  EXPECT_EQ(alibi_bias({}, g, {}, {}, big).code(), Code::kOutOfRange);
+  // a batch stride of 2^62 floats: the second row's address would wrap
+  View w = View::contiguous(a.data(), DType::kF32, {2, 1, 1, 8}), wy = View::contiguous(b.data(), DType::kF32, {2, 1, 1, 8});
+  w.strides[0] = I{1} << 62;
+  s = rope2d_forward({}, w, {}, {}, wy);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_EQ(s.arg(), "x");
+  for (float e : b) EXPECT_EQ(e, 0.f);
+  View odd = View::contiguous(a.data(), DType::kF32, {1, 2, 2, 8});
+  odd.ndim = 99;
+  s = rope2d_forward({}, odd, {}, {}, wy);
+  EXPECT_EQ(s.arg(), "x");
+  EXPECT_NE(s.message().find("ndim 99"), std::string::npos) << s.message();
+  MropeSegment grid{MropeSegment::Kind::kImage, 0, I{1} << 30, I{1} << 30, I{1} << 30};
+  auto m = mrope_positions({grid});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().arg(), "segments");
+  EXPECT_NE(m.status().message().find("too large"), std::string::npos) << m.status().message();
 }
 
 // An allocation that fails on a worker thread inside a parallel region (a region's per-thread tiles

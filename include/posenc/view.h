@@ -52,8 +52,11 @@ struct View {
 };
 
 // ---- validation helpers: each returns a Status naming `arg` --------------------------------------
-// Require a present float view with exactly `ndim` dimensions.
+// Require a present float view with exactly `ndim` dimensions, within require_size's limits.
 Status require_float(const char* arg, const View& v, int ndim);
+// Require at most 2^40 elements (a broadcast dimension counted in full) and strides whose reach
+// stays within 2^63 bytes (Code::kOutOfRange).
+Status require_size(const char* arg, const View& v);
 // Require the shape to equal `want`; entries < 0 match anything.
 Status require_shape(const char* arg, const View& v, std::initializer_list<std::int64_t> want);
 // Require two views to hold the same dtype (outputs keep the input's dtype).

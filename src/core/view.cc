@@ -65,6 +65,7 @@ bool View::is_contiguous() const {
 }
 
 std::string View::shape_str() const {
+  if (ndim < 0 || ndim > kMaxDims) return "of ndim " + std::to_string(ndim);  // no shape to read
   std::ostringstream os;
   os << '[';
   for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
@@ -128,6 +129,25 @@ Status require_float(const char* arg, const View& v, int ndim) {
                                     v.shape_str());
   for (int i = 0; i < v.ndim; ++i)
     if (v.shape[i] < 0) return Status::Invalid(arg, "negative extent in shape " + v.shape_str());
+  return require_size(arg, v);
+}
+
+Status require_size(const char* arg, const View& v) {
+  constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;  // the C ABI's POSENC_MAX_ELEMENTS
+  std::int64_t elements = 1, span = 0, bytes = 0;
+  for (int i = 0; i < v.ndim; ++i) {  // a stride-0 (broadcast) dimension counts in full
+    if (__builtin_mul_overflow(elements, v.shape[i], &elements) || elements > kMaxElements)
+      return Status::OutOfRange(arg, "shape " + v.shape_str() + " has more than 2^40 elements");
+  }
+  for (int i = 0; i < v.ndim && elements > 0; ++i) {
+    std::int64_t reach = 0;
+    const std::int64_t stride = v.strides[i] < 0 ? -v.strides[i] : v.strides[i];
+    if (v.strides[i] == INT64_MIN || __builtin_mul_overflow(v.shape[i] - 1, stride, &reach) ||
+        __builtin_add_overflow(span, reach, &span))
+      return Status::OutOfRange(arg, "shape and strides reach beyond 2^63 elements in dimension " + std::to_string(i));
+  }
+  if (__builtin_mul_overflow(span + 1, static_cast<std::int64_t>(dtype_size(v.dtype)), &bytes))
+    return Status::OutOfRange(arg, "shape and strides reach beyond 2^63 bytes");
   return Status::Ok();
 }
 

@@ -24,9 +24,9 @@ Expected<std::vector<std::int64_t>> checked_positions(const Positions& pos, std:
   if (!ids.ok()) return ids.status();
   for (std::int64_t t = 0; t < B * L; ++t) {
     const std::int64_t m = (*ids)[static_cast<std::size_t>(t)];
-    if (m >= max_len)
-      return Status::OutOfRange("positions", "expected positions < max_len = " + std::to_string(max_len) +
-                                                 " (the rows of table), got " + std::to_string(m) +
+    if (m < 0 || m >= max_len)  // a negative offset without ids places tokens before row 0
+      return Status::OutOfRange("positions", "expected positions in [0, max_len = " + std::to_string(max_len) +
+                                                 ") (the rows of table), got " + std::to_string(m) +
                                                  " at (b=" + std::to_string(t / L) +
                                                  ", l=" + std::to_string(t % L) + ")");
   }

@@ -32,7 +32,9 @@ Expected<MropePositions> mrope_positions(const std::vector<MropeSegment>& segmen
                                                std::to_string(s.w));
       if (s.t > kMaxTokens || s.h > kMaxTokens || s.w > kMaxTokens)
         return Status::Invalid("segments", at + ": grid too large");
-      n = s.t * (s.h / spatial_merge) * (s.w / spatial_merge);
+      // each factor ≤ 2^31: the product may pass int64 (t·h alone does not)
+      if (__builtin_mul_overflow(s.t * (s.h / spatial_merge), s.w / spatial_merge, &n))
+        return Status::Invalid("segments", at + ": grid too large (more than 2^31 tokens)");
     } else {
       return Status::Invalid("segments", at + ": unknown kind " + std::to_string(static_cast<int>(s.kind)));
     }
