@@ -265,6 +265,9 @@ TEST(FireBias, BadInputsNameTheArgumentAndWriteNothing) {
     bad.threshold.shape[0] = 2;
     EXPECT_EQ(arg(im.back({}, g, m.views(), V(db, {2, 3, 4}), bad)), "dthreshold");
     EXPECT_EQ(arg(im.back({}, g, m.views(), V(db, {2, 4, 4}), gm.views())), "dbias");
+    bad = gm.views();
+    bad.b1 = bad.w1;  // two gradients in one buffer
+    EXPECT_EQ(arg(im.back({}, g, m.views(), V(db, {2, 3, 4}), bad)), "dmlp_b1");
   }
 }
 

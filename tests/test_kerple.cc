@@ -184,6 +184,7 @@ TEST(KerpleBias, BadInputsNameTheArgumentAndWriteNothing) {
     EXPECT_EQ(arg(im.back(lg, g, V(r1, {2}), V(r2, {2}), V(db, {2, 3, 4}), V(d1, {3}), V(d2, {2}))), "dr1");
     EXPECT_EQ(arg(im.back(lg, g, V(r1, {2}), V(r2, {2}), V(db, {2, 3, 4}), V(d1, {2}), V(outf, {2}))), "dr2");
     EXPECT_EQ(arg(im.back(pw, g, V(r1, {2}), V(big, {2}), V(db, {2, 3, 4}), V(d1, {2}), V(d2, {2}))), "r2");
+    EXPECT_EQ(arg(im.back(lg, g, V(r1, {2}), V(r2, {2}), V(db, {2, 3, 4}), V(d1, {2}), V(d1, {2}))), "dr2");  // one buffer
   }
   // The message says what was expected and where.
   Vec neg = {0.5, -1.0};

@@ -225,6 +225,8 @@ TEST(Rope2d, BadInputsNameTheArgument) {
   EXPECT_EQ(rope2d_backward(p, xv, Positions{}, V(f, {2, 1, 4}), View{}, View{}, View{}).arg(), "dx");
   EXPECT_EQ(rope2d_backward(p, xv, Positions{}, V(f, {2, 1, 4}), yv, View{}, V(bad_f, {2, 1, 4})).arg(), "x");
   EXPECT_EQ(rope2d_backward(p, xv, Positions{}, V(f, {2, 1, 4}), yv, xv, V(bad_f, {2, 2, 4})).arg(), "dfreqs");
+  EXPECT_EQ(rope2d_backward(p, xv, Positions{}, V(f, {2, 1, 4}), yv, xv, V(y, {2, 1, 4})).arg(), "dfreqs");  // in dx
+  EXPECT_EQ(reference::rope2d_backward(p, xv, Positions{}, V(f, {2, 1, 4}), yv, xv, V(y, {2, 1, 4})).arg(), "dfreqs");
   p.variant = Rope2dVariant::kAxial;
   EXPECT_EQ(rope2d_backward(p, xv, Positions{}, View{}, yv, xv, V(f, {2, 1, 4})).arg(), "dfreqs");
   EXPECT_EQ(rope2d_forward(p, xv, Positions{}, View{}, V(bad_f, {2, 2, 4})).arg(), "y");

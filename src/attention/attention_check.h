@@ -340,16 +340,6 @@ inline Status check_output(const char* arg, const View& o, std::initializer_list
   return Status::Ok();
 }
 
-// Outputs that share memory would write over each other: each present one must be disjoint from
-// the ones before it (an error names the later).
-inline Status check_disjoint(std::initializer_list<std::pair<const char*, const View*>> outs) {
-  for (auto a = outs.begin(); a != outs.end(); ++a)
-    for (auto b = outs.begin(); b != a; ++b)
-      if (fast::overlap(*a->second, *b->second))
-        return Status::Invalid(a->first, std::string("expected memory disjoint from the output ") + b->first);
-  return Status::Ok();
-}
-
 // Forward's arguments: the common checks, out, and lse (float64 [B, Hq, M]) when present.
 inline Status validate_forward(const AttentionParams& p, const View& q, const View& k, const View& v,
                                const EncodingTensors& t, const View& out, const View& lse, Dims* dp) {
@@ -361,7 +351,7 @@ inline Status validate_forward(const AttentionParams& p, const View& q, const Vi
     if (lse.dtype != DType::kF64)
       return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
   }
-  return check_disjoint({{"out", &out}, {"lse", &lse}});
+  return fast::check_disjoint({{"out", &out}, {"lse", &lse}});
 }
 
 // Backward's arguments: the common checks, dout, the optional dq/dk/dv and parameter gradients.
@@ -400,7 +390,7 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   if (r.fire) POSENC_RETURN_IF_ERROR(fire::check_grads(g.fire, d.Hq, d.fire_w));
   if (g.freqs.present())
     POSENC_RETURN_IF_ERROR(check_output("dfreqs", g.freqs, {2, d.Hq, d.rot.half}, nullptr, nullptr));
-  return check_disjoint({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
+  return fast::check_disjoint({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
                          {"dv_bias", &g.v}, {"drel_proj", &g.rel_proj}, {"dtable", &g.table}, {"dr1", &g.r1},
                          {"dr2", &g.r2}, {"dmlp_w1", &g.fire.w1}, {"dmlp_b1", &g.fire.b1},
                          {"dmlp_w2", &g.fire.w2}, {"dmlp_b2", &g.fire.b2}, {"dc", &g.fire.c},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "core/fast_common.h"
 
@@ -70,6 +71,14 @@ bool overlap(const View& a, const View& b) {
     if (!spent) return hit;
   }
   return dense(a) && dense(b);
+}
+
+Status check_disjoint(std::initializer_list<std::pair<const char*, const View*>> outputs) {
+  for (auto a = outputs.begin(); a != outputs.end(); ++a)
+    for (auto b = outputs.begin(); b != a; ++b)
+      if (overlap(*a->second, *b->second))
+        return Status::Invalid(a->first, std::string("expected memory disjoint from the output ") + b->first);
+  return Status::Ok();
 }
 
 }  // namespace posenc::fast

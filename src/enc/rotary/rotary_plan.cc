@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/format.h"
+#include "core/overlap.h"
 #include "enc/rotary/mrope/mrope_math.h"
 #include "enc/rotary/rope/rope_check.h"
 #include "enc/rotary/rope/rope_math.h"
@@ -345,6 +346,7 @@ Expected<Call> prepare_rope2d_backward(const Rope2dParams& p, const View& dy, co
   if (dfreqs.present()) {
     POSENC_RETURN_IF_ERROR(require_float("dfreqs", dfreqs, 3));
     POSENC_RETURN_IF_ERROR(require_shape("dfreqs", dfreqs, {2, c.H, c.plan.half}));
+    POSENC_RETURN_IF_ERROR(fast::check_disjoint({{"dx", &dx}, {"dfreqs", &dfreqs}}));
   }
   return c;
 }

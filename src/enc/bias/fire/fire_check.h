@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/format.h"
+#include "core/overlap.h"
 #include "posenc/bias.h"
 
 namespace posenc::fire {
@@ -59,7 +60,8 @@ inline Status check_grads(const FireTensors& g, std::int64_t H, std::int64_t W) 
   if (g.b2.present()) POSENC_RETURN_IF_ERROR(check_one("dmlp_b2", g.b2, {H}));
   if (g.c.present()) POSENC_RETURN_IF_ERROR(check_one("dc", g.c, {1}));
   if (g.threshold.present()) POSENC_RETURN_IF_ERROR(check_one("dthreshold", g.threshold, {1}));
-  return Status::Ok();
+  return fast::check_disjoint({{"dmlp_w1", &g.w1}, {"dmlp_b1", &g.b1}, {"dmlp_w2", &g.w2}, {"dmlp_b2", &g.b2},
+                               {"dc", &g.c}, {"dthreshold", &g.threshold}});
 }
 
 inline bool any_grad(const FireTensors& g) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/overlap.h"
 #include "enc/bias/bias_geometry.h"
 #include "enc/bias/kerple/kerple_check.h"
 #include "enc/bias/kerple/kerple_math.h"
@@ -64,7 +65,8 @@ Status check_backward(const KerpleParams& p, const BiasGeometry& g, const View& 
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dbias", dbias, r1, "r1"));
   POSENC_RETURN_IF_ERROR(check_grad("dr1", dr1, r1, g.heads));
-  return check_grad("dr2", dr2, r1, g.heads);
+  POSENC_RETURN_IF_ERROR(check_grad("dr2", dr2, r1, g.heads));
+  return fast::check_disjoint({{"dr1", &dr1}, {"dr2", &dr2}});
 }
 
 }  // namespace kerple
