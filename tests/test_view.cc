@@ -11,7 +11,11 @@
 #include <vector>
 
 #include "core/overlap.h"
+#include "posenc/absolute.h"
+#include "posenc/attention.h"
+#include "posenc/bias.h"
 #include "posenc/half.h"
+#include "posenc/rotary.h"
 #include "posenc/view.h"
 #include "testing.h"
 
@@ -141,6 +145,38 @@ TEST(Overlap, SlicesOfOneBufferAndTheCasesThatMeet) {
   // absent or empty views meet nothing
   EXPECT_FALSE(fast::overlap(View{}, q));
   EXPECT_FALSE(fast::overlap(strided(b, 0, {0, 4}, {4, 1}), q));
+}
+
+// An output whose strides put elements at one address (a stride of 0, two strides of one size) is an
+// error naming it, at every kind of entry point; inputs may broadcast.
+TEST(RequireOutput, EntryPointsRefuseOutputsWhoseElementsShareAddresses) {
+  std::vector<float> x(64, 0.5f), y(64, 7.f);
+  View in = View::contiguous(x.data(), DType::kF32, {1, 2, 2, 8}), out = View::contiguous(y.data(), DType::kF32, {1, 2, 2, 8});
+  View zero = out;
+  zero.strides[1] = 0;
+  EXPECT_EQ(rope2d_forward({}, in, {}, {}, zero).arg(), "y");
+  View same = out;
+  same.shape = {1, 2, 2, 8, 0, 0}, same.strides = {32, 8, 8, 1, 0, 0};  // l and h at one stride
+  EXPECT_EQ(rope2d_forward({}, in, {}, {}, same).arg(), "y");
+  View bcast = in;
+  bcast.strides[1] = 0;  // an input may
+  EXPECT_TRUE(rope2d_forward({}, bcast, {}, {}, out).ok());
+  std::fill(y.begin(), y.end(), 7.f);
+  BiasGeometry g;
+  g.heads = 2, g.q_len = 2, g.k_len = 4;
+  View bias = View::contiguous(y.data(), DType::kF32, {2, 2, 4});
+  bias.strides[0] = 0;
+  EXPECT_EQ(alibi_bias({}, g, {}, {}, bias).arg(), "out");
+  View dtable = View::contiguous(y.data(), DType::kF32, {4, 8});
+  dtable.strides[0] = 0;
+  EXPECT_EQ(learned_backward({}, View::contiguous(x.data(), DType::kF32, {1, 2, 8}), View::contiguous(x.data(), DType::kF32, {4, 8}),
+                             {}, View{}, dtable).arg(), "dtable");
+  std::vector<double> qd(64, 0.5), od(64, 7.0);
+  View q = View::contiguous(qd.data(), DType::kF64, {1, 2, 2, 8}), o = View::contiguous(od.data(), DType::kF64, {1, 2, 2, 8});
+  o.strides[2] = 0;
+  EXPECT_EQ(attention_forward({}, q, q, q, {}, o).arg(), "out");
+  for (float e : y) EXPECT_EQ(e, 7.f);
+  for (double e : od) EXPECT_EQ(e, 7.0);
 }
 
 // Random pairs of one layout (slices of one buffer), against the addresses counted one by one.

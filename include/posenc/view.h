@@ -57,6 +57,9 @@ Status require_float(const char* arg, const View& v, int ndim);
 // Require at most 2^40 elements (a broadcast dimension counted in full) and strides whose reach
 // stays within 2^63 bytes (Code::kOutOfRange).
 Status require_size(const char* arg, const View& v);
+// An output: require_float, and no two of its elements at one address that the strides make certain
+// (a stride of 0, or two strides of one size, on dimensions of more than one element).
+Status require_output(const char* arg, const View& v, int ndim);
 // Require the shape to equal `want`; entries < 0 match anything.
 Status require_shape(const char* arg, const View& v, std::initializer_list<std::int64_t> want);
 // Require two views to hold the same dtype (outputs keep the input's dtype).

@@ -346,10 +346,12 @@ inline Status validate_forward(const AttentionParams& p, const View& q, const Vi
   Dims& d = *dp;
   POSENC_RETURN_IF_ERROR(check_common(p, q, k, v, t, dp));
   POSENC_RETURN_IF_ERROR(check_output("out", out, {d.B, d.M, d.Hq, d.D}, &q, "q"));
+  POSENC_RETURN_IF_ERROR(require_output("out", out, 4));
   if (lse.present()) {
     POSENC_RETURN_IF_ERROR(require_tensor("lse", lse, {d.B, d.Hq, d.M}));
     if (lse.dtype != DType::kF64)
       return Status::Invalid("lse", std::string("expected float64, got ") + dtype_name(lse.dtype));
+    POSENC_RETURN_IF_ERROR(require_output("lse", lse, 3));
   }
   return fast::check_disjoint({{"out", &out}, {"lse", &lse}});
 }
@@ -390,11 +392,15 @@ inline Status validate_backward(const AttentionParams& p, const View& q, const V
   if (r.fire) POSENC_RETURN_IF_ERROR(fire::check_grads(g.fire, d.Hq, d.fire_w));
   if (g.freqs.present())
     POSENC_RETURN_IF_ERROR(check_output("dfreqs", g.freqs, {2, d.Hq, d.rot.half}, nullptr, nullptr));
-  return fast::check_disjoint({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dweights", &g.weights}, {"du", &g.u},
-                         {"dv_bias", &g.v}, {"drel_proj", &g.rel_proj}, {"dtable", &g.table}, {"dr1", &g.r1},
-                         {"dr2", &g.r2}, {"dmlp_w1", &g.fire.w1}, {"dmlp_b1", &g.fire.b1},
-                         {"dmlp_w2", &g.fire.w2}, {"dmlp_b2", &g.fire.b2}, {"dc", &g.fire.c},
-                         {"dthreshold", &g.fire.threshold}, {"dfreqs", &g.freqs}});
+  const std::initializer_list<std::pair<const char*, const View*>> outs = {
+      {"dq", &dq},           {"dk", &dk},           {"dv", &dv},           {"dweights", &g.weights},
+      {"du", &g.u},          {"dv_bias", &g.v},     {"drel_proj", &g.rel_proj}, {"dtable", &g.table},
+      {"dr1", &g.r1},        {"dr2", &g.r2},        {"dmlp_w1", &g.fire.w1}, {"dmlp_b1", &g.fire.b1},
+      {"dmlp_w2", &g.fire.w2}, {"dmlp_b2", &g.fire.b2}, {"dc", &g.fire.c}, {"dthreshold", &g.fire.threshold},
+      {"dfreqs", &g.freqs}};
+  for (const auto& [arg, o] : outs)
+    if (o->present()) POSENC_RETURN_IF_ERROR(require_output(arg, *o, o->ndim));
+  return fast::check_disjoint(outs);
 }
 
 // The RopeParams a rotary encoding reads (rope, rope2d, mrope, xpos), else null; P is AttentionParams

@@ -132,6 +132,22 @@ Status require_float(const char* arg, const View& v, int ndim) {
   return require_size(arg, v);
 }
 
+Status require_output(const char* arg, const View& v, int ndim) {
+  POSENC_RETURN_IF_ERROR(require_float(arg, v, ndim));
+  for (int i = 0; i < v.ndim; ++i) {
+    if (v.shape[i] <= 1) continue;
+    const std::int64_t si = v.strides[i] < 0 ? -v.strides[i] : v.strides[i];
+    bool clash = si == 0;
+    for (int j = 0; j < i && !clash; ++j)
+      clash = v.shape[j] > 1 && (v.strides[j] < 0 ? -v.strides[j] : v.strides[j]) == si;
+    if (clash)
+      return Status::Invalid(arg, "expected an output whose elements have distinct addresses, got shape " +
+                                      v.shape_str() + " with stride " + std::to_string(v.strides[i]) +
+                                      " in dimension " + std::to_string(i) + " (another element at each address)");
+  }
+  return Status::Ok();
+}
+
 Status require_size(const char* arg, const View& v) {
   constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;  // the C ABI's POSENC_MAX_ELEMENTS
   std::int64_t elements = 1, span = 0, bytes = 0;

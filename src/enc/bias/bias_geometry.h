@@ -47,6 +47,12 @@ inline Status check_bias_view(const char* arg, const View& v, const BiasGeometry
   return require_shape(arg, v, {g.heads, g.q_len, g.k_len});
 }
 
+// The same of an output (require_output's distinct addresses too).
+inline Status check_bias_out(const char* arg, const View& v, const BiasGeometry& g) {
+  POSENC_RETURN_IF_ERROR(require_output(arg, v, 3));
+  return require_shape(arg, v, {g.heads, g.q_len, g.k_len});
+}
+
 // Relative distance of query i and key j: key position − query position.
 inline std::int64_t distance(const BiasGeometry& g, std::int64_t i, std::int64_t j) {
   return (g.k_offset + j) - (g.query_offset() + i);

@@ -289,7 +289,7 @@ Status check_xpos_scale(const Plan& pl, const std::vector<I>& ids, int role, DTy
 
 Status check_io(const char* in_arg, const View& in, const char* out_arg, const View& out) {
   POSENC_RETURN_IF_ERROR(require_float(in_arg, in, 4));
-  POSENC_RETURN_IF_ERROR(require_float(out_arg, out, 4));
+  POSENC_RETURN_IF_ERROR(require_output(out_arg, out, 4));
   POSENC_RETURN_IF_ERROR(require_shape(out_arg, out, {in.dim(0), in.dim(1), in.dim(2), in.dim(3)}));
   return require_same_dtype(out_arg, out, in, in_arg);
 }
@@ -344,7 +344,7 @@ Expected<Call> prepare_rope2d_backward(const Rope2dParams& p, const View& dy, co
   if (!call.ok()) return call.status();
   Call c = std::move(call).value();
   if (dfreqs.present()) {
-    POSENC_RETURN_IF_ERROR(require_float("dfreqs", dfreqs, 3));
+    POSENC_RETURN_IF_ERROR(require_output("dfreqs", dfreqs, 3));
     POSENC_RETURN_IF_ERROR(require_shape("dfreqs", dfreqs, {2, c.H, c.plan.half}));
     POSENC_RETURN_IF_ERROR(fast::check_disjoint({{"dx", &dx}, {"dfreqs", &dfreqs}}));
   }

@@ -256,12 +256,12 @@ Status learned_backward(const LearnedParams& p, const View& dy, const View& tabl
   POSENC_RETURN_IF_ERROR(require_shape("table", table, {-1, D}));
   const std::int64_t max_len = table.dim(0);
   if (dx.present()) {
-    POSENC_RETURN_IF_ERROR(require_float("dx", dx, 3));
+    POSENC_RETURN_IF_ERROR(require_output("dx", dx, 3));
     POSENC_RETURN_IF_ERROR(require_shape("dx", dx, {B, L, D}));
     POSENC_RETURN_IF_ERROR(require_same_dtype("dx", dx, dy, "dy"));
   }
   if (dtable.present()) {
-    POSENC_RETURN_IF_ERROR(require_float("dtable", dtable, 2));
+    POSENC_RETURN_IF_ERROR(require_output("dtable", dtable, 2));
     POSENC_RETURN_IF_ERROR(require_shape("dtable", dtable, {max_len, D}));
     POSENC_RETURN_IF_ERROR(require_same_dtype("dtable", dtable, table, "table"));
   }

@@ -39,7 +39,7 @@ Status check_forward(const View& x, const View& table, const View& y) {
   const std::int64_t B = x.dim(0), L = x.dim(1), D = x.dim(2);
   POSENC_RETURN_IF_ERROR(require_float("table", table, 2));
   POSENC_RETURN_IF_ERROR(require_shape("table", table, {-1, D}));
-  POSENC_RETURN_IF_ERROR(require_float("y", y, 3));
+  POSENC_RETURN_IF_ERROR(require_output("y", y, 3));
   POSENC_RETURN_IF_ERROR(require_shape("y", y, {B, L, D}));
   POSENC_RETURN_IF_ERROR(require_same_dtype("y", y, x, "x"));
   return Status::Ok();
@@ -75,12 +75,12 @@ Status learned_backward(const LearnedParams&, const View& dy, const View& table,
   POSENC_RETURN_IF_ERROR(require_shape("table", table, {-1, D}));
   const std::int64_t max_len = table.dim(0);
   if (dx.present()) {
-    POSENC_RETURN_IF_ERROR(require_float("dx", dx, 3));
+    POSENC_RETURN_IF_ERROR(require_output("dx", dx, 3));
     POSENC_RETURN_IF_ERROR(require_shape("dx", dx, {B, L, D}));
     POSENC_RETURN_IF_ERROR(require_same_dtype("dx", dx, dy, "dy"));
   }
   if (dtable.present()) {
-    POSENC_RETURN_IF_ERROR(require_float("dtable", dtable, 2));
+    POSENC_RETURN_IF_ERROR(require_output("dtable", dtable, 2));
     POSENC_RETURN_IF_ERROR(require_shape("dtable", dtable, {max_len, D}));
     POSENC_RETURN_IF_ERROR(require_same_dtype("dtable", dtable, table, "table"));
   }

@@ -111,7 +111,7 @@ void copy_rows(const View& src, const View& dst) {
 
 Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const View& out) {
   POSENC_RETURN_IF_ERROR(sinusoid::check_base(p));
-  POSENC_RETURN_IF_ERROR(require_float("out", out, 2));
+  POSENC_RETURN_IF_ERROR(require_output("out", out, 2));
   POSENC_RETURN_IF_ERROR(sinusoid::check_even_d("out", out));
   POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, out.dim(1)));
   if (!fast::fast_dtype(out.dtype) || !fast::inner_contiguous(out))

@@ -52,7 +52,7 @@ Status check_even_d(const char* arg, const View& v) {
 Status check_io(const char* in_arg, const View& in, const char* out_arg, const View& out) {
   POSENC_RETURN_IF_ERROR(require_float(in_arg, in, 3));
   POSENC_RETURN_IF_ERROR(check_even_d(in_arg, in));
-  POSENC_RETURN_IF_ERROR(require_float(out_arg, out, 3));
+  POSENC_RETURN_IF_ERROR(require_output(out_arg, out, 3));
   POSENC_RETURN_IF_ERROR(require_shape(out_arg, out, {in.dim(0), in.dim(1), in.dim(2)}));
   return require_same_dtype(out_arg, out, in, in_arg);
 }
@@ -67,7 +67,7 @@ using sinusoid::check_io;
 
 Status sinusoidal_table(const SinusoidalParams& p, const Positions& pos, const View& out) {
   POSENC_RETURN_IF_ERROR(check_base(p));
-  POSENC_RETURN_IF_ERROR(require_float("out", out, 2));
+  POSENC_RETURN_IF_ERROR(require_output("out", out, 2));
   POSENC_RETURN_IF_ERROR(check_even_d("out", out));
   POSENC_RETURN_IF_ERROR(sinusoid::check_freqs(p, out.dim(1)));
   const std::int64_t L = out.dim(0), D = out.dim(1);

@@ -121,7 +121,7 @@ static Status alibi_bias_unmasked(const AlibiParams& p, const BiasGeometry& g, c
                                   const View& weights, const View& out) {
   POSENC_RETURN_IF_ERROR(alibi::check_variant(p.variant));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   if (!bias::fill_ok(out)) return reference::alibi_bias(p, g, slopes, weights, out);
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);
@@ -190,6 +190,7 @@ static Status alibi_bias_backward_unmasked(const AlibiParams& p, const BiasGeome
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dbias", dbias, weights, "weights"));
   POSENC_RETURN_IF_ERROR(alibi::check_weights("dweights", dweights, H));
+  POSENC_RETURN_IF_ERROR(require_output("dweights", dweights, dweights.ndim));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dweights", dweights, weights, "weights"));
   if (!bias::sums_ok(dbias) || fast::partial_alias(dbias, dweights))
     return reference::alibi_bias_backward(p, g, weights, dbias, dweights);

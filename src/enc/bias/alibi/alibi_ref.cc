@@ -87,7 +87,7 @@ static Status alibi_bias_unmasked(const AlibiParams& p, const BiasGeometry& g, c
                                   const View& weights, const View& out) {
   POSENC_RETURN_IF_ERROR(check_variant(p.variant));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   const double kNegInf = -std::numeric_limits<double>::infinity();
   std::vector<double> b(static_cast<std::size_t>(H * M * N));  // [H, M, N]
@@ -155,6 +155,7 @@ static Status alibi_bias_backward_unmasked(const AlibiParams& p, const BiasGeome
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dbias", dbias, weights, "weights"));
   POSENC_RETURN_IF_ERROR(check_weights("dweights", dweights, H));
+  POSENC_RETURN_IF_ERROR(require_output("dweights", dweights, dweights.ndim));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dweights", dweights, weights, "weights"));
 
   const std::vector<double> w = to_doubles(weights);  // [2, H]; read before dweights (may alias)

@@ -54,6 +54,9 @@ inline Status check_tensors(const FireTensors& t, std::int64_t H, std::int64_t* 
 
 // Gradients: each absent, or a float view shaped like its tensor.
 inline Status check_grads(const FireTensors& g, std::int64_t H, std::int64_t W) {
+  for (const auto& [arg, v] : {std::pair{"dmlp_w1", &g.w1}, std::pair{"dmlp_b1", &g.b1}, std::pair{"dmlp_w2", &g.w2},
+                               std::pair{"dmlp_b2", &g.b2}, std::pair{"dc", &g.c}, std::pair{"dthreshold", &g.threshold}})
+    if (v->present()) POSENC_RETURN_IF_ERROR(require_output(arg, *v, v->ndim));
   if (g.w1.present()) POSENC_RETURN_IF_ERROR(check_one("dmlp_w1", g.w1, {W}));
   if (g.b1.present()) POSENC_RETURN_IF_ERROR(check_one("dmlp_b1", g.b1, {W}));
   if (g.w2.present()) POSENC_RETURN_IF_ERROR(check_one("dmlp_w2", g.w2, {H, W}));

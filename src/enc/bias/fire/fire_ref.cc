@@ -27,7 +27,7 @@ namespace fire {
 Status check_forward(const BiasGeometry& g, const FireTensors& t, const View& out, std::int64_t* W) {
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   POSENC_RETURN_IF_ERROR(check_tensors(t, g.heads, W));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   return require_same_dtype("out", out, t.w2, "mlp_w2");
 }
 

@@ -41,7 +41,7 @@ namespace kerple {
 // A gradient view: absent, or a float [H] of `like`'s dtype.
 inline Status check_grad(const char* arg, const View& g, const View& like, std::int64_t H) {
   if (!g.present()) return Status::Ok();
-  POSENC_RETURN_IF_ERROR(require_float(arg, g, 1));
+  POSENC_RETURN_IF_ERROR(require_output(arg, g, 1));
   POSENC_RETURN_IF_ERROR(require_shape(arg, g, {H}));
   return require_same_dtype(arg, g, like, "r1");
 }
@@ -52,7 +52,7 @@ Status check_forward(const KerpleParams& p, const BiasGeometry& g, const View& r
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
   POSENC_RETURN_IF_ERROR(check_params(p, r1, r2, g.heads));
   POSENC_RETURN_IF_ERROR(require_same_dtype("r2", r2, r1, "r1"));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   return require_same_dtype("out", out, r1, "r1");
 }
 

@@ -15,7 +15,7 @@ namespace posenc {
 static Status sandwich_bias_unmasked(const SandwichParams& p, const BiasGeometry& g, const View& out) {
   POSENC_RETURN_IF_ERROR(sandwich_validate(p));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   if (!bias::fill_ok(out)) return reference::sandwich_bias(p, g, out);
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   const std::int64_t W = M + N - 1, r_min = g.k_offset - g.query_offset() - (M - 1);

@@ -38,7 +38,7 @@ namespace reference {
 static Status sandwich_bias_unmasked(const SandwichParams& p, const BiasGeometry& g, const View& out) {
   POSENC_RETURN_IF_ERROR(sandwich_validate(p));
   POSENC_RETURN_IF_ERROR(bias::check_geometry(g));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   const std::vector<double> w = sandwich::freqs(p.sinusoid_dim, p.base);
   std::vector<double> o(static_cast<std::size_t>(H * M * N));  // [H, M, N]

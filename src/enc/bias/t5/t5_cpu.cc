@@ -19,7 +19,7 @@ static Status t5_bias_unmasked(const T5Params& p, const BiasGeometry& g, const V
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(t5::check_weights("weights", weights, p, H));
   POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
   if (!bias::fill_ok(out) || fast::partial_alias(weights, out) || weights.data == out.data)
     return reference::t5_bias(p, g, weights, out);
@@ -48,6 +48,7 @@ static Status t5_bias_backward_unmasked(const T5Params& p, const BiasGeometry& g
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(t5::check_weights("dweights", dweights, p, H));
+  POSENC_RETURN_IF_ERROR(require_output("dweights", dweights, dweights.ndim));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dweights", dweights, dbias, "dbias"));
   if (!bias::sums_ok(dbias) || fast::partial_alias(dbias, dweights))
     return reference::t5_bias_backward(p, g, dbias, dweights);

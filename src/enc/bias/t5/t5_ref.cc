@@ -67,7 +67,7 @@ static Status t5_bias_unmasked(const T5Params& p, const BiasGeometry& g, const V
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(check_weights("weights", weights, p, H));
   POSENC_RETURN_IF_ERROR(require_finite("weights", weights));
-  POSENC_RETURN_IF_ERROR(bias::check_bias_view("out", out, g));
+  POSENC_RETURN_IF_ERROR(bias::check_bias_out("out", out, g));
   POSENC_RETURN_IF_ERROR(require_same_dtype("out", out, weights, "weights"));
 
   const std::vector<double> w = to_doubles(weights);  // [num_buckets, H]
@@ -94,6 +94,7 @@ static Status t5_bias_backward_unmasked(const T5Params& p, const BiasGeometry& g
   const std::int64_t H = g.heads, M = g.q_len, N = g.k_len;
   POSENC_RETURN_IF_ERROR(bias::check_bias_view("dbias", dbias, g));
   POSENC_RETURN_IF_ERROR(check_weights("dweights", dweights, p, H));
+  POSENC_RETURN_IF_ERROR(require_output("dweights", dweights, dweights.ndim));
   POSENC_RETURN_IF_ERROR(require_same_dtype("dweights", dweights, dbias, "dbias"));
 
   const std::vector<double> db = to_doubles(dbias);  // [H, M, N]

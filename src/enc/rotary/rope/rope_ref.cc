@@ -30,7 +30,7 @@ namespace rope {
 Expected<std::int64_t> check(const RopeParams& p, const char* in_arg, const View& in, const char* out_arg,
                              const View& out) {
   POSENC_RETURN_IF_ERROR(require_float(in_arg, in, 4));
-  POSENC_RETURN_IF_ERROR(require_float(out_arg, out, 4));
+  POSENC_RETURN_IF_ERROR(require_output(out_arg, out, 4));
   POSENC_RETURN_IF_ERROR(require_shape(out_arg, out, {in.dim(0), in.dim(1), in.dim(2), in.dim(3)}));
   POSENC_RETURN_IF_ERROR(require_same_dtype(out_arg, out, in, in_arg));
   if (p.layout != RopeLayout::kInterleaved && p.layout != RopeLayout::kHalf)
