@@ -1,3 +1,5 @@
+// Whether two views share an element (core/overlap.h): exact for one layout by a bounded search over
+// the index differences, by byte extents for dense views.
 #include "core/overlap.h"
 
 #include <algorithm>
