@@ -73,13 +73,8 @@ Status bind(const BiasCall& c, posenc::AttentionParams* p, posenc::EncodingTenso
                                                           "kerple, sandwich and fire)");
   }
   p->encoding = e->id;
-  for (const auto& [key, value] : c.params) {  // the attention's own keys would be read and then ignored
-    if (key == "q_offset" || key == "k_offset" || key == "causal")
-      return Status::Invalid(key, "expected as bias's own argument (" + key + "=), not as an encoding parameter");
-    if (key == "scale" || key == "keys_rotated" || key == "bf16_rate")
-      return Status::Invalid(key, "not read by bias (a key of attention only)");
-    POSENC_RETURN_IF_ERROR(posenc::text::set_attention_param(p, key, value));
-  }
+  // the encoding's keys only: the call's (offsets, causal, scale, ...) would be read and then ignored
+  for (const auto& [key, value] : c.params) POSENC_RETURN_IF_ERROR(posenc::text::set_encoding_param(p, key, value));
   for (const auto& [name, tensor] : c.tensors) {
     auto slot = posenc::text::encoding_tensor(e->id, t, name);
     if (!slot.ok()) return slot.status();

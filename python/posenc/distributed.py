@@ -52,18 +52,14 @@ def _check_same_shapes(q, k, world, group):
     mine = torch.tensor([*q.shape, *k.shape, FLOAT_DTYPES.index(q.dtype)], dtype=torch.int64)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
+    def described(t):  # q's shape, k's shape, the dtype
+        return [list(map(int, t[:4])), list(map(int, t[4:8])), str(FLOAT_DTYPES[int(t[8])])[6:]]
+    first = described(every[0])
     for r, theirs in enumerate(every):
-        if not torch.equal(theirs, every[0]):
-            what = ("q_shard", list(every[0][:4]), list(theirs[:4])) if not torch.equal(theirs[:4], every[0][:4]) else \
-                   ("k_shard", list(every[0][4:8]), list(theirs[4:8])) if not torch.equal(theirs[4:8], every[0][4:8]) else \
-                   ("q_shard", "dtype " + str(FLOAT_DTYPES[every[0][8]])[6:], "dtype " + str(FLOAT_DTYPES[theirs[8]])[6:])
-            name, first, other = what
-            raise ValueError(f"{name}: expected the same shape and dtype on every process of the group, got "
-                             f"{_shape(first)} on rank 0 and {_shape(other)} on rank {r}")
-
-
-def _shape(x):
-    return x if isinstance(x, str) else "[" + ", ".join(str(int(v)) for v in x) + "]"
+        for name, a, b in zip(("q_shard", "k_shard", "q_shard"), first, described(theirs)):
+            if a != b:
+                raise ValueError(f"{name}: expected the same shape and dtype on every process of the group, got "
+                                 f"{a} on rank 0 and {b} on rank {r}")
 
 
 def _shard_params(params, q_off, k_off):

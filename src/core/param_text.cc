@@ -210,12 +210,37 @@ Status set_own(AttentionParams* p, const std::string& k, const std::string& v, b
   return Status::Ok();
 }
 
-// Every key set_attention_param takes for p's encoding, for the error of an unknown one.
-std::string attention_keys(const AttentionParams& p) {
-  std::vector<std::string> keys = {"causal", "scale", "q_offset", "k_offset", "keys_rotated", "bf16_rate"};
+// Every key set_attention_param (call_keys) or set_encoding_param (not) takes for p's encoding, for
+// the error of an unknown one.
+std::string known_keys(const AttentionParams& p, bool call_keys) {
+  std::vector<std::string> keys;
+  if (call_keys) keys = {"causal", "scale", "q_offset", "k_offset", "keys_rotated", "bf16_rate"};
   for (const ParamSpec& s : encoding_info(p.encoding).params)
     if ((s.type != "tensor" && s.type != "file") || is_rope_list(key_name(s.name))) keys.push_back(key_name(s.name));
   return joined(keys);
+}
+
+// The encoding's own key k into next (*known false when it has none of that name).
+Status set_encoding_key(AttentionParams* next, const std::string& k, const std::string& value, bool* known) {
+  Status s = set_own(next, k, value, known);
+  if (!*known && rope_keys_of(next) != nullptr) {
+    const auto& rk = rope_keys();
+    *known = std::find(rk.begin(), rk.end(), k) != rk.end();
+    if (*known) s = set_rope_param(rope_keys_of(next), k, value);
+  }
+  return s;
+}
+
+// The end of both setters: an unknown key's error, or a value's error named after the key, or next
+// taken into p.
+Status finish_set(AttentionParams* p, AttentionParams&& next, const std::string& k, const Status& s, bool known,
+                  bool call_keys) {
+  if (!known)
+    return Status::Invalid(k, std::string("unknown key for ") + encoding_info(p->encoding).name +
+                                  ", expected one of: " + known_keys(*p, call_keys));
+  if (!s.ok()) return s.arg() == k ? s : Status::Invalid(k, s.what());
+  *p = std::move(next);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -238,19 +263,17 @@ Status set_attention_param(AttentionParams* p, const std::string& key_in, const 
   } else if (k == "bf16_rate") {
     s = assign(parse_bool(k, value), &next.bf16_rate);
   } else {
-    s = set_own(&next, k, value, &known);
-    if (!known && rope_keys_of(&next) != nullptr) {
-      const auto& rk = rope_keys();
-      known = std::find(rk.begin(), rk.end(), k) != rk.end();
-      if (known) s = set_rope_param(rope_keys_of(&next), k, value);
-    }
+    s = set_encoding_key(&next, k, value, &known);
   }
-  if (!known)
-    return Status::Invalid(k, std::string("unknown key for ") + encoding_info(p->encoding).name +
-                                  ", expected one of: " + attention_keys(*p));
-  if (!s.ok()) return s.arg() == k ? s : Status::Invalid(k, s.what());
-  *p = std::move(next);
-  return Status::Ok();
+  return finish_set(p, std::move(next), k, s, known, true);
+}
+
+Status set_encoding_param(AttentionParams* p, const std::string& key_in, const std::string& value) {
+  const std::string k = key_name(key_in);
+  AttentionParams next = *p;
+  bool known = true;
+  const Status s = set_encoding_key(&next, k, value, &known);
+  return finish_set(p, std::move(next), k, s, known, false);
 }
 
 namespace {

@@ -30,6 +30,9 @@ Status set_rope_param(RopeParams* p, const std::string& key, const std::string& 
 // Sets an AttentionParams field: causal, scale, q_offset, k_offset, or a non-tensor registry
 // parameter of p->encoding (RoPE's keys for rope, mrope and xpos). p is unchanged on error.
 Status set_attention_param(AttentionParams* p, const std::string& key, const std::string& value);
+// The same for the encoding's own keys only (not the call's causal, scale, offsets, keys_rotated,
+// bf16_rate): what a position-only bias reads.
+Status set_encoding_param(AttentionParams* p, const std::string& key, const std::string& value);
 
 // The tensor of t (or gradient of g) that the registry names `name` for `enc` ("weights", "v_bias",
 // "mlp_w1", "freqs", and "q_positions"/"k_positions" for rope2d and mrope), or an error naming it.
